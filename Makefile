@@ -1,0 +1,45 @@
+# make engine RECIPE=<name>   build and validate one recipe (creates .venv on first use)
+# make test                   the test suite
+# make lint | make clean | make distclean
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# An NVIDIA driver means the `gpu` extra (onnxruntime-gpu, TensorRT); otherwise `cpu` with
+# the CPU build of torch. onnxruntime and onnxruntime-gpu must never share an environment.
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+EXTRA   := $(if $(HAS_GPU),gpu,cpu)
+# The CPU wheel of torch; set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose another build.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: engine test lint clean distclean recipes
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(if $(HAS_GPU),,$(BIN)/pip install --quiet '$(TORCH_SPEC)')
+	$(BIN)/pip install --quiet -e '.[$(EXTRA),dev]'
+	touch $@
+
+engine: $(VENV)/.installed
+ifeq ($(RECIPE),)
+	@echo "usage: make engine RECIPE=<name>   (ARGS='--force' etc. go to pipeline run)"
+	@$(BIN)/pipeline recipes
+else
+	$(BIN)/pipeline run $(RECIPE) $(ARGS)
+endif
+
+recipes: $(VENV)/.installed
+	@$(BIN)/pipeline recipes
+
+test: $(VENV)/.installed
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check pipeline tests
+
+clean:
+	rm -rf engines .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,23 @@
+"""Engine backends, by target kind.
+
+A backend module provides:
+    EXTENSION                                    file suffix of its engines
+    unavailable(target) -> str | None            why it cannot build here (None: it can)
+    build(onnx_path, target, recipe, workdir) -> (engine_path, meta)
+    open(engine_path, target, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
+
+Adding a backend: a new module and one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+BACKENDS = {
+    "onnxruntime": "pipeline.backends.onnxruntime",
+}
+
+
+def get(kind: str) -> ModuleType:
+    return importlib.import_module(BACKENDS[kind])

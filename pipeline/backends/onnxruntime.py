@@ -1,0 +1,128 @@
+"""ONNX Runtime target: the session-optimized graph, saved, is the engine.
+
+Build runs ORT's graph optimizer once (at the recipe's level) and saves the result; the
+runner loads that file with optimization disabled, so what is timed is exactly the file
+whose sha256 the manifest records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from polygraphy.backend.base import BaseRunner
+
+from pipeline import deps
+from pipeline.errors import StageFailed
+from pipeline.recipe import OnnxRuntimeTarget, Recipe
+
+EXTENSION = ".onnx"
+
+_PROVIDER = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+def unavailable(target: OnnxRuntimeTarget) -> str | None:
+    if not deps.has("onnxruntime"):
+        return f"onnxruntime is not installed ({deps.install_hint('onnxruntime')})"
+    if target.provider == "cuda" and not deps.gpus():
+        return "provider `cuda` needs an NVIDIA GPU; none was found (nvidia-smi)"
+    return None
+
+
+def providers(target: OnnxRuntimeTarget) -> list[str]:
+    """The execution providers to ask for; `auto` takes CUDA only where it can work."""
+    import onnxruntime as ort
+
+    kind = target.provider
+    if kind == "auto":
+        cuda_ok = "CUDAExecutionProvider" in ort.get_available_providers() and deps.gpus()
+        kind = "cuda" if cuda_ok else "cpu"
+    chosen = [_PROVIDER[kind]]
+    return chosen + (["CPUExecutionProvider"] if kind != "cpu" else [])
+
+
+def _session(path: Path, target: OnnxRuntimeTarget, level, threads: int | None,
+             save_to: Path | None, spin: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    options.graph_optimization_level = level
+    options.log_severity_level = 3  # errors only: ORT warns about every unused initializer
+    if threads:
+        options.intra_op_num_threads = threads
+    if save_to is not None:
+        options.optimized_model_filepath = str(save_to)
+    wanted = providers(target)
+    session = ort.InferenceSession(str(path), options, providers=wanted)
+    # No silent fallback: onnxruntime-gpu quietly drops to CPU when CUDA cannot load.
+    if session.get_providers()[0] != wanted[0]:
+        raise StageFailed(
+            f"onnxruntime asked for {wanted[0]} but the session runs on {session.get_providers()[0]}",
+            "check the CUDA installation, or set the target's provider: cpu",
+        )
+    return session
+
+
+def build(onnx_path: Path, target: OnnxRuntimeTarget, recipe: Recipe, workdir: Path):
+    import onnxruntime as ort
+
+    levels = {
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    engine = workdir / f"{target.id}{EXTENSION}"
+    t0 = time.perf_counter()
+    session = _session(onnx_path, target, levels[target.optimization_level], None, engine)
+    seconds = time.perf_counter() - t0
+    return engine, {
+        "providers": session.get_providers(),
+        "optimization_level": target.optimization_level,
+        "onnxruntime": ort.__version__,
+        "build_seconds": seconds,
+    }
+
+
+class OnnxRuntimeRunner(BaseRunner):
+    """Polygraphy-compatible runner over a saved (already optimized) engine."""
+
+    def __init__(self, path: Path, target: OnnxRuntimeTarget, threads: int | None = None,
+                 spin: bool = True, name=None):
+        super().__init__(name=name or target.id, prefix="ort-runner")
+        self.path, self.target, self.threads, self.spin = Path(path), target, threads, spin
+
+    def activate_impl(self):
+        import onnxruntime as ort
+
+        self.session = _session(
+            self.path, self.target, ort.GraphOptimizationLevel.ORT_DISABLE_ALL, self.threads, None,
+            self.spin,
+        )
+        self._outputs = [o.name for o in self.session.get_outputs()]
+
+    def get_input_metadata_impl(self):
+        from polygraphy.common import TensorMetadata
+        from polygraphy.datatype import DataType
+
+        meta = TensorMetadata()
+        for node in self.session.get_inputs():
+            meta.add(node.name, dtype=DataType.from_dtype(node.type, "onnxruntime"), shape=node.shape)
+        return meta
+
+    def infer_impl(self, feed_dict):
+        start = time.perf_counter()
+        values = self.session.run(self._outputs, feed_dict)
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict(zip(self._outputs, values))
+
+    def deactivate_impl(self):
+        del self.session
+
+
+def open(engine_path: Path, target: OnnxRuntimeTarget, threads: int | None = None,  # noqa: A001
+         spin: bool = True) -> OnnxRuntimeRunner:
+    return OnnxRuntimeRunner(engine_path, target, threads, spin)

@@ -1,0 +1,1 @@
+"""Measurement: the timing protocol (timing.py) and its statistics (stats.py)."""

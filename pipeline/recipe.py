@@ -1,0 +1,555 @@
+"""Recipes: the pydantic schema, YAML loading with `extends:`, and `--set` overrides.
+
+The schema is the documentation: every field has a description, and `extra="forbid"`
+everywhere so a misspelt key is an error instead of a silently ignored setting. A recipe
+is fully validated (including the zoo model's own config) before any stage runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.errors import RecipeError
+from pipeline.zoo import ZOO
+
+DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
+INTEGER_DTYPES = ("int64", "int32")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------------------- model
+class ModelSpec(Strict):
+    """Where the PyTorch model comes from: a built-in zoo model or a factory function."""
+
+    zoo: Literal[tuple(ZOO)] | None = Field(  # type: ignore[valid-type]
+        None, description="Name of a built-in model (pipeline/zoo)."
+    )
+    factory: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the model.")
+    weights: Path | None = Field(
+        None, description="Optional .safetensors file loaded into the model (strict key match)."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSpec:
+        if (self.zoo is None) == (self.factory is None):
+            raise ValueError("give exactly one of `zoo` (a built-in model) or `factory`")
+        if self.zoo is not None:
+            schema, _ = ZOO[self.zoo]
+            try:
+                self.kwargs = schema.model_validate(self.kwargs).model_dump()
+            except ValidationError as e:
+                # re-raised with the `kwargs.` prefix by the loader's error formatter
+                raise _NestedError("kwargs", e) from None
+        return self
+
+
+class _NestedError(ValueError):
+    """Carries a ValidationError of a nested schema validated by hand (zoo kwargs)."""
+
+    def __init__(self, prefix: str, error: ValidationError):
+        super().__init__(str(error))
+        self.prefix = prefix
+        self.error = error
+
+
+# ----------------------------------------------------------------------------- inputs
+class Dim(Strict):
+    """A dynamic dimension: engines accept [min, max] and are tuned for `opt`."""
+
+    min: int = Field(ge=1, description="Smallest size the engine must accept.")
+    opt: int = Field(ge=1, description="Size the engine is tuned and timed for.")
+    max: int = Field(ge=1, description="Largest size the engine must accept.")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_]\w*$",
+        description="Symbol shared by dims that must be equal (e.g. `batch` across inputs).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Dim:
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"needs min <= opt <= max (got {self.min}, {self.opt}, {self.max})")
+        return self
+
+
+class InputSpec(Strict):
+    name: str = Field(description="Input name, as in the model's forward() and the ONNX graph.")
+    dtype: DType = Field(description="Element type.")
+    shape: list[Annotated[int, Field(ge=1)] | Dim] = Field(
+        min_length=0, description="Each dim a fixed int or a {min, opt, max} range."
+    )
+    range: tuple[float, float] | None = Field(
+        None,
+        description="Values are drawn from [low, high) (integers: low..high-1). Required for "
+        "integer inputs such as token ids; floats default to a standard normal.",
+    )
+
+    @model_validator(mode="after")
+    def _range(self) -> InputSpec:
+        if self.range is not None and not self.range[0] < self.range[1]:
+            raise ValueError(f"range needs low < high (got {list(self.range)})")
+        if self.dtype in INTEGER_DTYPES and self.range is None:
+            raise ValueError(f"integer input `{self.name}` needs `range: [low, high]`")
+        return self
+
+    def dims(self, which: Literal["min", "opt", "max"]) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) else getattr(d, which) for d in self.shape)
+
+
+# ----------------------------------------------------------------------------- data
+class SplitSpec(Strict):
+    samples: int = Field(ge=1, description="Number of input feeds in this split.")
+    shapes: list[Literal["min", "opt", "max"]] = Field(
+        ["opt"], min_length=1, description="Profile points the samples cycle through."
+    )
+
+
+class DataSpec(Strict):
+    seed: int = Field(0, description="Seed of the random feeds; splits use disjoint streams.")
+    validation: SplitSpec = Field(
+        SplitSpec(samples=8), description="Held-out feeds for accuracy (never used to calibrate)."
+    )
+    calibration: SplitSpec = Field(
+        SplitSpec(samples=16), description="Feeds for calibration (quantized precisions)."
+    )
+
+
+# ----------------------------------------------------------------------------- export
+class ParitySpec(Strict):
+    max_abs: float = Field(1e-3, gt=0, description="Largest allowed |onnx - torch| element.")
+    cosine_min: float = Field(0.9999, ge=-1, le=1, description="Smallest allowed cosine.")
+
+
+class ExportSpec(Strict):
+    exporter: Literal["dynamo", "torchscript"] = Field(
+        "dynamo", description="torch.onnx.export path: `dynamo` (torch.export) or `torchscript`."
+    )
+    opset: int | None = Field(None, ge=13, le=23, description="ONNX opset; exporter default if unset.")
+    parity: ParitySpec = Field(
+        ParitySpec(), description="Check of the exported graph against PyTorch on one feed."
+    )
+
+
+# ----------------------------------------------------------------------------- targets
+class TargetBase(Strict):
+    name: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Engine name; defaults to `kind`."
+    )
+    required: bool = Field(
+        False, description="Fail the run (exit 2) when this target cannot be built here."
+    )
+
+    @property
+    def id(self) -> str:
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+
+class OnnxRuntimeTarget(TargetBase):
+    kind: Literal["onnxruntime"] = "onnxruntime"
+    provider: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Execution provider: `auto` takes CUDA where a GPU is present."
+    )
+    optimization_level: Literal["basic", "extended", "all"] = Field(
+        "extended",
+        description="ORT graph optimization baked into the saved engine. `all` adds layout "
+        "changes tied to this CPU's instruction set.",
+    )
+
+
+Target = Annotated[Union[OnnxRuntimeTarget], Field(discriminator="kind")]  # noqa: UP007
+
+
+# ----------------------------------------------------------------------------- validate
+class ToleranceSpec(Strict):
+    cosine_min: float = Field(0.999, ge=-1, le=1, description="Worst-sample cosine, per output.")
+    max_abs: float | None = Field(None, gt=0, description="Largest |engine - torch| element.")
+    top1_min: float | None = Field(
+        None, ge=0, le=1, description="Share of positions whose argmax agrees (logit outputs)."
+    )
+
+
+class LatencySpec(Strict):
+    warmup: int = Field(100, ge=0, description="Untimed requests before timing each runner.")
+    iterations: int = Field(1000, ge=10, description="Least number of timed requests per runner.")
+    min_seconds: float = Field(1.0, ge=0, description="Least timed duration per runner.")
+    block: int = Field(
+        50, ge=1, description="Requests per block when two runners are timed interleaved."
+    )
+    spin: bool = Field(
+        False,
+        description="Let ONNX Runtime's idle worker threads spin-wait. Off by default: when runners "
+        "are interleaved, one runtime's spinning threads steal the cores of the other (measured "
+        "on 2 cores: the PyTorch baseline's p90 more than doubled).",
+    )
+
+
+class ValidateSpec(Strict):
+    tolerance: ToleranceSpec = Field(ToleranceSpec(), description="Accuracy gates vs PyTorch.")
+    latency: LatencySpec = Field(LatencySpec(), description="Timing protocol.")
+    threads: int | None = Field(
+        None, ge=1, description="Intra-op threads for PyTorch and ONNX Runtime (default: cores)."
+    )
+    top1_outputs: list[str] | None = Field(
+        None, description="Outputs that are logits (top-1 agreement). Default: names with 'logit'."
+    )
+
+
+# ----------------------------------------------------------------------------- recipe
+class Recipe(Strict):
+    description: str = Field("", description="One line on what this variant is.")
+    model: ModelSpec = Field(description="The PyTorch model.")
+    inputs: list[InputSpec] = Field(min_length=1, description="Model inputs, in forward() order.")
+    outputs: list[str] = Field(
+        ["output"], min_length=1, description="Names given to the model's outputs, in order."
+    )
+    data: DataSpec = Field(DataSpec(), description="Input feeds for calibration and validation.")
+    export: ExportSpec = Field(ExportSpec(), description="PyTorch -> ONNX.")
+    targets: list[Target] = Field(min_length=1, description="Engines to build.")
+    validate_: ValidateSpec = Field(
+        ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
+    )
+
+    # Set by the loader, not by YAML.
+    name: str = Field("recipe", exclude=True)
+    source: Path | None = Field(None, exclude=True)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_inputs(cls, inputs: list[InputSpec]) -> list[InputSpec]:
+        names = [i.name for i in inputs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"input names must be unique (repeated: {', '.join(dupes)})")
+        return inputs
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Recipe:
+        ids = [t.id for t in self.targets]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"target names must be unique (repeated: {', '.join(dupes)}); set `name:`")
+        # Dims sharing a symbol must agree, or the engine's profile is contradictory.
+        seen: dict[str, Dim] = {}
+        for spec in self.inputs:
+            for dim in spec.shape:
+                if isinstance(dim, Dim) and dim.name:
+                    other = seen.setdefault(dim.name, dim)
+                    if (other.min, other.opt, other.max) != (dim.min, dim.opt, dim.max):
+                        raise ValueError(f"dim `{dim.name}` is declared with different ranges")
+        for name in self.validate_.top1_outputs or []:
+            if name not in self.outputs:
+                raise ValueError(f"validate.top1_outputs names `{name}`, not one of outputs {self.outputs}")
+        return self
+
+    @property
+    def validation(self) -> ValidateSpec:
+        return self.validate_
+
+    def section(self, *keys: str) -> Any:
+        """JSON-able dump of the named top-level sections (the input of a cache key)."""
+        dump = self.model_dump(mode="json", by_alias=True)
+        return {k: dump[k] for k in keys}
+
+    @property
+    def digest(self) -> str:
+        return sha256_json(self.model_dump(mode="json", by_alias=True))
+
+    def top1_outputs(self) -> list[str]:
+        if self.validate_.top1_outputs is not None:
+            return self.validate_.top1_outputs
+        return [o for o in self.outputs if "logit" in o.lower()]
+
+
+def sha256_json(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ============================================================================ loading
+def recipes_dir() -> Path:
+    return Path.cwd() / "recipes"
+
+
+def list_recipes(folder: Path | None = None) -> list[Path]:
+    """Recipes a user can run: the top-level YAML files (base files live in subfolders)."""
+    folder = folder or recipes_dir()
+    return sorted(p for p in folder.glob("*.yaml") if p.is_file())
+
+
+def resolve_path(ref: str) -> Path:
+    """RECIPE on the command line: a path to a YAML file, or a name under recipes/."""
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
+        if not path.is_file():
+            raise RecipeError(f"{ref}: no such recipe file")
+        return path
+    candidate = recipes_dir() / f"{ref}.yaml"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(p.stem for p in list_recipes()) or "none found"
+    raise RecipeError(
+        f"unknown recipe `{ref}`: no recipes/{ref}.yaml",
+        f"available: {names}",
+    )
+
+
+def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
+    """Load, merge (`extends:`), override (`--set`) and validate a recipe."""
+    path = resolve_path(str(ref))
+    raw, origin = _load_merged(path, chain=())
+    for item in overrides:
+        _apply_override(raw, origin, item)
+    try:
+        recipe = Recipe.model_validate(raw)
+    except ValidationError as e:
+        raise RecipeError(_format_validation_error(e, path, origin)) from None
+    recipe.name = path.stem
+    recipe.source = path
+    return recipe
+
+
+def _display(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise RecipeError(f"{_display(path)}: cannot read ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"{_display(path)}:{where}: malformed YAML: {problem}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise RecipeError(
+            f"{_display(path)}: a recipe is a mapping of sections, got {type(data).__name__}"
+        )
+    return data
+
+
+Origin = dict[tuple, str]  # key path -> file (or --set) that set it
+
+
+def _load_merged(path: Path, chain: tuple[Path, ...]) -> tuple[dict, Origin]:
+    resolved = path.resolve()
+    if resolved in chain:
+        cycle = " -> ".join(_display(p) for p in (*chain, resolved))
+        raise RecipeError(f"{_display(path)}: extends: cycle {cycle}")
+    data = _read_yaml(path)
+    base_ref = data.pop("extends", None)
+    own_origin = _origins(data, _display(path))
+    if base_ref is None:
+        return data, own_origin
+    if not isinstance(base_ref, str):
+        raise RecipeError(f"{_display(path)}: extends: must be a file name (got {base_ref!r})")
+    base_path = (path.parent / base_ref)
+    if base_path.suffix not in (".yaml", ".yml"):
+        base_path = base_path.with_suffix(".yaml")
+    if not base_path.is_file():
+        raise RecipeError(
+            f"{_display(path)}: extends: {base_ref}: no such file {_display(base_path)}",
+            "paths are relative to the recipe's folder",
+        )
+    base, origin = _load_merged(base_path, (*chain, resolved))
+    _deep_merge(base, data)
+    origin.update(own_origin)
+    return base, origin
+
+
+def _origins(data: Any, source: str, prefix: tuple = ()) -> Origin:
+    out = {prefix: source} if prefix else {}
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out.update(_origins(v, source, (*prefix, k)))
+    return out
+
+
+def _deep_merge(base: dict, over: dict) -> None:
+    """Mappings merge key by key; anything else (lists included) is replaced whole."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+
+
+def _apply_override(raw: dict, origin: Origin, item: str) -> None:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise RecipeError(f"--set {item}: expected KEY.PATH=VALUE (e.g. validate.threads=2)")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    parts = key.strip().split(".")
+    node: Any = raw
+    for part in parts[:-1]:
+        node = _step(node, part, item)
+    last = parts[-1]
+    if isinstance(node, list):
+        index = _index(node, last, item)
+        node[index] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise RecipeError(f"--set {item}: `{'.'.join(parts[:-1])}` is not a mapping or list")
+    origin[tuple(_keyify(p) for p in parts)] = f"--set {item}"
+
+
+def _step(node: Any, part: str, item: str) -> Any:
+    if isinstance(node, list):
+        return node[_index(node, part, item)]
+    if isinstance(node, dict):
+        if part not in node or node[part] is None:
+            node[part] = {}
+        return node[part]
+    raise RecipeError(f"--set {item}: cannot descend into `{part}`")
+
+
+def _index(node: list, part: str, item: str) -> int:
+    if not re.fullmatch(r"-?\d+", part) or not -len(node) <= int(part) < len(node):
+        raise RecipeError(f"--set {item}: `{part}` is not an index of a list of {len(node)}")
+    return int(part)
+
+
+def _keyify(part: str) -> Any:
+    return int(part) if re.fullmatch(r"\d+", part) else part
+
+
+# ----------------------------------------------------------------------- error messages
+def _format_validation_error(error: ValidationError, path: Path, origin: Origin) -> str:
+    """One line: `file: key.path: what is wrong (what is allowed)` for the first error."""
+    errors = _flatten(error)
+    loc, message = errors[0]
+    source = _source_of(loc, origin) or _display(path)
+    key = ".".join(str(p) for p in loc) or "(top level)"
+    more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
+    return f"{source}: {key}: {message}{more}"
+
+
+_BRANCH_MISMATCH = ("int_type", "int_parsing", "model_type", "dict_type", "model_attributes_type")
+
+
+def _is_branch_tag(part: Any) -> bool:
+    return isinstance(part, str) and (
+        part.startswith("function-") or part in ("int", "constrained-int", "Dim")
+    )
+
+
+def _flatten(error: ValidationError, prefix: tuple = ()) -> list[tuple[tuple, str]]:
+    errs = error.errors()
+    # `int | Dim` reports both branches; the branch whose type does not fit is noise.
+    relevant = [
+        e for e in errs
+        if not (e["type"] in _BRANCH_MISMATCH and any(_is_branch_tag(p) for p in e["loc"]))
+    ]
+    out = []
+    for err in relevant or errs:
+        loc = _clean_loc(prefix + tuple(err["loc"]))
+        ctx = err.get("ctx") or {}
+        nested = ctx.get("error")
+        if isinstance(nested, _NestedError):
+            out.extend(_flatten(nested.error, loc + (nested.prefix,)))
+            continue
+        out.append((loc, _describe(err, loc)))
+    return out
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union tags (`targets.0.onnxruntime.x` -> `targets.0.x`)."""
+    cleaned = []
+    for i, part in enumerate(loc):
+        if i and isinstance(loc[i - 1], int) and part in _TARGET_KINDS:
+            continue
+        if _is_branch_tag(part):
+            continue
+        cleaned.append("validate" if part == "validate_" else part)
+    return tuple(cleaned)
+
+
+_TARGET_KINDS = ("onnxruntime",)
+
+
+def _describe(err: dict, loc: tuple) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+        return f"unknown key{hint}"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "union_tag_invalid":
+        return f"unknown target kind {err['input'].get('kind')!r}; allowed: {', '.join(_TARGET_KINDS)}"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if kind not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)):
+        msg = f"{msg} (got {got!r})"
+    return msg
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """Field names of the schema at `loc`, to list in an `unknown key` message."""
+    model: Any = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if model is ModelSpec and part == "kwargs":
+            return []  # zoo kwargs are reported by their own schema
+        field = model.model_fields.get("validate_" if part == "validate" else part)
+        if field is None:
+            return []
+        model = _inner_model(field.annotation)
+        if model is None:
+            return []
+    names = [("validate" if n == "validate_" else n) for n, f in model.model_fields.items() if not f.exclude]
+    return names
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The BaseModel inside Optional[...] / list[...] / Annotated[Union[...]] (first one)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _inner_model(arg)
+        if found is not None:
+            return found
+    meta = getattr(annotation, "__origin__", None)
+    if meta is not None and isinstance(meta, type) and issubclass(meta, BaseModel):
+        return meta
+    return None
+
+
+def _source_of(loc: tuple, origin: Origin) -> str | None:
+    """The --set that touched `loc` or below it, else the file that set its deepest prefix."""
+    for key, source in origin.items():
+        if source.startswith("--set") and key[: len(loc)] == loc:
+            return source
+    for n in range(len(loc), 0, -1):
+        if loc[:n] in origin:
+            return origin[loc[:n]]
+    return None

@@ -1,0 +1,245 @@
+"""Chains the stages for one recipe, and owns caching by content hash.
+
+    export -> baseline -> build(target)... -> validate(target)... -> report
+
+A stage's cache key hashes its name and version, the recipe sections it reads, the sha256
+of its input artifacts, the tool versions and the device. When the key matches the
+manifest's record and the outputs still have their recorded sha256, the stage is skipped;
+when an output was changed by hand, the run refuses (IntegrityError) rather than use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pipeline import backends, deps, models
+from pipeline.errors import DependencyError, GateFailed, IntegrityError, StageFailed
+from pipeline.recipe import Recipe, sha256_json
+from pipeline.store import Artifact, Store, now
+from pipeline.ui import Progress
+
+Until = Literal["export", "build", "validate", "report"]
+ORDER: tuple[Until, ...] = ("export", "build", "validate", "report")
+
+Produce = Callable[[Path], tuple[dict[str, Path], dict]]
+
+
+@dataclass
+class Result:
+    """What one stage left in the store."""
+
+    outputs: dict[str, Artifact]
+    meta: dict
+    cached: bool
+
+    def one(self) -> Artifact:
+        (artifact,) = self.outputs.values()
+        return artifact
+
+
+@dataclass
+class Outcome:
+    """What a run produced: the report (when it got that far) and per-target states."""
+
+    store: Store
+    report: dict | None = None
+    engines: list[dict] = field(default_factory=list)
+    work_done: bool = False
+
+
+class Run:
+    def __init__(self, recipe: Recipe, engines_root: Path, force: bool = False,
+                 progress: Progress | None = None, verbose: bool = False):
+        self.recipe = recipe
+        self.store = Store(engines_root, recipe.name)
+        self.force = force
+        self.verbose = verbose
+        self.progress = progress or Progress()
+        self.work_done = False
+
+    # ------------------------------------------------------------------ one stage
+    def stage(self, stage_id: str, version: int, spec: object, inputs: list[Artifact],
+              produce: Produce) -> Result:
+        key = sha256_json({
+            "stage": stage_id, "version": version, "spec": spec,
+            "inputs": {a.name: a.sha256 for a in inputs},
+            "versions": deps.versions(), "device": deps.device(),
+        })
+        record = self.store.manifest["stages"].get(stage_id)
+        if not self.force and record and record["key"] == key:
+            outputs = self._cached_outputs(record)
+            if outputs is not None:
+                self.progress.cached(stage_id)
+                return Result(outputs, record["meta"], cached=True)
+
+        workdir = self.store.workdir(stage_id)
+        t0 = time.perf_counter()
+        with self.progress.stage(stage_id):
+            produced, meta = produce(workdir)
+        seconds = time.perf_counter() - t0
+        outputs = {name: self.store.commit(path, name, stage_id) for name, path in produced.items()}
+        self.store.manifest["stages"][stage_id] = {
+            "key": key, "outputs": sorted(outputs), "meta": meta,
+            "seconds": round(seconds, 3), "finished": now(),
+        }
+        self.store.save_manifest(recipe=self.recipe.name, recipe_sha256=self.recipe.digest)
+        self.work_done = True
+        self.progress.done(stage_id, seconds)
+        return Result(outputs, meta, cached=False)
+
+    def _cached_outputs(self, record: dict) -> dict[str, Artifact] | None:
+        """The recorded outputs, verified; None if one is gone (then the stage reruns)."""
+        outputs = {}
+        for name in record["outputs"]:
+            if not (self.store.dir / name).is_file():
+                return None
+            outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+        return outputs
+
+    # ------------------------------------------------------------------ the chain
+    def execute(self, until: Until = "report") -> Outcome:
+        recipe = self.recipe
+        models.check(recipe)
+        skipped = self._unavailable_targets()
+        outcome = Outcome(self.store)
+        with self.store.lock(on_wait=self.progress.note):
+            self._forget_stale_stages()
+            if not self.force:
+                # Before any work: a file changed by hand stops the run with nothing rewritten.
+                self.store.verify_all()
+            graph = self._export()
+            if until == "export":
+                return self._finish(outcome)
+            base = self._baseline() if ORDER.index(until) >= ORDER.index("validate") else None
+            engines: list[dict] = []
+            failures: list[str] = []
+            for target in recipe.targets:
+                if target.id in skipped:
+                    self.progress.skipped(f"build:{target.id}", skipped[target.id])
+                    engines.append(_not_built(target, "skipped", skipped[target.id]))
+                    continue
+                try:
+                    engine = self._build(target, graph)
+                    if base is not None:
+                        engines.append(self._validate(target, engine, base))
+                except StageFailed as e:
+                    self.progress.failed(target.id, str(e))
+                    engines.append(_not_built(target, "failed", str(e)))
+                    failures.append(f"{target.id}: {e}")
+            outcome.engines = engines
+            if until == "report":
+                outcome.report = self._report(base, graph, engines)
+            self._finish(outcome)
+        if failures:
+            raise StageFailed("; ".join(failures))
+        return outcome
+
+    def _finish(self, outcome: Outcome) -> Outcome:
+        outcome.work_done = self.work_done
+        return outcome
+
+    def _unavailable_targets(self) -> dict[str, str]:
+        """target id -> why it cannot be built here; a required one stops the run first."""
+        reasons = {}
+        for target in self.recipe.targets:
+            reason = backends.get(target.kind).unavailable(target)
+            if reason is None:
+                continue
+            if target.required:
+                raise DependencyError(f"target `{target.id}` is required but cannot be built here: {reason}")
+            reasons[target.id] = reason
+        return reasons
+
+    def _forget_stale_stages(self) -> None:
+        """Drop records of targets the recipe no longer has (their files stay until clean)."""
+        ids = {t.id for t in self.recipe.targets}
+        stages = self.store.manifest["stages"]
+        for stage_id in list(stages):
+            kind, _, target = stage_id.partition(":")
+            if target and kind in ("build", "validate") and target not in ids:
+                del stages[stage_id]
+
+    def _export(self) -> Artifact:
+        from pipeline.stages import export
+
+        result = self.stage(
+            export.NAME, export.VERSION, self.recipe.section(*export.SECTIONS), [],
+            lambda wd: export.export(self.recipe, wd, verbose=self.verbose),
+        )
+        self.export_meta = result.meta
+        return result.one()
+
+    def _baseline(self) -> Result:
+        from pipeline.stages import validate
+
+        return self.stage(
+            "baseline", validate.VERSION,
+            self.recipe.section("model", "inputs", "outputs", "data", "validate"), [],
+            lambda wd: validate.baseline(self.recipe, wd),
+        )
+
+    def _build(self, target, graph: Artifact) -> Artifact:
+        from pipeline.stages import build
+
+        return self.stage(
+            f"build:{target.id}", build.VERSION,
+            {"target": target.model_dump(mode="json"), **self.recipe.section("inputs")}, [graph],
+            lambda wd: build.build(self.recipe, target, graph, wd),
+        ).one()
+
+    def _validate(self, target, engine: Artifact, base: Result) -> dict:
+        import json
+
+        from pipeline.stages import validate
+
+        # The file timed must be the file built: check its sha256 right before opening it.
+        engine = self.store.verify(engine.name)
+        result = self.stage(
+            f"validate:{target.id}", validate.VERSION,
+            {"target": target.model_dump(mode="json"),
+             **self.recipe.section("model", "outputs", "validate")},
+            [engine, base.one()],
+            lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
+        )
+        return json.loads(result.one().path.read_text())
+
+    def _report(self, base: Result | None, graph: Artifact, engines: list[dict]) -> dict:
+        import json
+
+        from pipeline.stages import report
+
+        inputs = [graph] + ([base.one()] if base else [])
+        inputs += [self.store.artifact(f"validate-{e['target']}.json")
+                   for e in engines if e["status"] == "built"]
+        skipped = [e for e in engines if e["status"] != "built"]
+        result = self.stage(
+            "report", report.VERSION, {"recipe": self.recipe.digest, "not_built": skipped}, inputs,
+            lambda wd: (report.write(report.assemble(
+                self.recipe, base.meta if base else None, self.export_meta, engines), wd), {}),
+        )
+        return json.loads(result.outputs["report.json"].path.read_text())
+
+
+def _not_built(target, status: str, reason: str) -> dict:
+    return {"target": target.id, "kind": target.kind, "status": status, "reason": reason,
+            "path": None, "sha256": None, "precision": None, "accuracy": None,
+            "latency_ms": None, "speedup_vs_baseline": None, "gates": []}
+
+
+def failed_gates(report: dict) -> list[str]:
+    """`target: gate (detail)` for every failed gate in a report."""
+    return [f"{e['target']}: {g['name']} ({g['detail']})"
+            for e in report["engines"] for g in e.get("gates") or [] if not g["passed"]]
+
+
+def check_gates(report: dict) -> None:
+    failed = failed_gates(report)
+    if failed:
+        raise GateFailed(f"{len(failed)} gate(s) failed: " + "; ".join(failed))
+
+
+__all__ = ["Run", "Outcome", "ORDER", "check_gates", "failed_gates", "IntegrityError"]

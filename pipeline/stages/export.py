@@ -1,0 +1,149 @@
+"""export: PyTorch model -> model.onnx, with dynamic dims from the recipe and a parity check.
+
+The check runs the exported graph in ONNX Runtime (no graph optimization, so it judges the
+export alone) on feeds at the profile's opt and max points, the max point proving that the
+dynamic axes really are dynamic, and compares against PyTorch on the same feeds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import time
+import warnings
+from pathlib import Path
+
+from pipeline import data, metrics, models
+from pipeline.errors import StageFailed
+from pipeline.recipe import Dim, Recipe
+
+NAME, VERSION = "export", 1
+SECTIONS = ("model", "inputs", "outputs", "export", "data")
+
+
+def _dim_symbols(recipe: Recipe) -> dict[tuple[str, int], tuple[str, Dim]]:
+    """(input, axis) -> (symbol, Dim) for every dynamic axis; shared names share symbols."""
+    out = {}
+    for spec in recipe.inputs:
+        for axis, dim in enumerate(spec.shape):
+            if isinstance(dim, Dim):
+                out[(spec.name, axis)] = (dim.name or f"{spec.name}_{axis}", dim)
+    return out
+
+
+def _dynamic_shapes(recipe: Recipe):
+    """torch.export Dims, one object per symbol (positional, in forward() order)."""
+    import torch
+
+    dims: dict[str, torch.export.Dim] = {}
+    per_input = []
+    symbols = _dim_symbols(recipe)
+    for spec in recipe.inputs:
+        axes = {}
+        for axis in range(len(spec.shape)):
+            if (spec.name, axis) in symbols:
+                symbol, dim = symbols[(spec.name, axis)]
+                if symbol not in dims:
+                    dims[symbol] = torch.export.Dim(symbol, min=dim.min, max=dim.max)
+                axes[axis] = dims[symbol]
+        per_input.append(axes or None)
+    return tuple(per_input)
+
+
+def _dynamic_axes(recipe: Recipe) -> dict[str, dict[int, str]]:
+    """TorchScript exporter's form: input -> {axis: symbol}."""
+    axes: dict[str, dict[int, str]] = {}
+    for (name, axis), (symbol, _) in _dim_symbols(recipe).items():
+        axes.setdefault(name, {})[axis] = symbol
+    return axes
+
+
+@contextlib.contextmanager
+def _quiet_torch_logs(verbose: bool):
+    if verbose:
+        yield
+        return
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def export(recipe: Recipe, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+    import onnx
+    import torch
+
+    model = models.load(recipe)
+    example = data.feeds(recipe, "export")[0]
+    args = tuple(torch.from_numpy(example[i.name]) for i in recipe.inputs)
+    out_path = workdir / "model.onnx"
+    kwargs = dict(
+        input_names=[i.name for i in recipe.inputs],
+        output_names=recipe.outputs,
+        opset_version=recipe.export.opset,
+    )
+    if recipe.export.exporter == "dynamo":
+        kwargs.update(dynamo=True, dynamic_shapes=_dynamic_shapes(recipe), external_data=False)
+    else:
+        kwargs.update(dynamo=False, dynamic_axes=_dynamic_axes(recipe))
+
+    log = io.StringIO()
+    t0 = time.perf_counter()
+    try:
+        # The exporters print progress to stdout and warnings to stderr; keep them for -v.
+        with contextlib.redirect_stdout(log), _quiet_torch_logs(verbose), torch.no_grad():
+            torch.onnx.export(model, args, str(out_path), **kwargs)
+    except Exception as e:
+        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise StageFailed(
+            f"export ({recipe.export.exporter}) failed: {type(e).__name__}: {detail}",
+            "rerun with --debug for the trace, or try export.exporter: torchscript",
+        ) from e
+    seconds = time.perf_counter() - t0
+    if verbose:
+        print(log.getvalue())
+
+    proto = onnx.load(str(out_path), load_external_data=False)
+    onnx.checker.check_model(proto)
+    parity = check_parity(recipe, model, out_path)
+    return {"model.onnx": out_path}, {
+        "exporter": recipe.export.exporter,
+        "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
+        "nodes": len(proto.graph.node),
+        "export_seconds": seconds,
+        "parity": parity,
+    }
+
+
+def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:
+    """Exported graph vs PyTorch at the opt and max profile points; StageFailed if off."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from pipeline.backends.torch import TorchRunner
+
+    rng = np.random.default_rng([recipe.data.seed, 99])
+    feeds = [data.random_feed(recipe.inputs, p, rng) for p in ("opt", "max")]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    onnx_out = [dict(zip(recipe.outputs, session.run(recipe.outputs, f))) for f in feeds]
+    with TorchRunner(model, [i.name for i in recipe.inputs], recipe.outputs) as runner:
+        torch_out = [runner.infer(f, check_inputs=False) for f in feeds]
+    result = metrics.compare(torch_out, onnx_out, top1_outputs=[])
+    spec = recipe.export.parity
+    for name, m in result.items():
+        if not (m["max_abs"] <= spec.max_abs and m["cosine"] >= spec.cosine_min):
+            raise StageFailed(
+                f"export parity: output `{name}` differs from PyTorch: max_abs {m['max_abs']:.3g} "
+                f"(allowed {spec.max_abs:g}), cosine {m['cosine']:.6f} (allowed >= {spec.cosine_min:g})",
+                "the exporter changed the model's numerics; try export.exporter: torchscript",
+            )
+    return {name: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for name, m in result.items()}

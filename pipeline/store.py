@@ -1,0 +1,190 @@
+"""The artifact store: one folder per recipe, atomic writes, a manifest, a lock.
+
+    engines/<recipe>/
+        manifest.json     sha256 and size of every file, the stage records (cache keys),
+                          tool versions, device, recipe digest
+        model.onnx, <target>.onnx|.plan|.pt2, baseline.npz, validate-<target>.json, report.*
+        .tmp/             work in progress; never read, swept at the start of a run
+        .lock             held (flock) by the run that writes here
+
+Nothing ever appears under a final name half-written: stages write into `.tmp/`, and
+`commit()` renames the finished file into place (rename is atomic within a filesystem).
+The manifest itself is written the same way, after the files it describes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import deps
+from pipeline.errors import IntegrityError, LockError
+
+MANIFEST = "manifest.json"
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A committed file: its name in the store, where it is, and what it contains."""
+
+    name: str
+    path: Path
+    sha256: str
+    bytes: int
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes | str) -> None:
+    """Write to a sibling temporary file, fsync, then rename over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Store:
+    def __init__(self, root: Path, recipe_name: str):
+        self.dir = Path(root) / recipe_name
+        self.tmp = self.dir / ".tmp"
+        self._manifest: dict | None = None
+
+    # ------------------------------------------------------------------ locking
+    @contextlib.contextmanager
+    def lock(self, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+        """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ".lock", "a+") as f:
+            deadline = time.monotonic() + wait
+            told = False
+            while True:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    f.seek(0)
+                    holder = f.read().strip() or "another process"
+                    if time.monotonic() > deadline:
+                        raise LockError(
+                            f"{self.dir} is locked by {holder}; another run of this recipe is "
+                            f"still writing there", "wait for it to finish, then rerun"
+                        ) from None
+                    if on_wait and not told:
+                        on_wait(f"waiting for {holder} to finish writing {self.dir}")
+                        told = True
+                    time.sleep(0.2)
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()}")
+            f.flush()
+            try:
+                shutil.rmtree(self.tmp, ignore_errors=True)  # leftovers of a killed run
+                yield
+            finally:
+                f.seek(0)
+                f.truncate()
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    # ------------------------------------------------------------------ manifest
+    @property
+    def manifest(self) -> dict:
+        if self._manifest is None:
+            self._manifest = self.read_manifest()
+        return self._manifest
+
+    def read_manifest(self) -> dict:
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            return {"schema": SCHEMA, "files": {}, "stages": {}}
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise IntegrityError(
+                f"{path}: unreadable manifest ({e})", "delete the folder or rerun with --force"
+            ) from None
+        data.setdefault("files", {})
+        data.setdefault("stages", {})
+        return data
+
+    def save_manifest(self, **fields: Any) -> None:
+        m = self.manifest
+        m.update(fields)
+        m["schema"] = SCHEMA
+        m["updated"] = now()
+        m["versions"] = deps.versions()
+        m["device"] = deps.device()
+        write_atomic(self.dir / MANIFEST, dumps(m))
+
+    # ------------------------------------------------------------------ artifacts
+    def workdir(self, stage_id: str) -> Path:
+        """A fresh private folder where a stage writes before its files are committed."""
+        path = self.tmp / stage_id.replace(":", "-")
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(parents=True)
+        return path
+
+    def commit(self, produced: Path, name: str, stage_id: str) -> Artifact:
+        """Move a finished file into place under its final name and record it."""
+        final = self.dir / name
+        with open(produced, "rb") as f:
+            os.fsync(f.fileno())
+        digest = sha256_file(produced)
+        size = produced.stat().st_size
+        os.replace(produced, final)
+        self.manifest["files"][name] = {"sha256": digest, "bytes": size, "stage": stage_id}
+        return Artifact(name, final, digest, size)
+
+    def artifact(self, name: str) -> Artifact:
+        entry = self.manifest["files"][name]
+        return Artifact(name, self.dir / name, entry["sha256"], entry["bytes"])
+
+    def verify(self, name: str) -> Artifact:
+        """The recorded artifact, after checking the file still has its recorded sha256."""
+        entry = self.manifest["files"].get(name)
+        path = self.dir / name
+        if entry is None:
+            raise IntegrityError(f"{path}: not recorded in {self.dir / MANIFEST}")
+        if not path.is_file():
+            raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
+        actual = sha256_file(path)
+        if actual != entry["sha256"]:
+            raise IntegrityError(
+                f"{path}: sha256 {actual[:12]}… does not match the manifest's "
+                f"{entry['sha256'][:12]}…; the file changed after it was built",
+                "rebuild with --force",
+            )
+        return Artifact(name, path, actual, entry["bytes"])
+
+    def verify_all(self) -> None:
+        """Refuse the folder if any recorded file that still exists has changed."""
+        for name in list(self.manifest["files"]):
+            if (self.dir / name).is_file():
+                self.verify(name)

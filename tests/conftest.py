@@ -1,0 +1,97 @@
+"""Shared fixtures: a scratch project folder with the real recipes, and the CLI as a
+real subprocess (`python -m pipeline`), the way users and CI run it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Small but real protocol settings so end-to-end tests stay quick on 2 cores.
+FAST = (
+    "--set", "validate.latency.warmup=5",
+    "--set", "validate.latency.iterations=40",
+    "--set", "validate.latency.min_seconds=0",
+    "--set", "validate.latency.block=10",
+    "--set", "data.validation.samples=3",
+)
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.startswith("Error:")]
+
+
+class Project:
+    """A scratch working directory holding a copy of recipes/; engines go to ./engines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        shutil.copytree(ROOT / "recipes", path / "recipes")
+        self.engines = path / "engines"
+
+    def run(self, *args: str, timeout: float = 600, env: dict | None = None) -> Result:
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+        full_env.pop("PIPELINE_ENGINES", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pipeline", *args], cwd=self.path, env=full_env,
+            capture_output=True, text=True, timeout=timeout,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def write(self, relative: str, text: str) -> Path:
+        path = self.path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return path
+
+    def snapshot(self) -> dict[str, str]:
+        """sha256 of every file under engines/ (to prove a failed run changed nothing)."""
+        if not self.engines.exists():
+            return {}
+        return {
+            str(p.relative_to(self.engines)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(self.engines.rglob("*")) if p.is_file()
+        }
+
+
+@pytest.fixture
+def project(tmp_path) -> Project:
+    return Project(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def built_standard(tmp_path_factory) -> Project:
+    """One real `pipeline run standard`, shared by the tests that only read its outputs."""
+    proj = Project(tmp_path_factory.mktemp("standard"))
+    result = proj.run("run", "standard", *FAST)
+    assert result.code == 0, result.err
+    return proj
+
+
+def pytest_collection_modifyitems(config, items):
+    """`tensorrt` and `gpu` tests are collected everywhere and skipped, with the reason,
+    where the machine lacks what they need."""
+    from pipeline import deps
+
+    no_trt = pytest.mark.skip(reason="TensorRT is not installed (it needs an NVIDIA GPU and NVIDIA's index)")
+    no_gpu = pytest.mark.skip(reason="no NVIDIA GPU on this machine (nvidia-smi found none)")
+    for item in items:
+        if "tensorrt" in item.keywords and not deps.has("tensorrt"):
+            item.add_marker(no_trt)
+        if "gpu" in item.keywords and not deps.gpus():
+            item.add_marker(no_gpu)

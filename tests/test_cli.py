@@ -1,0 +1,135 @@
+"""The CLI as users run it: a real subprocess, real exports, real ONNX Runtime sessions."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import FAST, ROOT
+
+
+def test_help_imports_neither_torch_nor_onnxruntime():
+    # -X importtime lists every module the real entry point imports, on stderr
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "pipeline", "--help"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: pipeline" in proc.stdout
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in proc.stderr.splitlines()}
+    assert "click" in imported  # the listing is real
+    assert not imported & {"torch", "onnxruntime", "tensorrt", "onnx"}
+
+
+def test_recipes_lists_the_shipped_recipes(project):
+    result = project.run("recipes")
+    assert result.code == 0, result.err
+    assert "standard" in result.out and "flash" in result.out and "block_sparse" in result.out
+
+
+def test_run_writes_the_report_contract(built_standard):
+    folder = built_standard.engines / "standard"
+    report = json.loads((folder / "report.json").read_text())
+    for key in ("schema", "recipe", "recipe_sha256", "created", "device", "versions", "baseline", "engines"):
+        assert key in report, key
+    assert report["schema"] == 1 and report["recipe"] == "standard"
+    assert report["versions"]["torch"] and report["versions"]["onnxruntime"]
+    assert report["baseline"]["runner"] == "torch-eager"
+    assert report["baseline"]["latency_ms"]["p50"] > 0
+    (engine,) = report["engines"]
+    assert engine["target"] == "onnxruntime" and engine["status"] == "built"
+    acc = engine["accuracy"]["logits"]
+    assert acc["cosine"] > 0.9999 and acc["max_abs"] < 1e-3 and acc["top1_agreement"] > 0.99
+    lat = engine["latency_ms"]
+    assert lat["p50"] > 0 and lat["p50"] <= lat["p90"] <= lat["p99"] and lat["n"] >= 40
+    lo, hi = engine["speedup_vs_baseline"]["ci95"]
+    assert lo <= engine["speedup_vs_baseline"]["ratio"] <= hi
+    assert all(g["passed"] for g in engine["gates"]) and engine["gates"]
+    # the engine in the report is the file on disk, by sha256
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["files"]["onnxruntime.onnx"]["sha256"] == engine["sha256"]
+    assert (folder / "report.md").read_text().startswith("# standard")
+
+
+def test_unchanged_rerun_does_no_work(built_standard):
+    before = built_standard.snapshot()
+    t0 = time.perf_counter()
+    result = built_standard.run("run", "standard", *FAST)
+    seconds = time.perf_counter() - t0
+    assert result.code == 0, result.err
+    assert "nothing to do" in result.err
+    assert result.err.count("cached") == 5  # export, baseline, build, validate, report
+    assert built_standard.snapshot() == before
+    assert seconds < 5, f"a cached rerun took {seconds:.1f} s"
+    assert "onnxruntime" in result.out  # the summary table is still printed
+
+
+def test_changed_setting_reruns_only_what_depends_on_it(built_standard):
+    # a different latency protocol: export and build stay cached, validation reruns
+    result = built_standard.run("validate", "standard", *FAST, "--set", "validate.latency.iterations=30")
+    assert result.code == 0, result.err
+    assert "export" in result.err and "cached" in result.err
+    lines = {line.split()[1]: line for line in result.err.splitlines() if line[:1] in "✓·"}
+    assert "cached" in lines["export"] and "cached" in lines["build:onnxruntime"]
+    assert "cached" not in lines["validate:onnxruntime"]
+
+
+def test_tampered_engine_is_refused(built_standard, tmp_path):
+    import shutil
+
+    from tests.conftest import Project
+
+    proj = Project(tmp_path / "copy")
+    shutil.copytree(built_standard.engines, proj.engines)
+    engine = proj.engines / "standard" / "onnxruntime.onnx"
+    data = bytearray(engine.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    engine.write_bytes(bytes(data))
+    before = proj.snapshot()
+    result = proj.run("validate", "standard", *FAST)
+    assert result.code == 5
+    assert len(result.error_lines) == 1
+    assert "onnxruntime.onnx: sha256" in result.err and "does not match the manifest" in result.err
+    assert "Traceback" not in result.err
+    assert proj.snapshot() == before
+
+
+BAD_INPUTS = [
+    # (recipe file text or None for a name, args, expected message part)
+    ("extends: standard.yaml\nmodel: {kwargs: {colour: red}}\n", (),
+     "recipes/bad.yaml: model.kwargs.colour: unknown key"),
+    ("extends: standard.yaml\ndata: {seed: one}\n", (),
+     "recipes/bad.yaml: data.seed: Input should be a valid integer"),
+    ("extends: missing-base.yaml\n", (),
+     "recipes/bad.yaml: extends: missing-base.yaml: no such file"),
+    ("extends: standard.yaml\ninputs:\n  - {name: input_ids, dtype: int64, range: [0, 512], "
+     "shape: [{min: 4, opt: 2, max: 1}, 8]}\n", (),
+     "recipes/bad.yaml: inputs.0.shape.0: needs min <= opt <= max (got 4, 2, 1)"),
+    ("extends: standard.yaml\nmodel: {zoo: null, factory: 'no_such_package.models:build'}\n", (),
+     "model.factory: cannot import `no_such_package.models`"),
+    (None, ("no-such-recipe",), "unknown recipe `no-such-recipe`"),
+    ("extends: standard.yaml\ntargets: [{kind: tensorrtx}]\n", (),
+     "recipes/bad.yaml: targets.0: unknown target kind 'tensorrtx'"),
+]
+
+
+@pytest.mark.parametrize("text, args, expected", BAD_INPUTS)
+def test_bad_input_is_one_error_line_exit_2_and_changes_nothing(built_standard, text, args, expected):
+    if text is not None:
+        built_standard.write("recipes/bad.yaml", text)
+        args = ("bad",)
+    before = built_standard.snapshot()
+    result = built_standard.run("run", *args)
+    assert result.code == 2, result.err
+    assert "Traceback" not in result.err
+    assert len(result.error_lines) == 1, result.err
+    assert expected in result.error_lines[0]
+    assert built_standard.snapshot() == before
+
+
+def test_debug_shows_the_traceback(project):
+    result = project.run("run", "no-such-recipe", "--debug")
+    assert result.code != 0
+    assert "Traceback" in result.err and "RecipeError" in result.err
