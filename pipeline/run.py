@@ -1,6 +1,12 @@
 """Chains the stages for one recipe, and owns caching by content hash.
 
-    export -> baseline -> build(target)... -> validate(target)... -> report
+    graph stages (export -> ...) -> baseline -> build(target)... -> validate(target)... -> report
+
+Graph stages each turn the previous ONNX graph into the next (export makes the first); the
+last graph is what every target builds from. A graph stage is a module under
+pipeline/stages with NAME, VERSION, SECTIONS (the recipe sections in its cache key),
+`enabled(recipe)` and `run(recipe, graph, workdir, verbose) -> ({file: path}, meta)`, whose
+first output file is the next graph. Adding one is a module plus a line in GRAPH_STAGES.
 
 A stage's cache key hashes its name and version, the recipe sections it reads, the sha256
 of its input artifacts, the tool versions and the device. When the key matches the
@@ -14,7 +20,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from pipeline import backends, deps, models
 from pipeline.errors import DependencyError, GateFailed, IntegrityError, StageFailed
@@ -22,8 +27,9 @@ from pipeline.recipe import Recipe, sha256_json
 from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
 
-Until = Literal["export", "build", "validate", "report"]
-ORDER: tuple[Until, ...] = ("export", "build", "validate", "report")
+# Graph stages, in order (modules under pipeline.stages).
+GRAPH_STAGES: tuple[str, ...] = ("export",)
+ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")
 
 Produce = Callable[[Path], tuple[dict[str, Path], dict]]
 
@@ -60,6 +66,7 @@ class Run:
         self.verbose = verbose
         self.progress = progress or Progress()
         self.work_done = False
+        self.graph_meta: dict[str, dict] = {}  # graph stage name -> its meta, for the report
 
     # ------------------------------------------------------------------ one stage
     def stage(self, stage_id: str, version: int, spec: object, inputs: list[Artifact],
@@ -83,7 +90,7 @@ class Run:
         seconds = time.perf_counter() - t0
         outputs = {name: self.store.commit(path, name, stage_id) for name, path in produced.items()}
         self.store.manifest["stages"][stage_id] = {
-            "key": key, "outputs": sorted(outputs), "meta": meta,
+            "key": key, "outputs": list(outputs), "meta": meta,
             "seconds": round(seconds, 3), "finished": now(),
         }
         self.store.save_manifest(recipe=self.recipe.name, recipe_sha256=self.recipe.digest)
@@ -101,7 +108,7 @@ class Run:
         return outputs
 
     # ------------------------------------------------------------------ the chain
-    def execute(self, until: Until = "report") -> Outcome:
+    def execute(self, until: str = "report") -> Outcome:
         recipe = self.recipe
         models.check(recipe)
         skipped = self._unavailable_targets()
@@ -111,9 +118,11 @@ class Run:
             if not self.force:
                 # Before any work: a file changed by hand stops the run with nothing rewritten.
                 self.store.verify_all()
-            graph = self._export()
-            if until == "export":
-                return self._finish(outcome)
+            graph = None
+            for name in GRAPH_STAGES:
+                graph = self._graph_stage(name, graph)
+                if until == name:
+                    return self._finish(outcome)
             base = self._baseline() if ORDER.index(until) >= ORDER.index("validate") else None
             engines: list[dict] = []
             failures: list[str] = []
@@ -163,15 +172,20 @@ class Run:
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
 
-    def _export(self) -> Artifact:
-        from pipeline.stages import export
+    def _graph_stage(self, name: str, graph: Artifact | None) -> Artifact | None:
+        """Run one graph stage (if the recipe enables it); returns the graph to go on with."""
+        import importlib
 
+        module = importlib.import_module(f"pipeline.stages.{name}")
+        if not module.enabled(self.recipe):
+            return graph
         result = self.stage(
-            export.NAME, export.VERSION, self.recipe.section(*export.SECTIONS), [],
-            lambda wd: export.export(self.recipe, wd, verbose=self.verbose),
+            module.NAME, module.VERSION, self.recipe.section(*module.SECTIONS),
+            [graph] if graph else [],
+            lambda wd: module.run(self.recipe, graph, wd, verbose=self.verbose),
         )
-        self.export_meta = result.meta
-        return result.one()
+        self.graph_meta[module.NAME] = result.meta
+        return next(iter(result.outputs.values()))
 
     def _baseline(self) -> Result:
         from pipeline.stages import validate
@@ -219,7 +233,7 @@ class Run:
         result = self.stage(
             "report", report.VERSION, {"recipe": self.recipe.digest, "not_built": skipped}, inputs,
             lambda wd: (report.write(report.assemble(
-                self.recipe, base.meta if base else None, self.export_meta, engines), wd), {}),
+                self.recipe, base.meta if base else None, self.graph_meta, engines), wd), {}),
         )
         return json.loads(result.outputs["report.json"].path.read_text())
 

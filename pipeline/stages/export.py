@@ -75,7 +75,12 @@ def _quiet_torch_logs(verbose: bool):
         logger.setLevel(level)
 
 
-def export(recipe: Recipe, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+def enabled(recipe: Recipe) -> bool:
+    return True
+
+
+def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+    """The first graph stage: `graph` is None (there is none before export)."""
     import onnx
     import torch
 

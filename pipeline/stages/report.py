@@ -19,7 +19,9 @@ VERSION = 1
 SCHEMA = 1
 
 
-def assemble(recipe: Recipe, baseline: dict | None, export: dict, engines: list[dict]) -> dict:
+def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
+             engines: list[dict]) -> dict:
+    """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
     return {
         "schema": SCHEMA,
         "recipe": recipe.name,
@@ -28,7 +30,7 @@ def assemble(recipe: Recipe, baseline: dict | None, export: dict, engines: list[
         "created": now(),
         "device": deps.device(),
         "versions": deps.versions(),
-        "export": export,
+        **graph_stages,
         "baseline": baseline,
         "engines": engines,
     }
