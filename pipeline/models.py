@@ -38,8 +38,13 @@ def _where(recipe: Recipe) -> str:
 
 
 def check(recipe: Recipe) -> None:
-    """Fail early: the factory imports and the weights file exists."""
-    _factory(recipe.model, _where(recipe))
+    """Fail early: the factory imports and the weights file exists.
+
+    Zoo models are ours and import torch: they are not imported here, so a fully cached
+    rerun never pays for `import torch`.
+    """
+    if recipe.model.factory is not None:
+        _factory(recipe.model, _where(recipe))
     weights = recipe.model.weights
     if weights is not None and not Path(weights).is_file():
         raise InputError(f"{_where(recipe)}: model.weights: no such file {weights}")

@@ -44,11 +44,17 @@ class Project:
         shutil.copytree(ROOT / "recipes", path / "recipes")
         self.engines = path / "engines"
 
-    def run(self, *args: str, timeout: float = 600, env: dict | None = None) -> Result:
+    def run(self, *args: str, timeout: float = 600, env: dict | None = None,
+            python_flags: bool = False) -> Result:
+        """`python -m pipeline ARGS`; with python_flags, ARGS start with interpreter flags
+        up to the first non-flag (e.g. "-X", "importtime", "run", ...)."""
         full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
         full_env.pop("PIPELINE_ENGINES", None)
+        flags: list[str] = []
+        if python_flags:
+            flags, args = list(args[:2]), args[2:]
         proc = subprocess.run(
-            [sys.executable, "-m", "pipeline", *args], cwd=self.path, env=full_env,
+            [sys.executable, *flags, "-m", "pipeline", *args], cwd=self.path, env=full_env,
             capture_output=True, text=True, timeout=timeout,
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
