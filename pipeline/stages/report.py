@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
@@ -102,7 +103,7 @@ def table(report: dict) -> Table:
         t.add_column(h, overflow="fold")
     for r in rows(report):
         style = "red" if r[-1].startswith(("FAIL", "failed")) else None
-        t.add_row(*r, style=style)
+        t.add_row(*(escape(c) for c in r), style=style)  # reasons may hold [brackets]
     return t
 
 
