@@ -121,10 +121,11 @@ class TensorRTRunner(BaseRunner):
         self.details["enqueues"] += 1
 
     def _capture(self) -> None:
-        """Warm enqueue, then capture one enqueue as a CUDA Graph (or record why not)."""
+        """Warm enqueue, then capture one enqueue as a CUDA Graph (or record why not).
+
+        Called on the runner's stream, inputs already copied in."""
         torch = self._torch
-        with torch.cuda.stream(self.stream):
-            self._enqueue(self.context)  # flushes TensorRT's deferred work after a shape change
+        self._enqueue(self.context)  # flushes TensorRT's deferred work after a shape change
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
@@ -145,28 +146,27 @@ class TensorRTRunner(BaseRunner):
         torch = self._torch
         start = time.perf_counter()
         shapes = {n: tuple(np.shape(feed_dict[n])) for n in self.input_names}
-        if shapes != self._shapes:
-            self._graph = None  # a graph holds fixed shapes and addresses: capture again
-            self.bind(self.context, shapes)
-            self._shapes = shapes
+        # Everything on the runner's stream, in order: copies in, enqueue or replay, copies out.
         with torch.cuda.stream(self.stream):
+            if shapes != self._shapes:
+                self._graph = None  # a graph holds fixed shapes and addresses: capture again
+                self.bind(self.context, shapes)
+                self._shapes = shapes
             for n in self.input_names:
                 host = torch.from_numpy(np.ascontiguousarray(feed_dict[n]))
                 self.buffers[n].copy_(host.to(self.buffers[n].dtype))
-        if self.cuda_graphs and self._graph is None:
-            self._capture()
-        if self._graph is not None:
-            self._graph.replay()
-            self.details["replays"] += 1
-        else:
-            with torch.cuda.stream(self.stream):
+            if self.cuda_graphs and self._graph is None:
+                self._capture()
+            if self._graph is not None:
+                self._graph.replay()
+                self.details["replays"] += 1
+            else:
                 self._enqueue(self.context)
-        with torch.cuda.stream(self.stream):
             out = OrderedDict()
             for n in self.output_names:
                 t = self.buffers[n]
                 t = t.float() if t.is_floating_point() and t.dtype != torch.float32 else t
-                out[n] = t.cpu().numpy()
+                out[n] = t.cpu().numpy()  # blocking copy: the stream's work is done after it
         self.stream.synchronize()
         self.inference_time = time.perf_counter() - start
         return out
