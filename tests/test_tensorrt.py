@@ -288,3 +288,20 @@ def test_required_tensorrt_target_is_exit_2_and_changes_nothing(built_standard):
     assert line.startswith("Error: target `tensorrt` is required but cannot be built here: TensorRT")
     assert "Traceback" not in result.err
     assert built_standard.snapshot() == before
+
+
+def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standard):
+    """Rendered from the JSON alone: a TensorRT-like engine entry with runtime extras."""
+    from pipeline.stages import report as report_mod
+
+    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    engine = next(e for e in report["engines"] if e["status"] == "built")
+    summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
+    engine.update(runtime={"cuda_graphs": "fallback to plain enqueue (capture failed)",
+                           "capture_failure": "RuntimeError: operation not permitted when stream is capturing",
+                           "captures": 0, "replays": 0, "enqueues": 41},
+                  effective_precision={k: v for k, v in summary.items() if k != "per_layer"})
+    md = report_mod.markdown(report)
+    assert "CUDA Graphs: fallback to plain enqueue (capture failed) (RuntimeError: operation not " \
+           "permitted when stream is capturing); 0 captures, 0 replays, 41 plain enqueues." in md
+    assert "Effective precision (share of time, 5 layers): int8 80%, fp32 20%; 1 reformat layers." in md
