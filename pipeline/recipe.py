@@ -158,6 +158,9 @@ class TargetBase(Strict):
     def id(self) -> str:
         return self.name or self.kind  # type: ignore[attr-defined]
 
+    def check(self, recipe: Recipe) -> None:
+        """Cross-checks against the whole recipe (raise ValueError); none by default."""
+
 
 class OnnxRuntimeTarget(TargetBase):
     kind: Literal["onnxruntime"] = "onnxruntime"
@@ -171,7 +174,56 @@ class OnnxRuntimeTarget(TargetBase):
     )
 
 
-Target = Annotated[Union[OnnxRuntimeTarget], Field(discriminator="kind")]  # noqa: UP007
+class TensorRTTarget(TargetBase):
+    """A TensorRT engine built through Polygraphy from the final (strongly typed) ONNX graph."""
+
+    kind: Literal["tensorrt"] = "tensorrt"
+    profiles: list[dict[str, Dim]] = Field(
+        default_factory=list,
+        description="Extra optimization profiles after the first (which is always the inputs' "
+        "min/opt/max); each overrides named dims, e.g. `{batch: {min: 1, opt: 1, max: 1}}`.",
+    )
+    optimization_level: int = Field(
+        3, ge=0, le=5, description="TensorRT builder optimization level (0 fastest build, 5 most search)."
+    )
+    workspace_mib: int | None = Field(
+        None, ge=1, description="Limit of the builder's workspace memory pool, in MiB (default: TensorRT's)."
+    )
+    tactic_shared_memory_kib: int | None = Field(
+        None, ge=1, description="Limit of the tactic shared-memory pool, in KiB (default: TensorRT's)."
+    )
+    hardware_compatibility: Literal["none", "ampere_plus"] = Field(
+        "none", description="`ampere_plus` builds an engine that runs on any Ampere or newer GPU "
+        "(slower); `none` ties it to this GPU's compute capability."
+    )
+    timing_cache: bool = Field(
+        True, description="Load and save TensorRT's tactic timing cache (one file per GPU and "
+        "TensorRT version, under $PIPELINE_CACHE_DIR or ~/.cache/engine-pipeline)."
+    )
+    cuda_graphs: bool = Field(
+        True, description="Run inference as a captured CUDA Graph (recaptured when shapes change; "
+        "plain enqueue, with the reason reported, when capture fails)."
+    )
+    require_effective_precision: Literal["int8", "fp8", "fp16", "bf16"] | None = Field(
+        None, description="Fail the engine unless at least `effective_precision_min_share` of its "
+        "layer time (layer count when untimed) runs at this precision or narrower."
+    )
+    effective_precision_min_share: float = Field(
+        0.5, gt=0, le=1, description="Share required by `require_effective_precision`."
+    )
+
+    def check(self, recipe: Recipe) -> None:
+        symbols = {d.name for i in recipe.inputs for d in i.shape if isinstance(d, Dim) and d.name}
+        for n, profile in enumerate(self.profiles):
+            unknown = sorted(set(profile) - symbols)
+            if unknown:
+                raise ValueError(
+                    f"target `{self.id}`: profiles.{n} names dims {unknown} that no input declares; "
+                    f"named dims: {sorted(symbols) or 'none (give dims a `name:`)'}"
+                )
+
+
+Target = Annotated[Union[OnnxRuntimeTarget, TensorRTTarget], Field(discriminator="kind")]  # noqa: UP007
 
 
 # ----------------------------------------------------------------------------- validate
@@ -253,6 +305,8 @@ class Recipe(Strict):
                     other = seen.setdefault(dim.name, dim)
                     if (other.min, other.opt, other.max) != (dim.min, dim.opt, dim.max):
                         raise ValueError(f"dim `{dim.name}` is declared with different ranges")
+        for target in self.targets:
+            target.check(self)
         for name in self.validate_.top1_outputs or []:
             if name not in self.outputs:
                 raise ValueError(f"validate.top1_outputs names `{name}`, not one of outputs {self.outputs}")
@@ -492,7 +546,7 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(cleaned)
 
 
-_TARGET_KINDS = ("onnxruntime",)
+_TARGET_KINDS = ("onnxruntime", "tensorrt")
 
 
 def _describe(err: dict, loc: tuple) -> str:

@@ -203,7 +203,7 @@ class Run:
             f"build:{target.id}", build.VERSION,
             {"target": target.model_dump(mode="json"), **self.recipe.section("inputs")}, [graph],
             lambda wd: build.build(self.recipe, target, graph, wd),
-        ).one()
+        ).outputs[build.engine_name(target)]
 
     def _validate(self, target, engine: Artifact, base: Result) -> dict:
         import json

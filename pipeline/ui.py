@@ -7,6 +7,7 @@ import sys
 from collections.abc import Iterator
 
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(stderr=True, highlight=False)
 # stdout: tables and results; wide enough for the summary table when piped to a file or CI log
@@ -32,10 +33,10 @@ class Progress:
         console.print(f"[dim]· {label:<24}  cached (inputs unchanged)[/]")
 
     def skipped(self, label: str, reason: str) -> None:
-        console.print(f"[yellow]-[/] {label:<24}  skipped: {reason}")
+        console.print(f"[yellow]-[/] {label:<24}  skipped: {escape(reason)}")
 
     def failed(self, label: str, reason: str) -> None:
-        console.print(f"[red]✗[/] {label:<24}  failed: {reason}")
+        console.print(f"[red]✗[/] {label:<24}  failed: {escape(reason)}")
 
     def note(self, message: str) -> None:
         console.print(f"  {message}")

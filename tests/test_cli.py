@@ -36,8 +36,8 @@ def test_run_writes_the_report_contract(built_standard):
     assert report["versions"]["torch"] and report["versions"]["onnxruntime"]
     assert report["baseline"]["runner"] == "torch-eager"
     assert report["baseline"]["latency_ms"]["p50"] > 0
-    (engine,) = report["engines"]
-    assert engine["target"] == "onnxruntime" and engine["status"] == "built"
+    engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
+    assert engine["status"] == "built"
     acc = engine["accuracy"]["logits"]
     assert acc["cosine"] > 0.9999 and acc["max_abs"] < 1e-3 and acc["top1_agreement"] > 0.99
     lat = engine["latency_ms"]

@@ -65,7 +65,7 @@ def test_digest_tracks_content(chdir_project):
         (["model.factory=pkg.mod:fn"], "model: give exactly one of `zoo` (a built-in model) or `factory`"),
         (["validate.tolerance.cosine_min=2"], "validate.tolerance.cosine_min: Input should be less than or equal to 1"),
         (["nokey"], "--set nokey: expected KEY.PATH=VALUE"),
-        (["targets.5.kind=onnxruntime"], "`5` is not an index of a list of 1"),
+        (["targets.5.kind=onnxruntime"], "`5` is not an index of a list of 2"),
     ],
 )
 def test_bad_values_name_key_and_allowed(chdir_project, overrides, expected):

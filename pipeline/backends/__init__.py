@@ -5,6 +5,11 @@ A backend module provides:
     unavailable(target) -> str | None            why it cannot build here (None: it can)
     build(onnx_path, target, recipe, workdir) -> (engine_path, meta)
     open(engine_path, target, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
+optionally:
+    build meta["files"] = {name: path}           extra files committed beside the engine
+    validation_extras(engine_path, target, recipe, runner) -> dict
+                                                 keys merged into validate-<target>.json;
+                                                 its "gates" are added to the engine's gates
 
 Adding a backend: a new module and one line here.
 """
@@ -16,6 +21,7 @@ from types import ModuleType
 
 BACKENDS = {
     "onnxruntime": "pipeline.backends.onnxruntime",
+    "tensorrt": "pipeline.backends.tensorrt",
 }
 
 

@@ -18,4 +18,6 @@ def engine_name(target) -> str:
 def build(recipe: Recipe, target, graph: Artifact, workdir: Path) -> tuple[dict[str, Path], dict]:
     backend = backends.get(target.kind)
     path, meta = backend.build(graph.path, target, recipe, workdir)
-    return {engine_name(target): path}, {"source": graph.name, "source_sha256": graph.sha256, **meta}
+    extra = meta.pop("files", {})  # e.g. TensorRT's inspector JSON, committed beside the engine
+    return ({engine_name(target): path, **extra},
+            {"source": graph.name, "source_sha256": graph.sha256, **meta})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
@@ -102,8 +103,26 @@ def table(report: dict) -> Table:
         t.add_column(h, overflow="fold")
     for r in rows(report):
         style = "red" if r[-1].startswith(("FAIL", "failed")) else None
-        t.add_row(*r, style=style)
+        t.add_row(*(escape(c) for c in r), style=style)  # reasons may hold [brackets]
     return t
+
+
+def _engine_notes(e: dict) -> list[str]:
+    """Lines for backend extras (TensorRT: CUDA Graphs, effective precision), when present."""
+    notes = []
+    rt = e.get("runtime") or {}
+    if rt:
+        why = f" ({rt['capture_failure']})" if rt.get("capture_failure") else ""
+        notes.append(f"CUDA Graphs: {rt.get('cuda_graphs')}{why}; {rt.get('captures', 0)} captures, "
+                     f"{rt.get('replays', 0)} replays, {rt.get('enqueues', 0)} plain enqueues.")
+    eff = e.get("effective_precision") or {}
+    shares = eff.get("time_share") or eff.get("layer_share")
+    if shares:
+        basis = "time" if eff.get("time_share") else "layers"
+        spread = ", ".join(f"{k} {v:.0%}" for k, v in shares.items() if v)
+        notes.append(f"Effective precision (share of {basis}, {eff['layers']} layers): {spread}; "
+                     f"{eff['reformat_layers']} reformat layers.")
+    return [n for line in notes for n in (line, "")]
 
 
 def markdown(report: dict) -> str:
@@ -160,6 +179,7 @@ def markdown(report: dict) -> str:
         s = e["speedup_vs_baseline"]
         lines += ["", f"Speedup vs PyTorch: **{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–"
                   f"{s['ci95'][1]:.2f}, {s['verdict']}). How: {e['latency_method']}.", "",
+                  *_engine_notes(e),
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
     return "\n".join(lines) + "\n"

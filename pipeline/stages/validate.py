@@ -88,6 +88,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         accuracy = metrics.compare(references, outputs, recipe.top1_outputs())
         base_blocks, engine_blocks = timing.time_interleaved(
             [torch_runner, runner], timing_feed(recipe), spec)
+        extras_of = getattr(backend, "validation_extras", None)
+        extras = extras_of(engine.path, target, recipe, runner) if extras_of else {}
     ratio, lo, hi = stats.ratio_of_medians(base_blocks, engine_blocks)
     result = {
         "target": target.id,
@@ -107,7 +109,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         },
         "latency_method": PROTOCOL.format(
             **spec.model_dump(), spinning="spin-wait" if spec.spin else "do not spin-wait"),
-        "gates": gates(recipe, accuracy),
+        **{k: v for k, v in extras.items() if k != "gates"},
+        "gates": gates(recipe, accuracy) + extras.get("gates", []),
     }
     path = workdir / f"validate-{target.id}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,0 +1,299 @@
+"""TensorRT target: a strongly typed engine built through Polygraphy's loaders.
+
+    NetworkFromOnnxPath(strongly_typed) -> CreateConfig(profiles, optimization level, pools,
+    timing cache, hardware compatibility, DETAILED verbosity) -> EngineFromNetwork -> SaveEngine
+
+Precision is whatever the ONNX graph says (casts, Q/DQ): strongly typed networks take no
+precision flags. Beside the engine the build writes `<id>.inspector.json` (TensorRT's engine
+inspector, loadable by TREx) and `<id>.build.json` (what built it, the equivalent trtexec
+and `polygraphy convert` command lines, per-layer timing and the effective precision).
+
+Everything up to `build()` is pure Python over Polygraphy's lazily importing loaders, so the
+chain, the command lines and the compatibility check are exercised on machines without
+TensorRT; TensorRT enums are resolved through `enum(kind, name)` only when the chain runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import deps
+from pipeline.backends import tensorrt_layers
+from pipeline.errors import InputError
+from pipeline.recipe import Recipe, TensorRTTarget
+
+EXTENSION = ".plan"
+Shape = tuple[int, ...]
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class BuildPlan:
+    """Everything the recipe decides about one engine build, in plain data."""
+
+    onnx: Path
+    engine: Path
+    profiles: list[dict[str, tuple[Shape, Shape, Shape]]]  # input -> (min, opt, max)
+    optimization_level: int
+    pools: dict[str, int] = field(default_factory=dict)  # trt.MemoryPoolType name -> bytes
+    hardware_compatibility: str | None = None  # trt.HardwareCompatibilityLevel name
+    timing_cache: Path | None = None
+    strongly_typed: bool = True
+    profiling_verbosity: str = "DETAILED"
+
+
+def profiles(recipe: Recipe, target: TensorRTTarget) -> list[dict[str, tuple[Shape, Shape, Shape]]]:
+    """Profile 0 is the inputs' own min/opt/max; each extra one overrides named dims."""
+    out = []
+    for override in [{}, *target.profiles]:
+        profile = {}
+        for spec in recipe.inputs:
+            dims = [d if isinstance(d, int) else override.get(d.name or "", d) for d in spec.shape]
+            profile[spec.name] = tuple(
+                tuple(d if isinstance(d, int) else getattr(d, k) for d in dims)
+                for k in ("min", "opt", "max"))
+        out.append(profile)
+    return out
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PIPELINE_CACHE_DIR") or Path.home() / ".cache" / "engine-pipeline"
+    return Path(root) / "tensorrt"
+
+
+def timing_cache_path(tensorrt_version: str, gpu: str, compute_capability: str) -> Path:
+    """One timing cache per GPU model and TensorRT version: tactics timed elsewhere don't apply."""
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-")
+    return cache_dir() / f"timing-{slug}-sm{compute_capability}-trt{tensorrt_version}.cache"
+
+
+def plan(onnx: Path, engine: Path, recipe: Recipe, target: TensorRTTarget,
+         built_with: dict) -> BuildPlan:
+    pools = {}
+    if target.workspace_mib:
+        pools["WORKSPACE"] = target.workspace_mib << 20
+    if target.tactic_shared_memory_kib:
+        pools["TACTIC_SHARED_MEMORY"] = target.tactic_shared_memory_kib << 10
+    cache = (timing_cache_path(built_with["tensorrt"], built_with["gpu"], built_with["compute_capability"])
+             if target.timing_cache else None)
+    return BuildPlan(
+        onnx=Path(onnx), engine=Path(engine), profiles=profiles(recipe, target),
+        optimization_level=target.optimization_level, pools=pools,
+        hardware_compatibility=None if target.hardware_compatibility == "none" else "AMPERE_PLUS",
+        timing_cache=cache,
+    )
+
+
+def _real_enum(kind: str, name: str):
+    import tensorrt as trt
+
+    return getattr(getattr(trt, kind), name)
+
+
+def loaders(p: BuildPlan, enum=_real_enum):
+    """The Polygraphy loader chain; calling the result builds, saves and returns the engine."""
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineFromNetwork,
+        NetworkFromOnnxPath,
+        Profile,
+        SaveEngine,
+    )
+
+    trt_profiles = []
+    for profile in p.profiles:
+        prof = Profile()
+        for name, (lo, opt, hi) in profile.items():
+            prof.add(name, min=list(lo), opt=list(opt), max=list(hi))
+        trt_profiles.append(prof)
+    cache = str(p.timing_cache) if p.timing_cache else None
+    config = CreateConfig(
+        profiles=trt_profiles,
+        builder_optimization_level=p.optimization_level,
+        memory_pool_limits={enum("MemoryPoolType", k): v for k, v in p.pools.items()} or None,
+        hardware_compatibility_level=(enum("HardwareCompatibilityLevel", p.hardware_compatibility)
+                                      if p.hardware_compatibility else None),
+        profiling_verbosity=enum("ProfilingVerbosity", p.profiling_verbosity),
+        load_timing_cache=cache,
+    )
+    # Hardware-compatible engines need TensorRT's native InstanceNorm (Polygraphy does the same).
+    flags = [enum("OnnxParserFlag", "NATIVE_INSTANCENORM")] if p.hardware_compatibility else None
+    network = NetworkFromOnnxPath(str(p.onnx), flags=flags, strongly_typed=p.strongly_typed)
+    engine = EngineFromNetwork(network, config=config, save_timing_cache=cache)
+    return SaveEngine(engine, path=str(p.engine))
+
+
+# ----------------------------------------------------------------------------- command lines
+def _dims(shape: Shape, sep: str) -> str:
+    return sep.join(str(d) for d in shape)
+
+
+def polygraphy_command(p: BuildPlan) -> list[str]:
+    cmd = ["polygraphy", "convert", str(p.onnx), "--convert-to", "trt", "-o", str(p.engine)]
+    cmd += ["--strongly-typed"] if p.strongly_typed else []
+    for profile in p.profiles:
+        for flag, k in (("--trt-min-shapes", 0), ("--trt-opt-shapes", 1), ("--trt-max-shapes", 2)):
+            cmd += [flag, *(f"{n}:[{_dims(s[k], ',')}]" for n, s in profile.items())]
+    cmd += ["--builder-optimization-level", str(p.optimization_level)]
+    if p.pools:
+        cmd += ["--pool-limit", *(f"{k.lower()}:{v}" for k, v in p.pools.items())]
+    if p.hardware_compatibility:
+        cmd += ["--hardware-compatibility-level", p.hardware_compatibility.lower()]
+    if p.timing_cache:
+        cmd += ["--load-timing-cache", str(p.timing_cache), "--save-timing-cache", str(p.timing_cache)]
+    return cmd + ["--profiling-verbosity", p.profiling_verbosity.lower()]
+
+
+_TRTEXEC_POOLS = {"WORKSPACE": ("workspace", 20, "M"), "TACTIC_SHARED_MEMORY": ("tacticSharedMem", 10, "K")}
+
+
+def trtexec_command(p: BuildPlan, inspector_json: Path | None = None) -> list[str]:
+    cmd = ["trtexec", f"--onnx={p.onnx}", f"--saveEngine={p.engine}"]
+    cmd += ["--stronglyTyped"] if p.strongly_typed else []
+    for profile in p.profiles:  # repeated min/opt/max sets make one profile each
+        for flag, k in (("--minShapes", 0), ("--optShapes", 1), ("--maxShapes", 2)):
+            cmd.append(f"{flag}=" + ",".join(f"{n}:{_dims(s[k], 'x')}" for n, s in profile.items()))
+    cmd.append(f"--builderOptimizationLevel={p.optimization_level}")
+    if p.pools:
+        specs = [f"{_TRTEXEC_POOLS[k][0]}:{v >> _TRTEXEC_POOLS[k][1]}{_TRTEXEC_POOLS[k][2]}"
+                 for k, v in p.pools.items()]
+        cmd.append("--memPoolSize=" + ",".join(specs))
+    if p.hardware_compatibility:
+        cmd.append("--hardwareCompatibilityLevel=ampere+")
+    if p.timing_cache:
+        cmd.append(f"--timingCacheFile={p.timing_cache}")
+    cmd.append(f"--profilingVerbosity={p.profiling_verbosity.lower()}")
+    return cmd + ([f"--exportLayerInfo={inspector_json}"] if inspector_json else [])
+
+
+def command_lines(p: BuildPlan, inspector_name: str) -> dict[str, str]:
+    """Both rebuild commands, with paths relative to the recipe's engines folder (run there)."""
+    local = BuildPlan(**{**p.__dict__, "onnx": Path(p.onnx.name), "engine": Path(p.engine.name)})
+    return {"cwd": "engines/<recipe>/",
+            "trtexec": shlex.join(trtexec_command(local, Path(inspector_name))),
+            "polygraphy": shlex.join(polygraphy_command(local))}
+
+
+# ----------------------------------------------------------------------------- compatibility
+def here() -> dict:
+    gpu, cc = deps.gpus()[0] if deps.gpus() else (None, None)
+    return {"tensorrt": deps.version("tensorrt"), "gpu": gpu, "compute_capability": cc}
+
+
+def _describe(w: dict) -> str:
+    gpu = f"{w['gpu']} (sm {w['compute_capability']})" if w.get("gpu") else "no GPU"
+    return f"TensorRT {w.get('tensorrt') or 'not installed'} on {gpu}"
+
+
+def check_compatible(engine: Path, built: dict, current: dict, hardware_compatible: bool) -> None:
+    """Refuse an engine built by another TensorRT version or for another GPU, naming both."""
+    same_trt = built.get("tensorrt") == current.get("tensorrt")
+    same_gpu = (built.get("gpu"), built.get("compute_capability")) == \
+        (current.get("gpu"), current.get("compute_capability"))
+    if hardware_compatible and current.get("compute_capability"):
+        same_gpu = float(current["compute_capability"]) >= 8.0  # ampere_plus
+    if not (same_trt and same_gpu):
+        raise InputError(
+            f"{engine} was built with {_describe(built)}; this machine has {_describe(current)}",
+            "TensorRT engines are tied to both: rebuild it here (pipeline build RECIPE --force)",
+        )
+
+
+# ----------------------------------------------------------------------------- backend API
+def unavailable(target: TensorRTTarget) -> str | None:
+    if not deps.has("tensorrt"):
+        return f"TensorRT is not installed ({deps.install_hint('tensorrt')})"
+    if not deps.gpus():
+        return "TensorRT needs an NVIDIA GPU; none was found (nvidia-smi)"
+    return None
+
+
+def sidecars(engine: Path) -> tuple[Path, Path]:
+    """(<id>.inspector.json, <id>.build.json) beside the engine."""
+    stem = engine.with_suffix("")
+    return stem.with_name(stem.name + ".inspector.json"), stem.with_name(stem.name + ".build.json")
+
+
+def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path):
+    from pipeline import data
+    from pipeline.backends.tensorrt_runner import TensorRTRunner
+
+    built_with = here()
+    engine_path = workdir / f"{target.id}{EXTENSION}"
+    p = plan(onnx_path, engine_path, recipe, target, built_with)
+    if p.timing_cache:
+        p.timing_cache.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    engine = loaders(p)()
+    seconds = time.perf_counter() - t0
+    # Layer truth at the opt point: per-layer times, then the inspector with formats resolved.
+    feed = data.feeds(recipe, "export")[0]
+    with TensorRTRunner(engine, cuda_graphs=False, name=target.id) as runner:
+        layer_ms = runner.layer_times(feed)
+        inspector_text = runner.inspector_json()
+    inspector = json.loads(inspector_text)
+    summary = tensorrt_layers.effective_precision(inspector, layer_ms)
+    inspector_path, info_path = sidecars(engine_path)
+    inspector_path.write_text(inspector_text)
+    commands = command_lines(p, inspector_path.name)
+    meta = {
+        "built_with": built_with, "hardware_compatibility": target.hardware_compatibility,
+        "build_seconds": seconds, "strongly_typed": True,
+        "profiles": [{n: [list(s) for s in mm] for n, mm in prof.items()} for prof in p.profiles],
+        "optimization_level": p.optimization_level, "memory_pools": p.pools,
+        "timing_cache": str(p.timing_cache) if p.timing_cache else None, "commands": commands,
+    }
+    info_path.write_text(json.dumps({**meta, "effective_precision": summary}, indent=2) + "\n")
+    short = {k: v for k, v in summary.items() if k != "per_layer"}
+    return engine_path, {**meta, "effective_precision": short,
+                         "files": {inspector_path.name: inspector_path, info_path.name: info_path}}
+
+
+def open(engine_path: Path, target: TensorRTTarget, threads: int | None = None,  # noqa: A001
+         spin: bool = True):
+    """A runner over a saved engine; refuses an engine built for another GPU or TensorRT."""
+    from pipeline.backends.tensorrt_runner import TensorRTRunner
+
+    _, info_path = sidecars(Path(engine_path))
+    built = json.loads(info_path.read_text())["built_with"] if info_path.is_file() else {}
+    check_compatible(Path(engine_path), built, here(), target.hardware_compatibility != "none")
+    return TensorRTRunner(engine_path, cuda_graphs=target.cuda_graphs, name=target.id)
+
+
+def required_precision(recipe: Recipe, target: TensorRTTarget) -> str | None:
+    """The target's own requirement, else one set in the recipe's `precision:` section."""
+    if target.require_effective_precision:
+        return target.require_effective_precision
+    section = getattr(recipe, "precision", None)
+    value = getattr(section, "require_effective_precision", None)
+    if isinstance(value, str):
+        return value.lower()
+    if value is True:  # a flag: require the precision the section asks for
+        for key in ("mode", "dtype", "kind", "precision"):
+            if isinstance(getattr(section, key, None), str):
+                return getattr(section, key).lower()
+    return None
+
+
+def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
+    """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
+    _, info_path = sidecars(Path(engine_path))
+    summary = json.loads(info_path.read_text())["effective_precision"] if info_path.is_file() else None
+    extras = {"runtime": dict(runner.details), "gates": []}
+    if summary is not None:
+        extras["effective_precision"] = {k: v for k, v in summary.items() if k != "per_layer"}
+    required = required_precision(recipe, target)
+    if required and required in tensorrt_layers.CATEGORIES:
+        extras["gates"].append(tensorrt_layers.check_required(
+            summary or {"detailed": False}, required, target.effective_precision_min_share))
+    return extras
+
+
+__all__ = ["BuildPlan", "build", "open", "unavailable", "plan", "loaders",
+           "polygraphy_command", "trtexec_command", "check_compatible", "timing_cache_path"]

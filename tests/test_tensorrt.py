@@ -1,0 +1,307 @@
+"""TensorRT target up to the TensorRT boundary: the recipe's Polygraphy loader chain built with
+Polygraphy's real classes, the rebuild command lines (parsed back by Polygraphy's own CLI),
+the compatibility refusal, layer truth from an inspector JSON, and the skipped / required paths.
+Where TensorRT runs, tests/test_tensorrt_gpu.py builds and runs real engines."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, SaveEngine
+
+from pipeline import recipe as recipe_mod
+from pipeline.backends import tensorrt as trt_backend
+from pipeline.backends import tensorrt_layers
+from pipeline.errors import InputError, RecipeError
+
+H200 = {"tensorrt": "10.8.0.43", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
+TWO_PROFILES = ("targets.1.profiles=[{batch: {min: 1, opt: 1, max: 1}, "
+                "sequence: {min: 1, opt: 16, max: 32}}]")
+
+
+def symbolic(kind: str, name: str) -> str:
+    """TensorRT enum members by name, spelt the way Polygraphy's CLI spells them."""
+    return f"trt.{kind}.{name}"
+
+
+@pytest.fixture
+def trt_plan(project, monkeypatch, tmp_path):
+    monkeypatch.chdir(project.path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    recipe = recipe_mod.load("standard", [
+        TWO_PROFILES, "targets.1.optimization_level=4", "targets.1.workspace_mib=512",
+        "targets.1.tactic_shared_memory_kib=48", "targets.1.hardware_compatibility=ampere_plus"])
+    target = recipe.targets[1]
+    assert target.kind == "tensorrt"
+    return trt_backend.plan(tmp_path / "model.onnx", tmp_path / "tensorrt.plan", recipe, target, H200)
+
+
+def test_loader_chain_is_polygraphy_with_the_recipe_settings(trt_plan, tmp_path):
+    chain = trt_backend.loaders(trt_plan, enum=symbolic)
+    assert isinstance(chain, SaveEngine) and chain.path == str(tmp_path / "tensorrt.plan")
+    build = chain._engine
+    assert isinstance(build, EngineFromNetwork)
+    network, config = build._network, build._config
+    assert isinstance(network, NetworkFromOnnxPath) and network.strongly_typed is True
+    assert network.path == str(tmp_path / "model.onnx")
+    assert network.flags == ["trt.OnnxParserFlag.NATIVE_INSTANCENORM"]  # hardware compatibility
+    assert isinstance(config, CreateConfig)
+    # Profile 0: the inputs' own min/opt/max; profile 1: batch 1, sequence up to 32.
+    (p0, p1) = config.profiles
+    assert tuple(map(list, p0["input_ids"])) == ([1, 1], [2, 64], [8, 128])
+    assert tuple(map(list, p1["input_ids"])) == ([1, 1], [1, 16], [1, 32])
+    assert config.builder_optimization_level == 4
+    assert config.memory_pool_limits == {"trt.MemoryPoolType.WORKSPACE": 512 << 20,
+                                         "trt.MemoryPoolType.TACTIC_SHARED_MEMORY": 48 << 10}
+    assert config.hardware_compatibility_level == "trt.HardwareCompatibilityLevel.AMPERE_PLUS"
+    assert config.profiling_verbosity == "trt.ProfilingVerbosity.DETAILED"
+    # No precision flags: a strongly typed network takes its types from the ONNX graph.
+    assert not (config.fp16 or config.int8 or config.fp8 or config.bf16 or config.tf32)
+    # Timing cache loaded and saved at the same per-GPU, per-TensorRT-version file.
+    cache = tmp_path / "cache" / "tensorrt" / "timing-nvidia-h200-sm9.0-trt10.8.0.43.cache"
+    assert config.timing_cache_path == build.timing_cache_path == str(cache)
+
+
+def test_timing_cache_is_kept_per_gpu_and_tensorrt_version(monkeypatch, tmp_path):
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path))
+    paths = {trt_backend.timing_cache_path(v, g, cc)
+             for v, g, cc in [("10.8.0", "NVIDIA H200", "9.0"), ("10.9.0", "NVIDIA H200", "9.0"),
+                              ("10.8.0", "NVIDIA A100-SXM4-80GB", "8.0")]}
+    assert len(paths) == 3 and all(p.parent == tmp_path / "tensorrt" for p in paths)
+
+
+def test_defaults_one_profile_no_pools_no_compatibility(project, monkeypatch, tmp_path):
+    monkeypatch.chdir(project.path)
+    recipe = recipe_mod.load("standard", ["targets.1.timing_cache=false"])
+    p = trt_backend.plan(tmp_path / "m.onnx", tmp_path / "e.plan", recipe, recipe.targets[1], H200)
+    config = trt_backend.loaders(p, enum=symbolic)._engine._config
+    assert len(config.profiles) == 1 and config.memory_pool_limits is None
+    assert config.hardware_compatibility_level is None and config.timing_cache_path is None
+    assert config.builder_optimization_level == 3
+
+
+def test_polygraphy_command_parses_back_to_the_same_settings(trt_plan):
+    """The recorded `polygraphy convert` line, read by Polygraphy's own argument parser."""
+    from polygraphy.tools.args import TrtConfigArgs, TrtLoadEngineBytesArgs, TrtLoadNetworkArgs
+    from polygraphy.tools.convert.convert import Convert
+
+    cmd = trt_backend.polygraphy_command(trt_plan)
+    assert cmd[:2] == ["polygraphy", "convert"]
+    tool = Convert()
+    tool.parse(tool.setup_parser().parse_args(cmd[2:]))
+    cfg = tool.arg_groups[TrtConfigArgs]
+    assert [{k: tuple(map(tuple, v)) for k, v in d.items()} for d in cfg.profile_dicts] == \
+        trt_plan.profiles
+    assert {str(k): v for k, v in cfg.memory_pool_limits.items()} == \
+        {"trt.MemoryPoolType.WORKSPACE": 512 << 20, "trt.MemoryPoolType.TACTIC_SHARED_MEMORY": 48 << 10}
+    assert cfg.builder_optimization_level == 4
+    assert str(cfg.hardware_compatibility_level) == "trt.HardwareCompatibilityLevel.AMPERE_PLUS"
+    assert str(cfg.profiling_verbosity) == "trt.ProfilingVerbosity.DETAILED"
+    assert cfg.load_timing_cache == str(trt_plan.timing_cache)
+    assert tool.arg_groups[TrtLoadNetworkArgs].strongly_typed is True
+    assert tool.arg_groups[TrtLoadEngineBytesArgs].save_timing_cache == str(trt_plan.timing_cache)
+
+
+def test_trtexec_command(trt_plan):
+    cmd = trt_backend.trtexec_command(trt_plan)
+    cache = trt_plan.timing_cache
+    assert cmd == [
+        "trtexec", f"--onnx={trt_plan.onnx}", f"--saveEngine={trt_plan.engine}", "--stronglyTyped",
+        "--minShapes=input_ids:1x1", "--optShapes=input_ids:2x64", "--maxShapes=input_ids:8x128",
+        "--minShapes=input_ids:1x1", "--optShapes=input_ids:1x16", "--maxShapes=input_ids:1x32",
+        "--builderOptimizationLevel=4", "--memPoolSize=workspace:512M,tacticSharedMem:48K",
+        "--hardwareCompatibilityLevel=ampere+", f"--timingCacheFile={cache}",
+        "--profilingVerbosity=detailed",
+    ]
+    lines = trt_backend.command_lines(trt_plan, "tensorrt.inspector.json")
+    assert "--onnx=model.onnx --saveEngine=tensorrt.plan" in lines["trtexec"]
+    assert lines["trtexec"].endswith("--exportLayerInfo=tensorrt.inspector.json")
+    assert lines["polygraphy"].startswith("polygraphy convert model.onnx --convert-to trt -o tensorrt.plan")
+
+
+@pytest.mark.parametrize("current, hardware_compatible, refused", [
+    (H200, False, False),
+    ({**H200, "tensorrt": "10.9.0.34"}, False, True),
+    ({**H200, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, False, True),
+    ({**H200, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, True, False),
+    ({**H200, "gpu": "Tesla T4", "compute_capability": "7.5"}, True, True),
+    ({"tensorrt": None, "gpu": None, "compute_capability": None}, False, True),
+])
+def test_engine_from_another_gpu_or_tensorrt_is_refused(tmp_path, current, hardware_compatible, refused):
+    engine = tmp_path / "tensorrt.plan"
+    if not refused:
+        trt_backend.check_compatible(engine, H200, current, hardware_compatible)
+        return
+    with pytest.raises(InputError) as err:
+        trt_backend.check_compatible(engine, H200, current, hardware_compatible)
+    message = str(err.value)
+    assert "built with TensorRT 10.8.0.43 on NVIDIA H200 (sm 9.0)" in message
+    assert f"this machine has TensorRT {current['tensorrt'] or 'not installed'}" in message
+    assert (current["gpu"] or "no GPU") in message and "rebuild" in message
+
+
+def test_open_refuses_before_touching_a_gpu(tmp_path, monkeypatch):
+    """The sidecar written at build time names the builder; open() compares it with here()."""
+    engine = tmp_path / "tensorrt.plan"
+    engine.write_bytes(b"not read: refused first")
+    _, info = trt_backend.sidecars(engine)
+    info.write_text(json.dumps({"built_with": H200}))
+    target = recipe_mod.TensorRTTarget()
+    with pytest.raises(InputError, match="NVIDIA H200"):
+        trt_backend.open(engine, target)
+
+
+# ----------------------------------------------------------------------------- layer truth
+def _tensor(name, dims, fmt):
+    return {"Name": name, "Location": "Device", "Dimensions": dims, "Format/Datatype": fmt}
+
+
+def inspector_sample(int8_gemm: bool) -> dict:
+    """Layers as TensorRT 10's inspector writes them at ProfilingVerbosity.DETAILED."""
+    gemm_in = "Row major linear Int8 format" if int8_gemm else "Row major linear FP32"
+    layers = [
+        {"Name": "/embed/Gather", "LayerType": "Gather",
+         "Inputs": [_tensor("input_ids", [2, 64], "Row major linear Int64 format"),
+                    _tensor("embed.weight", [512, 64], "Row major linear FP32")],
+         "Outputs": [_tensor("/embed/Gather_output_0", [2, 64, 64], "Row major linear FP32")],
+         "ParameterType": "Gather", "TacticValue": "0x0000000000000000"},
+        {"Name": "/blocks.0/attn/q/input_quantizer/QuantizeLinear", "LayerType": "Scale",
+         "Inputs": [_tensor("/embed/Gather_output_0", [2, 64, 64], "Row major linear FP32")],
+         "Outputs": [_tensor("q_in", [2, 64, 64], "Row major linear Int8 format")],
+         "ParameterType": "Scale"},
+        {"Name": "Reformatting CopyNode for Input Tensor 0 to /blocks.0/attn/q/MatMul",
+         "LayerType": "Reformat", "ParameterType": "Reformat", "Origin": "REFORMAT",
+         "Inputs": [_tensor("q_in", [2, 64, 64], "Row major linear Int8 format")],
+         "Outputs": [_tensor("q_in_r", [2, 64, 64], "Channel major INT8 format where channel % 16 == 0")]},
+        {"Name": "/blocks.0/attn/q/MatMul", "LayerType": "CaskGemm",
+         "Inputs": [_tensor("q_in_r", [2, 64, 64], gemm_in)],
+         "Outputs": [_tensor("q", [2, 64, 64], "Row major linear FP32")],
+         "ParameterType": "Gemm", "TacticName": "sm90_xmma_gemm_i8i8_i8i32_f32_tn_n_tilesize128x128x64"},
+        {"Name": "/lm_head/MatMul", "LayerType": "CaskGemm",
+         "Inputs": [_tensor("q", [2, 64, 64], "Row major linear FP32")],
+         "Outputs": [_tensor("logits", [2, 64, 512], "Row major linear FP32")],
+         "ParameterType": "Gemm"},
+    ]
+    return {"Layers": layers, "Bindings": ["input_ids", "logits"]}
+
+
+TIMES = {"/embed/Gather": 0.002, "/blocks.0/attn/q/input_quantizer/QuantizeLinear": 0.003,
+         "Reformatting CopyNode for Input Tensor 0 to /blocks.0/attn/q/MatMul": 0.004,
+         "/blocks.0/attn/q/MatMul": 0.060, "/lm_head/MatMul": 0.011}
+
+
+def test_effective_precision_shares_by_layers_and_time():
+    s = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
+    assert s["layers"] == 5 and s["reformat_layers"] == 1 and s["untimed_layers"] == []
+    assert s["layer_share"]["int8"] == pytest.approx(2 / 5)  # reformat + gemm (first input int8)
+    assert s["layer_share"]["fp32"] == pytest.approx(3 / 5)  # gather (weights fp32), quantize, head
+    assert s["time_share"]["int8"] == pytest.approx(0.064 / 0.080)
+    by_name = {p["name"]: p["precision"] for p in s["per_layer"]}
+    assert by_name["/embed/Gather"] == "fp32"  # first input is an index: the float tensor decides
+
+
+def test_require_effective_precision_fails_an_int8_engine_that_runs_float():
+    good = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
+    bad = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
+    ok = tensorrt_layers.check_required(good, "int8", 0.5)
+    assert ok["passed"] and ok["detail"].startswith("80% of time at int8")
+    gate = tensorrt_layers.check_required(bad, "int8", 0.5)
+    assert not gate["passed"] and gate["name"] == "effective_precision.int8"
+    assert gate["detail"].startswith("5% of time at int8") and "1 reformat layers" in gate["detail"]
+    # fp16 counts int8 as narrower; untimed engines are judged by layer count.
+    untimed = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True))
+    assert untimed["time_share"] is None
+    assert tensorrt_layers.check_required(untimed, "fp16", 0.4)["detail"].startswith("40% of layers")
+
+
+def test_names_only_inspector_cannot_prove_a_precision():
+    s = tensorrt_layers.effective_precision({"Layers": ["a + b", "c"], "Bindings": []})
+    assert s["detailed"] is False
+    gate = tensorrt_layers.check_required(s, "int8", 0.5)
+    assert not gate["passed"] and "DETAILED" in gate["detail"]
+
+
+def test_dtype_words():
+    f = tensorrt_layers.dtype_of
+    assert f("Row major linear FP32") == "fp32" and f("Half") == "fp16" and f("Float") == "fp32"
+    assert f("Channel major FP16 format where channel % 8 == 0") == "fp16"
+    assert f("Row major linear BFloat16 format") == "bf16" and f("Row major linear FP8 format") == "fp8"
+    assert f("Row major linear Int64 format") == "other" and f("Row major linear Int8 format") == "int8"
+
+
+def test_validation_extras_gate_from_target_or_recipe_precision(tmp_path):
+    engine = tmp_path / "tensorrt.plan"
+    _, info = trt_backend.sidecars(engine)
+    summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
+    info.write_text(json.dumps({"built_with": H200, "effective_precision": summary}))
+    runner = SimpleNamespace(details={"cuda_graphs": "on", "captures": 1})
+    target = recipe_mod.TensorRTTarget(require_effective_precision="int8")
+    recipe = SimpleNamespace()  # no `precision:` section
+    extras = trt_backend.validation_extras(engine, target, recipe, runner)
+    assert extras["runtime"]["cuda_graphs"] == "on"
+    assert [g["passed"] for g in extras["gates"]] == [False]
+    assert "per_layer" not in extras["effective_precision"]
+    # A `precision: {require_effective_precision: int8}` section (another issue's key) also counts.
+    recipe = SimpleNamespace(precision=SimpleNamespace(require_effective_precision="int8"))
+    plain = recipe_mod.TensorRTTarget()
+    assert trt_backend.required_precision(recipe, plain) == "int8"
+    assert trt_backend.validation_extras(engine, plain, SimpleNamespace(), runner)["gates"] == []
+
+
+# ----------------------------------------------------------------------------- recipe and CLI
+def test_profile_naming_an_unknown_dim_is_a_recipe_error(project, monkeypatch):
+    monkeypatch.chdir(project.path)
+    with pytest.raises(RecipeError, match=r"profiles.0 names dims \['tokens'\].*'batch', 'sequence'"):
+        recipe_mod.load("standard", ["targets.1.profiles=[{tokens: {min: 1, opt: 1, max: 2}}]"])
+    with pytest.raises(RecipeError, match="targets.1.optimization_level"):
+        recipe_mod.load("standard", ["targets.1.optimization_level=9"])
+
+
+def test_every_glm_recipe_lists_tensorrt(project, monkeypatch):
+    monkeypatch.chdir(project.path)
+    for path in recipe_mod.list_recipes():
+        assert "tensorrt" in [t.kind for t in recipe_mod.load(path).targets], path
+
+
+@pytest.mark.skipif(trt_backend.unavailable(recipe_mod.TensorRTTarget()) is None,
+                    reason="TensorRT and a GPU are here: the target builds instead of skipping")
+def test_without_tensorrt_the_target_is_skipped_and_the_rest_builds(built_standard):
+    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    engines = {e["target"]: e for e in report["engines"]}
+    assert engines["onnxruntime"]["status"] == "built"
+    trt = engines["tensorrt"]
+    assert trt["status"] == "skipped" and trt["path"] is None
+    assert trt["reason"].startswith(("TensorRT is not installed", "TensorRT needs an NVIDIA GPU"))
+    assert "pip install -e '.[gpu]'" in trt["reason"] or "nvidia-smi" in trt["reason"]
+    assert not list((built_standard.engines / "standard").glob("tensorrt*"))
+
+
+@pytest.mark.skipif(trt_backend.unavailable(recipe_mod.TensorRTTarget()) is None,
+                    reason="TensorRT and a GPU are here: a required target builds")
+def test_required_tensorrt_target_is_exit_2_and_changes_nothing(built_standard):
+    before = built_standard.snapshot()
+    result = built_standard.run("run", "standard", "--set", "targets.1.required=true")
+    assert result.code == 2, result.err
+    (line,) = result.error_lines
+    assert line.startswith("Error: target `tensorrt` is required but cannot be built here: TensorRT")
+    assert "Traceback" not in result.err
+    assert built_standard.snapshot() == before
+
+
+def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standard):
+    """Rendered from the JSON alone: a TensorRT-like engine entry with runtime extras."""
+    from pipeline.stages import report as report_mod
+
+    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    engine = next(e for e in report["engines"] if e["status"] == "built")
+    summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
+    engine.update(runtime={"cuda_graphs": "fallback to plain enqueue (capture failed)",
+                           "capture_failure": "RuntimeError: operation not permitted when stream is capturing",
+                           "captures": 0, "replays": 0, "enqueues": 41},
+                  effective_precision={k: v for k, v in summary.items() if k != "per_layer"})
+    md = report_mod.markdown(report)
+    assert "CUDA Graphs: fallback to plain enqueue (capture failed) (RuntimeError: operation not " \
+           "permitted when stream is capturing); 0 captures, 0 replays, 41 plain enqueues." in md
+    assert "Effective precision (share of time, 5 layers): int8 80%, fp32 20%; 1 reformat layers." in md
