@@ -171,7 +171,17 @@ class OnnxRuntimeTarget(TargetBase):
     )
 
 
-Target = Annotated[Union[OnnxRuntimeTarget], Field(discriminator="kind")]  # noqa: UP007
+class AOTInductorTarget(TargetBase):
+    kind: Literal["aotinductor"] = "aotinductor"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the package runs: `auto` takes CUDA where a GPU is present."
+    )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="Float type the model is cast to before torch.export."
+    )
+
+
+Target = Annotated[Union[OnnxRuntimeTarget, AOTInductorTarget], Field(discriminator="kind")]  # noqa: UP007
 
 
 # ----------------------------------------------------------------------------- validate
@@ -203,6 +213,11 @@ class ValidateSpec(Strict):
     latency: LatencySpec = Field(LatencySpec(), description="Timing protocol.")
     threads: int | None = Field(
         None, ge=1, description="Intra-op threads for PyTorch and ONNX Runtime (default: cores)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the PyTorch baseline computes the reference outputs and its "
+        "own latency: `auto` takes CUDA where a GPU is present. Each engine is also timed "
+        "against the baseline on the engine's own device.",
     )
     top1_outputs: list[str] | None = Field(
         None, description="Outputs that are logits (top-1 agreement). Default: names with 'logit'."
@@ -492,7 +507,7 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(cleaned)
 
 
-_TARGET_KINDS = ("onnxruntime",)
+_TARGET_KINDS = ("onnxruntime", "aotinductor")
 
 
 def _describe(err: dict, loc: tuple) -> str:

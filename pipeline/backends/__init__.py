@@ -3,8 +3,9 @@
 A backend module provides:
     EXTENSION                                    file suffix of its engines
     unavailable(target) -> str | None            why it cannot build here (None: it can)
+    device(target) -> "cpu" | "cuda"             where its engines run (the baseline runs there too)
     build(onnx_path, target, recipe, workdir) -> (engine_path, meta)
-    open(engine_path, target, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
+    open(engine_path, target, recipe, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
 
 Adding a backend: a new module and one line here.
 """
@@ -16,6 +17,7 @@ from types import ModuleType
 
 BACKENDS = {
     "onnxruntime": "pipeline.backends.onnxruntime",
+    "aotinductor": "pipeline.backends.aotinductor",
 }
 
 
