@@ -12,7 +12,7 @@ EXTRA   := $(if $(HAS_GPU),gpu,cpu)
 # The CPU wheel of torch; set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose another build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: engine test lint clean distclean recipes
+.PHONY: engine test lint clean distclean recipes gpu-check
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ recipes: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# On a CUDA machine: every GPU-capable target of the base GLM recipes -> benchmarks/results/.
+# PY=python3 uses an existing environment (e.g. a GPU box with torch preinstalled).
+gpu-check: $(if $(PY),,$(VENV)/.installed)
+	PYTHONPATH=. $(or $(PY),$(BIN)/python) benchmarks/gpu_check.py
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check pipeline tests

@@ -223,7 +223,17 @@ class TensorRTTarget(TargetBase):
                 )
 
 
-Target = Annotated[Union[OnnxRuntimeTarget, TensorRTTarget], Field(discriminator="kind")]  # noqa: UP007
+class AOTInductorTarget(TargetBase):
+    kind: Literal["aotinductor"] = "aotinductor"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the package runs: `auto` takes CUDA where a GPU is present."
+    )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="Float type the model is cast to before torch.export."
+    )
+
+
+Target = Annotated[Union[OnnxRuntimeTarget, TensorRTTarget, AOTInductorTarget], Field(discriminator="kind")]  # noqa: UP007
 
 
 # ----------------------------------------------------------------------------- validate
@@ -255,6 +265,11 @@ class ValidateSpec(Strict):
     latency: LatencySpec = Field(LatencySpec(), description="Timing protocol.")
     threads: int | None = Field(
         None, ge=1, description="Intra-op threads for PyTorch and ONNX Runtime (default: cores)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the PyTorch baseline computes the reference outputs and its "
+        "own latency: `auto` takes CUDA where a GPU is present. Each engine is also timed "
+        "against the baseline on the engine's own device.",
     )
     top1_outputs: list[str] | None = Field(
         None, description="Outputs that are logits (top-1 agreement). Default: names with 'logit'."
@@ -546,7 +561,7 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(cleaned)
 
 
-_TARGET_KINDS = ("onnxruntime", "tensorrt")
+_TARGET_KINDS = ("onnxruntime", "tensorrt", "aotinductor")
 
 
 def _describe(err: dict, loc: tuple) -> str:

@@ -30,6 +30,10 @@ def unavailable(target: OnnxRuntimeTarget) -> str | None:
     return None
 
 
+def device(target: OnnxRuntimeTarget) -> str:
+    return "cuda" if providers(target)[0] == _PROVIDER["cuda"] else "cpu"
+
+
 def providers(target: OnnxRuntimeTarget) -> list[str]:
     """The execution providers to ask for; `auto` takes CUDA only where it can work."""
     import onnxruntime as ort
@@ -123,6 +127,6 @@ class OnnxRuntimeRunner(BaseRunner):
         del self.session
 
 
-def open(engine_path: Path, target: OnnxRuntimeTarget, threads: int | None = None,  # noqa: A001
-         spin: bool = True) -> OnnxRuntimeRunner:
+def open(engine_path: Path, target: OnnxRuntimeTarget, recipe: Recipe,  # noqa: A001
+         threads: int | None = None, spin: bool = True) -> OnnxRuntimeRunner:
     return OnnxRuntimeRunner(engine_path, target, threads, spin)

@@ -255,8 +255,12 @@ def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path
                          "files": {inspector_path.name: inspector_path, info_path.name: info_path}}
 
 
-def open(engine_path: Path, target: TensorRTTarget, threads: int | None = None,  # noqa: A001
-         spin: bool = True):
+def device(target: TensorRTTarget) -> str:
+    return "cuda"
+
+
+def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None,  # noqa: A001
+         threads: int | None = None, spin: bool = True):
     """A runner over a saved engine; refuses an engine built for another GPU or TensorRT."""
     from pipeline.backends.tensorrt_runner import TensorRTRunner
 

@@ -32,7 +32,7 @@ def _dim_symbols(recipe: Recipe) -> dict[tuple[str, int], tuple[str, Dim]]:
     return out
 
 
-def _dynamic_shapes(recipe: Recipe):
+def dynamic_shapes(recipe: Recipe):
     """torch.export Dims, one object per symbol (positional, in forward() order)."""
     import torch
 
@@ -94,7 +94,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         opset_version=recipe.export.opset,
     )
     if recipe.export.exporter == "dynamo":
-        kwargs.update(dynamo=True, dynamic_shapes=_dynamic_shapes(recipe), external_data=False)
+        kwargs.update(dynamo=True, dynamic_shapes=dynamic_shapes(recipe), external_data=False)
     else:
         kwargs.update(dynamo=False, dynamic_axes=_dynamic_axes(recipe))
 

@@ -28,9 +28,20 @@ PROTOCOL = (
 )
 
 
-def _baseline_runner(recipe: Recipe, model) -> TorchRunner:
-    return TorchRunner(model, [i.name for i in recipe.inputs], recipe.outputs,
-                       threads=recipe.validation.threads)
+def _baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=TorchRunner) -> TorchRunner:
+    return cls(model, [i.name for i in recipe.inputs], recipe.outputs,
+               threads=recipe.validation.threads, device=device)
+
+
+def _vs_cudagraph(recipe: Recipe, runner, spec) -> dict:
+    """On GPU the fair baseline is the eager model replayed as CUDA Graphs (no launch cost)."""
+    from pipeline.backends.torch import CudaGraphRunner
+
+    with _baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
+        graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
+    ratio, lo, hi = stats.ratio_of_medians(graph_blocks, engine_blocks)
+    return {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi),
+            "baseline_latency_ms": stats.summary(graph_blocks)}
 
 
 def timing_feed(recipe: Recipe) -> data.Feed:
@@ -38,10 +49,18 @@ def timing_feed(recipe: Recipe) -> data.Feed:
     return data.feeds(recipe, "export")[0]
 
 
+def baseline_device(recipe: Recipe) -> str:
+    from pipeline import deps
+
+    choice = recipe.validation.device
+    return ("cuda" if deps.gpus() else "cpu") if choice == "auto" else choice
+
+
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     model = models.load(recipe)
     feeds = data.feeds(recipe, "validation")
-    with _baseline_runner(recipe, model) as runner:
+    device = baseline_device(recipe)
+    with _baseline_runner(recipe, model, device) as runner:
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         samples = timing.time_runner(runner, timing_feed(recipe), recipe.validation.latency)
     path = workdir / "baseline.npz"
@@ -49,7 +68,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     return {"baseline.npz": path}, {
         "runner": "torch-eager",
         "precision": "fp32",
-        "device": "cpu",
+        "device": device,
         "threads": recipe.validation.threads,
         "feeds": len(feeds),
         "latency_ms": stats.summary(samples),
@@ -82,14 +101,16 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     feeds, references = data.load_feeds(base.path)
     backend = backends.get(target.kind)
     spec = recipe.validation.latency
-    with backend.open(engine.path, target, recipe.validation.threads, spin=spec.spin) as runner, \
-            _baseline_runner(recipe, models.load(recipe)) as torch_runner:
+    device = backend.device(target)  # the baseline runs where the engine runs
+    with backend.open(engine.path, target, recipe, recipe.validation.threads, spin=spec.spin) as runner, \
+            _baseline_runner(recipe, models.load(recipe), device) as torch_runner:
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         accuracy = metrics.compare(references, outputs, recipe.top1_outputs())
         base_blocks, engine_blocks = timing.time_interleaved(
             [torch_runner, runner], timing_feed(recipe), spec)
         extras_of = getattr(backend, "validation_extras", None)
         extras = extras_of(engine.path, target, recipe, runner) if extras_of else {}
+        vs_graphs = _vs_cudagraph(recipe, runner, spec) if device == "cuda" else None
     ratio, lo, hi = stats.ratio_of_medians(base_blocks, engine_blocks)
     result = {
         "target": target.id,
@@ -107,6 +128,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
             "ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi),
             "blocks": int(engine_blocks.shape[0]),
         },
+        "device": device,
+        "speedup_vs_cudagraph": vs_graphs,
         "latency_method": PROTOCOL.format(
             **spec.model_dump(), spinning="spin-wait" if spec.spin else "do not spin-wait"),
         **{k: v for k, v in extras.items() if k != "gates"},

@@ -1,0 +1,99 @@
+"""PyTorch-native runners and the AOTInductor target (issue: PyTorch-native targets)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import FAST
+
+
+@pytest.fixture(scope="module")
+def built_aoti(tmp_path_factory):
+    from tests.conftest import Project
+
+    proj = Project(tmp_path_factory.mktemp("aoti"))
+    result = proj.run("run", "standard-aoti", *FAST)
+    assert result.code == 0, result.err
+    return proj
+
+
+@pytest.mark.slow
+def test_aotinductor_builds_and_validates_the_tiny_glm(built_aoti):
+    report = json.loads((built_aoti.engines / "standard-aoti" / "report.json").read_text())
+    engines = {e["target"]: e for e in report["engines"]}
+    aoti = engines["aotinductor"]
+    assert aoti["status"] == "built" and aoti["path"].endswith(".pt2")
+    assert aoti["device"] == "cpu" and aoti["speedup_vs_cudagraph"] is None  # CPU: no graphs
+    assert aoti["accuracy"]["logits"]["cosine"] > 0.9999
+    assert aoti["accuracy"]["logits"]["top1_agreement"] > 0.99
+    assert all(g["passed"] for g in aoti["gates"])
+    assert aoti["latency_ms"]["n"] >= 40
+
+
+@pytest.mark.slow
+def test_pt2_engine_runs_without_the_models_python_code(built_aoti):
+    """A fresh interpreter loads the package with torch alone, at a shape it was not
+    traced with (dynamic dims), and never imports the pipeline or the zoo."""
+    engine = built_aoti.engines / "standard-aoti" / "aotinductor.pt2"
+    code = (
+        "import sys, torch\n"
+        f"package = torch._inductor.aoti_load_package({str(engine)!r})\n"
+        "ids = torch.randint(0, 512, (3, 100))\n"
+        "with torch.inference_mode():\n    out = package(ids)\n"
+        "out = out if isinstance(out, torch.Tensor) else out[0]\n"
+        "print(tuple(out.shape), any(m.startswith('pipeline') for m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(3, 100, 512) False"
+
+
+def test_eager_runner_casts_to_the_requested_dtype():
+    from pipeline.backends.torch import TorchRunner
+    from pipeline.metrics import cosine
+    from pipeline.zoo.glm import build
+
+    feed = {"input_ids": np.random.default_rng(0).integers(0, 512, (2, 16))}
+    with TorchRunner(build(size="tiny"), ["input_ids"], ["logits"]) as fp32:
+        ref = fp32.infer(feed, check_inputs=False)["logits"]
+    with TorchRunner(build(size="tiny"), ["input_ids"], ["logits"], dtype="bf16") as bf16:
+        assert next(bf16.model.parameters()).dtype.__str__() == "torch.bfloat16"
+        low = bf16.infer(feed, check_inputs=False)["logits"]
+    assert low.dtype == np.float32 and low.shape == ref.shape
+    assert not np.array_equal(low, ref)  # it really ran in bf16
+    assert cosine(ref, low) > 0.99
+
+
+@pytest.mark.gpu
+def test_cuda_graph_runner_matches_eager_and_recaptures_per_shape():
+    from pipeline.backends.torch import CudaGraphRunner, TorchRunner
+    from pipeline.zoo.glm import build
+
+    rng = np.random.default_rng(0)
+    feeds = [{"input_ids": rng.integers(0, 512, shape)} for shape in ((1, 16), (2, 32), (1, 16))]
+    with TorchRunner(build(size="tiny"), ["input_ids"], ["logits"], device="cuda") as eager, \
+            CudaGraphRunner(build(size="tiny"), ["input_ids"], ["logits"]) as graphs:
+        for feed in feeds:
+            a = eager.infer(feed, check_inputs=False)["logits"]
+            b = graphs.infer(feed, check_inputs=False)["logits"]
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+        assert len(graphs.graphs) == 2  # one capture per distinct input shape
+
+
+def test_gpu_check_refuses_cleanly_without_a_gpu(project):
+    import os
+
+    from pipeline import deps
+    from tests.conftest import ROOT
+
+    if deps.gpus():
+        pytest.skip("this machine has a GPU: the refusal path does not apply")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")], cwd=project.path,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "Error: gpu-check needs an NVIDIA GPU (nvidia-smi found none)"
