@@ -127,12 +127,13 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
     from pipeline import deploy
     from pipeline import recipe as recipe_mod
-    from pipeline.ui import console
+    from pipeline.ui import out as stdout
 
     r = recipe_mod.load(recipe, overrides)
     for folder in deploy.deploy(r, engines_dir, out, targets, model_version, instances,
                                 allow_failed_gates):
-        console.print(f"[green]✓[/] {folder}  ({', '.join(sorted(p.name for p in folder.rglob('*') if p.is_file()))})")
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        stdout.print(f"[green]✓[/] {folder}: {', '.join(files)}", soft_wrap=True)
 
 
 @cli.command("recipes")

@@ -94,6 +94,11 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
             out.append(_engine(store, e, kind))
     if refused and (wanted or not out):
         raise InputError("cannot deploy " + "; ".join(refused))
+    if refused:
+        from pipeline.ui import console
+
+        for why in refused:
+            console.print(f"[yellow]-[/] not deployed: {why}")
     failed = [f"{e.target}: {g['name']} ({g['detail']})"
               for e in out for g in e.entry.get("gates") or [] if not g["passed"]]
     if failed and not allow_failed:

@@ -142,6 +142,20 @@ def test_deploy_refuses_engines_of_another_recipe_version(built_standard, tmp_pa
     assert unknown.code == 2 and "--target trt: no such target" in unknown.error_lines[0]
 
 
+def test_deploy_refuses_an_engine_that_failed_a_gate(built_standard, tmp_path):
+    proj = _copy(built_standard, tmp_path)
+    strict = (*FAST, "--set", "validate.tolerance.max_abs=1e-12")  # no fp32 engine meets this
+    assert proj.run("run", "standard", *strict).code == 3
+    out = tmp_path / "models"
+    refused = proj.run("deploy", "standard", "--triton", str(out), *strict)
+    assert refused.code == 3 and len(refused.error_lines) == 1, refused.err
+    assert "failed their gates: onnxruntime: logits.max_abs" in refused.error_lines[0]
+    assert not out.exists()
+    allowed = proj.run("deploy", "standard", "--triton", str(out), *strict, "--allow-failed-gates")
+    assert allowed.code == 0, allowed.err
+    assert (out / "standard-onnxruntime" / "1" / "model.onnx").is_file()
+
+
 def test_unbatched_recipe_gets_full_dims_and_no_batching(built_standard):
     from pipeline import deploy
     from pipeline import recipe as recipe_mod
