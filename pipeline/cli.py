@@ -36,6 +36,8 @@ def recipe_options(fn):
                   default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines",
                   help="Where engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
     @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+    @click.option("--target", "only", multiple=True, metavar="ID|KIND",
+                  help="Build only this target (id or kind, repeatable); default: all.")
     @click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
                   help="Show the traceback of errors.")
     @functools.wraps(fn)
@@ -56,14 +58,15 @@ def cli():
     """
 
 
-def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose) -> None:
+def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
     from pipeline import recipe as recipe_mod
     from pipeline.run import Run, check_gates
     from pipeline.stages.report import table
     from pipeline.ui import Progress, console, out
 
     recipe = recipe_mod.load(recipe_ref, overrides)
-    outcome = Run(recipe, engines_dir, force=force, progress=Progress(verbose), verbose=verbose).execute(until)
+    outcome = Run(recipe, engines_dir, force=force, progress=Progress(verbose), verbose=verbose,
+                  only=only).execute(until)
     if not outcome.work_done:
         console.print("[dim]nothing to do: every stage is up to date[/]")
     if outcome.report is not None:
@@ -77,8 +80,8 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
 def _stage_command(name: str, until: str, summary: str):
     @cli.command(name, help=summary)
     @recipe_options
-    def command(recipe, overrides, force, engines_dir, verbose):
-        _execute(recipe, until, overrides, force, engines_dir, verbose)
+    def command(recipe, overrides, force, engines_dir, verbose, only):
+        _execute(recipe, until, overrides, force, engines_dir, verbose, only)
 
     return command
 
@@ -88,6 +91,49 @@ _stage_command("export", "export", "Export the PyTorch model to ONNX (with a par
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
+
+
+@cli.command("verify")
+@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
+@click.option("--files-only", is_flag=True,
+              help="Check the sha256 of every file, not the tool versions and device.")
+def verify_command(folder, files_only):
+    """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
+    sha256, and the tool versions and device it was built with against this machine."""
+    from pipeline import verify
+
+    verify.run(folder, environment=not files_only)
+
+
+@cli.command("deploy")
+@click.argument("recipe")
+@click.option("--triton", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Triton model repository to write <recipe>-<target>/ model folders into.")
+@click.option("--target", "targets", multiple=True, metavar="ID|KIND",
+              help="Deploy only this target (repeatable); default: every deployable engine.")
+@click.option("--version", "model_version", type=click.IntRange(1), default=1, show_default=True,
+              help="Model version folder.")
+@click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
+              help="Instances per device (instance_group count).")
+@click.option("--allow-failed-gates", is_flag=True, help="Deploy engines that failed a gate.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="The --set values the engines were built with.")
+@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines")
+@click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
+              help="Show the traceback of errors.")
+def deploy_command(recipe, out, targets, model_version, instances, allow_failed_gates, overrides,
+                   engines_dir):
+    """Write a recipe's validated engines into a Triton Inference Server model repository."""
+    from pipeline import deploy
+    from pipeline import recipe as recipe_mod
+    from pipeline.ui import out as stdout
+
+    r = recipe_mod.load(recipe, overrides)
+    for folder in deploy.deploy(r, engines_dir, out, targets, model_version, instances,
+                                allow_failed_gates):
+        files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        stdout.print(f"[green]✓[/] {folder}: {', '.join(files)}", soft_wrap=True)
 
 
 @cli.command("recipes")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import backends, deps, models
-from pipeline.errors import DependencyError, GateFailed, IntegrityError, StageFailed
+from pipeline.errors import DependencyError, GateFailed, IntegrityError, RecipeError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
@@ -59,8 +59,13 @@ class Outcome:
 
 class Run:
     def __init__(self, recipe: Recipe, engines_root: Path, force: bool = False,
-                 progress: Progress | None = None, verbose: bool = False):
+                 progress: Progress | None = None, verbose: bool = False, only: tuple[str, ...] = ()):
         self.recipe = recipe
+        # `only`: target ids or kinds to build in this run (e.g. CI's CPU and GPU jobs)
+        self.targets = [t for t in recipe.targets if not only or t.id in only or t.kind in only]
+        if only and not self.targets:
+            raise RecipeError(f"--target {', '.join(only)}: recipe `{recipe.name}` has no such target "
+                              f"(targets: {', '.join(t.id for t in recipe.targets)})")
         self.store = Store(engines_root, recipe.name)
         self.force = force
         self.verbose = verbose
@@ -126,7 +131,7 @@ class Run:
             base = self._baseline() if ORDER.index(until) >= ORDER.index("validate") else None
             engines: list[dict] = []
             failures: list[str] = []
-            for target in recipe.targets:
+            for target in self.targets:
                 if target.id in skipped:
                     self.progress.skipped(f"build:{target.id}", skipped[target.id])
                     engines.append(_not_built(target, "skipped", skipped[target.id]))
@@ -154,7 +159,7 @@ class Run:
     def _unavailable_targets(self) -> dict[str, str]:
         """target id -> why it cannot be built here; a required one stops the run first."""
         reasons = {}
-        for target in self.recipe.targets:
+        for target in self.targets:
             reason = backends.get(target.kind).unavailable(target)
             if reason is None:
                 continue
