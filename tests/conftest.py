@@ -89,6 +89,15 @@ def built_standard(tmp_path_factory) -> Project:
     return proj
 
 
+@pytest.fixture
+def standard_copy(built_standard, tmp_path) -> Project:
+    """A private copy of the built `standard` project, for tests that change its outputs
+    (tampering, other --set or --target values) without disturbing the shared one."""
+    proj = Project(tmp_path / "copy")
+    shutil.copytree(built_standard.engines, proj.engines)
+    return proj
+
+
 def pytest_collection_modifyitems(config, items):
     """`tensorrt` and `gpu` tests are collected everywhere and skipped, with the reason,
     where the machine lacks what they need."""

@@ -67,9 +67,9 @@ def test_unchanged_rerun_does_no_work(built_standard):
     assert "onnxruntime" in result.out  # the summary table is still printed
 
 
-def test_changed_setting_reruns_only_what_depends_on_it(built_standard):
+def test_changed_setting_reruns_only_what_depends_on_it(standard_copy):
     # a different latency protocol: export and build stay cached, validation reruns
-    result = built_standard.run("validate", "standard", *FAST, "--set", "validate.latency.iterations=30")
+    result = standard_copy.run("validate", "standard", *FAST, "--set", "validate.latency.iterations=30")
     assert result.code == 0, result.err
     assert "export" in result.err and "cached" in result.err
     lines = {line.split()[1]: line for line in result.err.splitlines() if line[:1] in "✓·"}
@@ -77,13 +77,8 @@ def test_changed_setting_reruns_only_what_depends_on_it(built_standard):
     assert "cached" not in lines["validate:onnxruntime"]
 
 
-def test_tampered_engine_is_refused(built_standard, tmp_path):
-    import shutil
-
-    from tests.conftest import Project
-
-    proj = Project(tmp_path / "copy")
-    shutil.copytree(built_standard.engines, proj.engines)
+def test_tampered_engine_is_refused(standard_copy):
+    proj = standard_copy
     engine = proj.engines / "standard" / "onnxruntime.onnx"
     data = bytearray(engine.read_bytes())
     data[len(data) // 2] ^= 0xFF
