@@ -199,14 +199,19 @@ def test_impossible_expect_gate_exits_3_with_the_evidence(twin_project):
     assert versus["this_sha256"] == versus["other_sha256"]  # the same engine file, twice
 
 
-def test_expect_gates_that_hold_exit_0(twin_project):
+def test_expect_gates_that_hold_exit_0_and_the_sweep_reports_every_shape(twin_project):
     result = twin_project.run("run", "standard", *FAST, "--set", "expect.min_speedup=0.001",
-                              "--set", "expect.max_p99_ms=1000000", "--set", "expect.max_accuracy_loss=0.5")
+                              "--set", "expect.max_p99_ms=1000000", "--set", "expect.max_accuracy_loss=0.5",
+                              "--set", "validate.latency.sweep={batch: [1, 4]}")
     assert result.code == 0, result.err
     report = json.loads((twin_project.engines / "standard" / "report.json").read_text())
-    names = {g["name"]: g["passed"] for g in report["engines"][0]["gates"]}
+    (engine,) = report["engines"]
+    names = {g["name"]: g["passed"] for g in engine["gates"]}
     assert names["expect.min_speedup"] and names["expect.max_p99_ms"]
     assert names["expect.max_accuracy_loss.logits"]
+    assert [s["dims"] for s in engine["sweep"]] == [{"batch": 1, "sequence": 64}, {"batch": 4, "sequence": 64}]
+    assert all(s["latency_ms"]["n"] >= 40 and s["speedup_vs_baseline"]["ci95"] for s in engine["sweep"])
+    assert "| batch=4 sequence=64 |" in (twin_project.engines / "standard" / "report.md").read_text()
 
 
 def test_bench_vs_another_recipe_prints_verdicts_and_writes_json(twin_project):
@@ -233,10 +238,7 @@ def test_bad_bench_settings_are_one_error_line(project, setting, expected):
     assert len(result.error_lines) == 1 and expected in result.error_lines[0], result.err
 
 
-def test_sweep_times_every_declared_shape(twin_project):
-    result = twin_project.run("validate", "standard", *FAST,
-                              "--set", "validate.latency.sweep={batch: [1, 4]}")
-    assert result.code == 0, result.err
-    data = json.loads((twin_project.engines / "standard" / "validate-onnxruntime.json").read_text())
-    assert [s["dims"] for s in data["sweep"]] == [{"batch": 1, "sequence": 64}, {"batch": 4, "sequence": 64}]
-    assert all(s["latency_ms"]["n"] >= 40 and s["speedup_vs_baseline"]["ci95"] for s in data["sweep"])
+def test_timed_unpacks_like_the_earlier_tuple_of_blocks():
+    spec = recipe_mod.LatencySpec(warmup=0, iterations=20, min_seconds=0, block=10)
+    a, b = timing.time_interleaved([protocol.NoopRunner(), protocol.NoopRunner()], {}, spec)
+    assert a.shape == b.shape == (2, 10)

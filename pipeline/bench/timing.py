@@ -2,7 +2,8 @@
 
 Runners follow Polygraphy's interface (`infer(feed, check_inputs=False)`) and return host
 arrays. Each block of requests is timed by the runner's timer (bench.clock: perf_counter_ns
-on the host, CUDA events on a GPU stream).
+on the host, CUDA events on a GPU stream); runners timed together share one kind of clock
+(CUDA events only when every runner exposes a stream).
 
 Stopping rule, per runner: at least `iterations` requests AND at least `min_seconds` of
 timing, unless `target_ci` is set and, after `iterations` requests, the 95% interval of
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.bench import stats
-from pipeline.bench.clock import timer_for
+from pipeline.bench.clock import HostTimer, timer_for
 from pipeline.recipe import LatencySpec
 
 
@@ -29,6 +30,10 @@ class Timed:
     timers: list[str]
     stop: str  # why timing stopped: "iterations", "min_seconds" or "target_ci"
     seconds: float
+
+    def __iter__(self):
+        """`a, b = time_interleaved(...)` unpacks the blocks (the earlier return value)."""
+        return iter(self.blocks)
 
 
 def warm(runner, feed, n: int) -> None:
@@ -46,6 +51,9 @@ def time_interleaved(runners: list, feed, spec: LatencySpec) -> Timed:
     for runner in runners:
         warm(runner, feed, spec.warmup)
     timers = [timer_for(r) for r in runners]
+    if len({t.name for t in timers}) > 1:
+        # One clock per comparison: CUDA events for all runners, or the host clock for all.
+        timers = [HostTimer() for _ in runners]
     blocks: list[list[np.ndarray]] = [[] for _ in runners]
     t0 = time.perf_counter()
     min_total = spec.min_seconds * len(runners)
