@@ -136,6 +136,27 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
         stdout.print(f"[green]✓[/] {folder}: {', '.join(files)}", soft_wrap=True)
 
 
+@cli.command("bench")
+@recipe_options
+@click.option("--vs", "versus", metavar="RECIPE", default=None,
+              help="Also time this recipe's engines and baseline, interleaved, and compare.")
+def bench_command(recipe, overrides, force, engines_dir, verbose, versus):
+    """Benchmark a recipe's engines vs PyTorch (and vs another recipe): verdicts with 95% CIs.
+
+    Builds what is missing first; writes engines/RECIPE/bench.json and a latency PNG.
+    """
+    from pipeline import recipe as recipe_mod
+    from pipeline.bench.command import bench, tables
+    from pipeline.ui import Progress, console, out
+
+    main = recipe_mod.load(recipe, overrides)
+    other = recipe_mod.load(versus) if versus else None
+    result, path = bench(main, other, engines_dir, force, Progress(verbose), verbose)
+    for t in tables(result):
+        out.print(t)
+    console.print(f"bench: {path}")
+
+
 @cli.command("recipes")
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Recipe folder (default: ./recipes).")

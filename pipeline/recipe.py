@@ -246,9 +246,18 @@ class ToleranceSpec(Strict):
 
 
 class LatencySpec(Strict):
+    """The timing protocol (docs/measurement.md). The defaults are the documented protocol."""
+
     warmup: int = Field(100, ge=0, description="Untimed requests before timing each runner.")
     iterations: int = Field(1000, ge=10, description="Least number of timed requests per runner.")
-    min_seconds: float = Field(1.0, ge=0, description="Least timed duration per runner.")
+    min_seconds: float = Field(
+        1.0, ge=0, description="Least timed duration per runner (unless `target_ci` stops early)."
+    )
+    target_ci: float | None = Field(
+        None, gt=0, lt=1,
+        description="Early stop: once `iterations` requests are timed, stop before `min_seconds` "
+        "when the 95% interval of every runner's median is within +-target_ci of it (0.01 = 1%).",
+    )
     block: int = Field(
         50, ge=1, description="Requests per block when two runners are timed interleaved."
     )
@@ -257,6 +266,15 @@ class LatencySpec(Strict):
         description="Let ONNX Runtime's idle worker threads spin-wait. Off by default: when runners "
         "are interleaved, one runtime's spinning threads steal the cores of the other (measured "
         "on 2 cores: the PyTorch baseline's p90 more than doubled).",
+    )
+    sweep: dict[str, list[Annotated[int, Field(ge=1)]]] = Field(
+        default_factory=dict,
+        description="Shapes to time besides the opt point: dim symbol -> sizes, e.g. "
+        "{batch: [1, 8], sequence: [16, 128]}; every combination is one shape, each within the "
+        "dim's [min, max]. Results per shape.",
+    )
+    monitor_interval: float = Field(
+        0.1, gt=0, description="Seconds between resource samples (CPU, RSS, NVML) while timing."
     )
 
 
@@ -276,6 +294,29 @@ class ValidateSpec(Strict):
     )
 
 
+# ----------------------------------------------------------------------------- expect
+class ExpectSpec(Strict):
+    """Gates on what the engines must deliver; a failed one exits 3 with the evidence."""
+
+    min_speedup: float | None = Field(
+        None, gt=0,
+        description="Speedup over the PyTorch baseline each engine must show across its whole "
+        "95% interval (the interval's lower bound must be >= this).",
+    )
+    max_p99_ms: float | None = Field(None, gt=0, description="Largest allowed engine P99, in ms.")
+    max_accuracy_loss: float | None = Field(
+        None, ge=0, le=1,
+        description="Largest share of top-1 predictions that may disagree with PyTorch, per "
+        "logits output (1 - top-1 agreement): an upper bound on the accuracy lost on any labels.",
+    )
+    faster_than: list[str] = Field(
+        default_factory=list,
+        description="Recipes (names or paths) whose engine of the same target each engine here "
+        "must beat: both timed interleaved in one process, the 95% interval of the time ratio "
+        "entirely below 1.",
+    )
+
+
 # ----------------------------------------------------------------------------- recipe
 class Recipe(Strict):
     description: str = Field("", description="One line on what this variant is.")
@@ -290,6 +331,7 @@ class Recipe(Strict):
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
     )
+    expect: ExpectSpec = Field(ExpectSpec(), description="Gates: speed and accuracy promises.")
 
     # Set by the loader, not by YAML.
     name: str = Field("recipe", exclude=True)
@@ -325,6 +367,17 @@ class Recipe(Strict):
         for name in self.validate_.top1_outputs or []:
             if name not in self.outputs:
                 raise ValueError(f"validate.top1_outputs names `{name}`, not one of outputs {self.outputs}")
+        if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
+            raise ValueError("expect.max_accuracy_loss needs a logits output (see validate.top1_outputs)")
+        for symbol, sizes in self.validate_.latency.sweep.items():
+            if symbol not in seen:
+                raise ValueError(f"validate.latency.sweep: `{symbol}` is not a dim symbol of the "
+                                 f"inputs (declared: {', '.join(sorted(seen)) or 'none'})")
+            dim = seen[symbol]
+            bad = [n for n in sizes if not dim.min <= n <= dim.max]
+            if bad or not sizes:
+                raise ValueError(f"validate.latency.sweep.{symbol}: sizes must be within "
+                                 f"[{dim.min}, {dim.max}] (got {sizes})")
         return self
 
     @property

@@ -144,6 +144,8 @@ class Run:
                     self.progress.failed(target.id, str(e))
                     engines.append(_not_built(target, "failed", str(e)))
                     failures.append(f"{target.id}: {e}")
+            if base is not None:
+                self._expect(engines)
             outcome.engines = engines
             if until == "report":
                 outcome.report = self._report(base, graph, engines)
@@ -224,7 +226,53 @@ class Run:
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
-        return json.loads(result.one().path.read_text())
+        return json.loads(result.outputs[f"validate-{target.id}.json"].path.read_text())
+
+    def _expect(self, engines: list[dict]) -> None:
+        """expect: gates on every built engine; faster_than first times the A/Bs it needs."""
+        from pipeline.bench import gates
+
+        for ref in self.recipe.expect.faster_than:
+            self._versus(ref, [e for e in engines if e["status"] == "built"])
+        for e in engines:
+            if e["status"] == "built":
+                e["gates"] = e["gates"] + gates.expect(self.recipe, e)
+
+    def _versus(self, ref: str, engines: list[dict]) -> None:
+        """Build recipe `ref` (its own Run and lock), then time each engine against its twin."""
+        import dataclasses
+        import json
+
+        from pipeline import recipe as recipe_mod
+        from pipeline.bench import ab
+        from pipeline.stages import build
+
+        other = recipe_mod.load(ref)
+        if other.name == self.recipe.name:
+            raise RecipeError(f"expect.faster_than: `{ref}` is this recipe itself")
+        self.progress.note(f"expect.faster_than: {other.name} (building it to time against it)")
+        Run(other, self.store.dir.parent, progress=self.progress, verbose=self.verbose).execute("build")
+        other_store = Store(self.store.dir.parent, other.name)
+        for e in engines:
+            target = next(t for t in self.recipe.targets if t.id == e["target"])
+            twin = next((t for t in other.targets if t.id == target.id), None)
+            if twin is None or build.engine_name(twin) not in other_store.manifest["files"]:
+                e.setdefault("versus", []).append(
+                    {"other": ref, "target": target.id,
+                     "reason": f"`{other.name}` has no built `{target.id}` engine to compare with"})
+                continue
+            # both engine files are checked right before they are timed, as in validate
+            mine = self.store.verify(build.engine_name(target))
+            theirs = dataclasses.replace(other_store.verify(build.engine_name(twin)),
+                                         name=f"{other.name}/{build.engine_name(twin)}")
+            result = self.stage(
+                f"versus:{target.id}:{other.name}", ab.VERSION,
+                {"target": target.model_dump(mode="json"), "other_target": twin.model_dump(mode="json"),
+                 **self.recipe.section("inputs", "validate")}, [mine, theirs],
+                lambda wd, t=target, w=twin, m=mine, o=theirs: ab.versus(
+                    self.recipe, t, m, ref, other, w, o, wd),
+            )
+            e.setdefault("versus", []).append(json.loads(result.one().path.read_text()))
 
     def _report(self, base: Result | None, graph: Artifact, engines: list[dict]) -> dict:
         import json
@@ -234,6 +282,8 @@ class Run:
         inputs = [graph] + ([base.one()] if base else [])
         inputs += [self.store.artifact(f"validate-{e['target']}.json")
                    for e in engines if e["status"] == "built"]
+        inputs += [self.store.artifact(v["file"]) for e in engines for v in e.get("versus", [])
+                   if "file" in v]
         skipped = [e for e in engines if e["status"] != "built"]
         result = self.stage(
             "report", report.VERSION, {"recipe": self.recipe.digest, "not_built": skipped}, inputs,

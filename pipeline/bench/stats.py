@@ -53,3 +53,38 @@ def verdict(lo: float, hi: float) -> Verdict:
     if hi < 1.0:
         return "slower"
     return "indistinguishable"
+
+
+def median_ci_halfwidth(ns: np.ndarray) -> float:
+    """Half the width of a 95% interval of the median, relative to the median.
+
+    Distribution-free (order statistics: ranks n/2 +- 1.96 sqrt(n)/2); it treats requests as
+    independent, so it is a stopping rule, not the A/B interval (that one is by blocks).
+    """
+    x = np.sort(np.asarray(ns, dtype=np.float64).ravel())
+    n = x.size
+    if n < 10:
+        return float("inf")
+    half = 1.96 * np.sqrt(n) / 2
+    lo, hi = int(np.floor(n / 2 - half)), min(int(np.ceil(n / 2 + half)), n - 1)
+    median = float(np.median(x))
+    return float((x[hi] - x[lo]) / 2 / median) if median else float("inf")
+
+
+def time_verdict(lo: float, hi: float) -> Verdict:
+    """For a time-ratio interval (B time / A time): is B slower, faster, or can't we tell?"""
+    if lo > 1.0:
+        return "slower"
+    if hi < 1.0:
+        return "faster"
+    return "indistinguishable"
+
+
+def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, seed: int = 0) -> dict:
+    """B against A, timed interleaved: time ratio median(B) / median(A) with its 95% CI.
+
+    ratio 1.2 = B takes 20% longer than A; verdict is B's: slower, faster or indistinguishable.
+    """
+    ratio, lo, hi = ratio_of_medians(b_blocks, a_blocks, seed=seed)
+    return {"time_ratio": ratio, "ci95": [lo, hi], "verdict": time_verdict(lo, hi),
+            "blocks": int(np.asarray(a_blocks).shape[0])}

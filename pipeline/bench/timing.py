@@ -1,59 +1,81 @@
-"""The timing protocol: warm-up, enough requests for long enough, optional interleaving.
+"""The timing protocol: warm-up, enough requests for long enough, runners interleaved.
 
 Runners follow Polygraphy's interface (`infer(feed, check_inputs=False)`) and return host
-arrays, so a request is complete (device synchronized) when `infer` returns. Timestamps are
-`time.perf_counter_ns`, taken around each request.
+arrays. Each block of requests is timed by the runner's timer (bench.clock: perf_counter_ns
+on the host, CUDA events on a GPU stream); runners timed together share one kind of clock
+(CUDA events only when every runner exposes a stream).
+
+Stopping rule, per runner: at least `iterations` requests AND at least `min_seconds` of
+timing, unless `target_ci` is set and, after `iterations` requests, the 95% interval of
+every runner's median is already within +-target_ci of it (early stop).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.bench import stats
+from pipeline.bench.clock import HostTimer, timer_for
 from pipeline.recipe import LatencySpec
 
 
-def _warm(runner, feed, n: int) -> None:
+@dataclass
+class Timed:
+    """Samples of runners timed together: per runner an array [blocks, block] in ns."""
+
+    blocks: list[np.ndarray]
+    timers: list[str]
+    stop: str  # why timing stopped: "iterations", "min_seconds" or "target_ci"
+    seconds: float
+
+    def __iter__(self):
+        """`a, b = time_interleaved(...)` unpacks the blocks (the earlier return value)."""
+        return iter(self.blocks)
+
+
+def warm(runner, feed, n: int) -> None:
     for _ in range(n):
         runner.infer(feed, check_inputs=False)
 
 
-def time_runner(runner, feed, spec: LatencySpec) -> np.ndarray:
-    """Per-request latency in ns: `warmup` untimed, then >= iterations and >= min_seconds."""
-    _warm(runner, feed, spec.warmup)
-    clock = time.perf_counter_ns
-    infer = runner.infer
-    samples: list[int] = []
-    deadline = clock() + int(spec.min_seconds * 1e9)
-    while len(samples) < spec.iterations or clock() < deadline:
-        t0 = clock()
-        infer(feed, check_inputs=False)
-        samples.append(clock() - t0)
-    return np.asarray(samples, dtype=np.int64)
-
-
-def time_interleaved(runners: list, feed, spec: LatencySpec) -> list[np.ndarray]:
-    """Time several runners in alternating blocks; per runner an array [blocks, block] in ns.
+def time_interleaved(runners: list, feed, spec: LatencySpec) -> Timed:
+    """Time runners in alternating blocks of `spec.block` requests.
 
     The order within a round alternates (AB, BA, AB, ...) so neither runner always runs
-    right after the other; slow drifts of the machine then hit both alike.
+    right after the other; slow drifts of the machine then hit both alike. With one runner
+    this is plain sequential timing, in blocks.
     """
     for runner in runners:
-        _warm(runner, feed, spec.warmup)
-    clock = time.perf_counter_ns
+        warm(runner, feed, spec.warmup)
+    timers = [timer_for(r) for r in runners]
+    if len({t.name for t in timers}) > 1:
+        # One clock per comparison: CUDA events for all runners, or the host clock for all.
+        timers = [HostTimer() for _ in runners]
     blocks: list[list[np.ndarray]] = [[] for _ in runners]
-    deadline = clock() + int(spec.min_seconds * 1e9) * len(runners)
-    rounds = 0
-    while rounds * spec.block < spec.iterations or clock() < deadline:
+    t0 = time.perf_counter()
+    min_total = spec.min_seconds * len(runners)
+    rounds, stop = 0, "iterations"
+    while True:
         order = range(len(runners)) if rounds % 2 == 0 else reversed(range(len(runners)))
         for i in order:
-            infer = runners[i].infer
-            block = np.empty(spec.block, dtype=np.int64)
-            for j in range(spec.block):
-                t0 = clock()
-                infer(feed, check_inputs=False)
-                block[j] = clock() - t0
-            blocks[i].append(block)
+            blocks[i].append(timers[i].block(runners[i].infer, feed, spec.block))
         rounds += 1
-    return [np.stack(b) for b in blocks]
+        if rounds * spec.block < spec.iterations:
+            continue
+        if spec.target_ci is not None and all(
+                stats.median_ci_halfwidth(np.concatenate(b)) <= spec.target_ci for b in blocks):
+            stop = "target_ci"
+            break
+        if time.perf_counter() - t0 >= min_total:
+            stop = "min_seconds" if rounds * spec.block > spec.iterations else "iterations"
+            break
+    return Timed([np.stack(b) for b in blocks], [t.name for t in timers], stop,
+                 time.perf_counter() - t0)
+
+
+def time_runner(runner, feed, spec: LatencySpec) -> np.ndarray:
+    """One runner alone: per-request latency in ns, flat."""
+    return time_interleaved([runner], feed, spec).blocks[0].ravel()

@@ -182,4 +182,45 @@ def markdown(report: dict) -> str:
                   *_engine_notes(e),
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
+        lines += _measurement(e)
     return "\n".join(lines) + "\n"
+
+
+def _measurement(e: dict) -> list[str]:
+    """Cold start, sweep, A/Bs against other recipes, resources, harness overhead, plot."""
+    lines = []
+    cold, bcold = e.get("cold_start_ms"), e.get("baseline_cold_start_ms")
+    if cold and bcold:
+        lines += ["", f"Cold start (load + first request): {e['target']} {cold['load']:.1f} + "
+                  f"{cold['first_request']:.1f} ms; torch-eager {bcold['load']:.1f} + "
+                  f"{bcold['first_request']:.1f} ms (warm p50 above)."]
+    if e.get("sweep"):
+        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | speedup [95% CI] |",
+                  "|---|---|---|---|"]
+        for s in e["sweep"]:
+            el, bl, sp = s["latency_ms"], s["baseline_latency_ms"], s["speedup_vs_baseline"]
+            lines.append(f"| {s['shape']} | {el['p50']:.3f} / {el['p99']:.3f} | {bl['p50']:.3f} / "
+                         f"{bl['p99']:.3f} | {sp['ratio']:.2f}x [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] |")
+    for v in e.get("versus") or []:
+        if v.get("reason"):
+            lines += ["", f"Versus `{v['other']}`: not measured ({v['reason']})."]
+            continue
+        c = v["comparison"]
+        lines += ["", f"Versus `{v['other_recipe']}`'s {v['target']} (interleaved): time ratio "
+                  f"{c['time_ratio']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}], {c['verdict']} "
+                  f"(p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms)."]
+    res, over = e.get("resources"), e.get("harness_overhead_us")
+    if res:
+        busy, gpu = res.get("system_busy_pct"), res["gpu"]
+        lines += ["", f"Resources while timing: process CPU {_fmt((res['process_cpu_pct'] or {}).get('mean'), '.0f')}% "
+                  f"(100% = one core), machine busy {_fmt((busy or {}).get('mean'), '.0f')}% of "
+                  f"{res['cores']} cores, peak RSS {_fmt(res['peak_rss_mb'], '.0f')} MB; GPU: "
+                  + (f"{gpu['name']}, util {gpu['util_pct']['mean']:.0f}%, throttle "
+                     f"{', '.join(gpu['throttle']) or 'none'}" if gpu["available"]
+                     else f"unavailable ({gpu['reason']})") + "."]
+    if over:
+        lines += ["", f"Harness overhead: {over['p50']:.2f} us per request (p50, no-op runner, "
+                  f"timer {e.get('timer')})."]
+    if e.get("plot"):
+        lines += ["", f"![latency distribution of {e['target']} and torch-eager]({e['plot']})"]
+    return lines

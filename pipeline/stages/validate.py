@@ -2,26 +2,29 @@
 
 `baseline` runs the eager PyTorch model on the held-out validation feeds and saves feeds
 and outputs (baseline.npz): every engine is judged on exactly those. `validate` runs one
-engine on the same feeds, then times engine and baseline interleaved in one process
-(bench.timing) and reports the speedup with a bootstrap interval (bench.stats).
+engine on the same feeds, then times engine and baseline interleaved in one process at the
+opt shape and every sweep shape (bench.protocol), and reports the speedup with a bootstrap
+interval, cold start, resources, the harness's own overhead and a latency plot (PNG).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 from pipeline import backends, data, metrics, models
 from pipeline.backends.torch import TorchRunner
-from pipeline.bench import stats, timing
+from pipeline.bench import plots, protocol, stats, sweep, timing
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-VERSION = 1
+VERSION = 2
+BASELINE = "torch-eager"
 
 PROTOCOL = (
-    "perf_counter_ns around each request (host arrays in and out), after {warmup} warm-up "
-    "requests; at least {iterations} requests and {min_seconds:g} s per runner; engine and "
+    "{timer} around each request (host arrays in and out), after {warmup} warm-up "
+    "requests; at least {iterations} requests and {min_seconds:g} s per runner{early}; engine and "
     "baseline interleaved in blocks of {block} in one process (order alternating each "
     "round; runtime threads {spinning}); speedup = median(baseline) / median(engine), 95% CI "
     "by paired block bootstrap"
@@ -57,10 +60,11 @@ def baseline_device(recipe: Recipe) -> str:
 
 
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
-    model = models.load(recipe)
     feeds = data.feeds(recipe, "validation")
     device = baseline_device(recipe)
-    with _baseline_runner(recipe, model, device) as runner:
+    with contextlib.ExitStack() as stack:
+        runner, cold = protocol.cold_start(
+            stack, lambda: _baseline_runner(recipe, models.load(recipe), device), timing_feed(recipe))
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         samples = timing.time_runner(runner, timing_feed(recipe), recipe.validation.latency)
     path = workdir / "baseline.npz"
@@ -72,6 +76,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         "threads": recipe.validation.threads,
         "feeds": len(feeds),
         "latency_ms": stats.summary(samples),
+        "cold_start_ms": cold,
         "latency_method": f"perf_counter_ns per request after {recipe.validation.latency.warmup} warm-up requests, alone",
     }
 
@@ -101,17 +106,26 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     feeds, references = data.load_feeds(base.path)
     backend = backends.get(target.kind)
     spec = recipe.validation.latency
+    feed = timing_feed(recipe)
     device = backend.device(target)  # the baseline runs where the engine runs
-    with backend.open(engine.path, target, recipe, recipe.validation.threads, spin=spec.spin) as runner, \
-            _baseline_runner(recipe, models.load(recipe), device) as torch_runner:
+    openers = {
+        BASELINE: lambda: _baseline_runner(recipe, models.load(recipe), device),
+        target.id: lambda: backend.open(engine.path, target, recipe, recipe.validation.threads,
+                                        spin=spec.spin),
+    }
+    with contextlib.ExitStack() as stack:
+        runners, cold = protocol.open_all(stack, openers, feed)
+        runner = runners[target.id]
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         accuracy = metrics.compare(references, outputs, recipe.top1_outputs())
-        base_blocks, engine_blocks = timing.time_interleaved(
-            [torch_runner, runner], timing_feed(recipe), spec)
+        bench, samples = protocol.measure(runners, sweep.shapes(recipe, feed), spec,
+                                          pairs=[(BASELINE, target.id)])
         extras_of = getattr(backend, "validation_extras", None)
         extras = extras_of(engine.path, target, recipe, runner) if extras_of else {}
         vs_graphs = _vs_cudagraph(recipe, runner, spec) if device == "cuda" else None
-    ratio, lo, hi = stats.ratio_of_medians(base_blocks, engine_blocks)
+    opt = bench["shapes"][0]
+    plot = plots.latency_png(workdir / f"latency-{target.id}.png", samples,
+                             f"{recipe.name}: {target.id} vs {BASELINE}, {opt['shape']}, interleaved")
     result = {
         "target": target.id,
         "kind": target.kind,
@@ -122,19 +136,30 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "bytes": engine.bytes,
         "precision": "fp32",
         "accuracy": accuracy,
-        "latency_ms": stats.summary(engine_blocks),
-        "baseline_latency_ms": stats.summary(base_blocks),
-        "speedup_vs_baseline": {
-            "ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi),
-            "blocks": int(engine_blocks.shape[0]),
-        },
+        "latency_ms": opt["latency_ms"][target.id],
+        "baseline_latency_ms": opt["latency_ms"][BASELINE],
+        "speedup_vs_baseline": protocol.speedup(opt["comparisons"][0]),
+        "cold_start_ms": cold[target.id],
+        "baseline_cold_start_ms": cold[BASELINE],
+        "sweep": [{"shape": s["shape"], "dims": s["dims"],
+                   "latency_ms": s["latency_ms"][target.id],
+                   "baseline_latency_ms": s["latency_ms"][BASELINE],
+                   "speedup_vs_baseline": protocol.speedup(s["comparisons"][0])}
+                  for s in bench["shapes"][1:]],
+        "timer": bench["timers"][target.id],
+        "stop": opt["stop"],
+        "resources": bench["resources"],
+        "harness_overhead_us": bench["harness_overhead_us"],
+        "plot": plot.name,
+        "latency_method": PROTOCOL.format(
+            **spec.model_dump(), timer=bench["timers"][target.id],
+            early=f" (early stop at +-{spec.target_ci:g} median CI)" if spec.target_ci else "",
+            spinning="spin-wait" if spec.spin else "do not spin-wait"),
         "device": device,
         "speedup_vs_cudagraph": vs_graphs,
-        "latency_method": PROTOCOL.format(
-            **spec.model_dump(), spinning="spin-wait" if spec.spin else "do not spin-wait"),
         **{k: v for k, v in extras.items() if k != "gates"},
         "gates": gates(recipe, accuracy) + extras.get("gates", []),
     }
     path = workdir / f"validate-{target.id}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    return {path.name: path}, {"passed": all(g["passed"] for g in result["gates"])}
+    return {path.name: path, plot.name: plot}, {"passed": all(g["passed"] for g in result["gates"])}

@@ -1,0 +1,128 @@
+"""A/B of engines from different recipes, interleaved in one process.
+
+- `versus`: the `expect.faster_than` stage: this recipe's engine against another recipe's
+  engine of the same target (run.py builds the other recipe first, through its own Run).
+- `bench`: `pipeline bench RECIPE [--vs OTHER]`: every built engine of RECIPE and its
+  PyTorch baseline (and OTHER's, with --vs) timed together at every shape; comparisons
+  engine vs baseline, and RECIPE vs OTHER runner by runner.
+
+A comparison (A, B) is B's time over A's with a paired block bootstrap 95% interval
+(bench.stats.compare): 0.8 = B takes 20% less time than A; its verdict is B's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from pipeline import backends, models
+from pipeline.bench import plots, protocol, sweep
+from pipeline.errors import RecipeError
+from pipeline.recipe import Recipe
+from pipeline.store import Artifact
+
+VERSION = 1
+BASELINE = "torch-eager"
+
+
+def engine_opener(recipe: Recipe, target, path: Path):
+    spec = recipe.validation.latency
+    return lambda: backends.get(target.kind).open(path, target, recipe, recipe.validation.threads,
+                                                  spin=spec.spin)
+
+
+def baseline_opener(recipe: Recipe):
+    from pipeline.stages.validate import _baseline_runner, baseline_device
+
+    return lambda: _baseline_runner(recipe, models.load(recipe), baseline_device(recipe))
+
+
+def check_compatible(recipe: Recipe, other: Recipe) -> None:
+    """Both recipes' engines are timed on one feed: their inputs must be the same."""
+    mine = [(i.name, i.dtype) for i in recipe.inputs]
+    theirs = [(i.name, i.dtype) for i in other.inputs]
+    if mine != theirs:
+        raise RecipeError(f"`{recipe.name}` and `{other.name}` have different inputs "
+                          f"({mine} vs {theirs}); their engines cannot be timed on one feed")
+
+
+def _timing_feed(recipe: Recipe):
+    from pipeline.stages.validate import timing_feed
+
+    return timing_feed(recipe)
+
+
+def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, other_target,
+           other_engine: Artifact, workdir: Path) -> tuple[dict[str, Path], dict]:
+    """This recipe's `target` engine (B) against `other`'s (A), at the opt shape."""
+    check_compatible(recipe, other)
+    feed = _timing_feed(recipe)
+    a, b = f"{other.name}/{other_target.id}", f"{recipe.name}/{target.id}"
+    openers = {a: engine_opener(other, other_target, other_engine.path),
+               b: engine_opener(recipe, target, engine.path)}
+    with contextlib.ExitStack() as stack:
+        runners, cold = protocol.open_all(stack, openers, feed)
+        result, _ = protocol.measure(runners, sweep.shapes(recipe, feed)[:1],
+                                     recipe.validation.latency, pairs=[(a, b)])
+    shape = result["shapes"][0]
+    name = f"versus-{target.id}-{other.name}.json"
+    out = {
+        "other": ref, "other_recipe": other.name, "target": target.id, "file": name,
+        "this_sha256": engine.sha256, "other_sha256": other_engine.sha256,
+        "shape": shape["shape"],
+        "this_ms": shape["latency_ms"][b], "other_ms": shape["latency_ms"][a],
+        "comparison": shape["comparisons"][0],
+        "cold_start_ms": cold, "timer": result["timers"][b],
+        "resources": result["resources"], "harness_overhead_us": result["harness_overhead_us"],
+    }
+    path = workdir / name
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return {name: path}, {"verdict": out["comparison"]["verdict"]}
+
+
+def bench(recipe: Recipe, engines: dict[str, Path], other: Recipe | None = None,
+          other_engines: dict[str, Path] | None = None) -> tuple[dict, dict]:
+    """engines: target id -> verified engine file. Returns (result JSON, samples at opt)."""
+    feed = _timing_feed(recipe)
+    targets = {t.id: t for t in recipe.targets}
+    openers = {f"{recipe.name}/{BASELINE}": baseline_opener(recipe)}
+    pairs = []
+    for tid, path in engines.items():
+        openers[f"{recipe.name}/{tid}"] = engine_opener(recipe, targets[tid], path)
+        pairs.append((f"{recipe.name}/{BASELINE}", f"{recipe.name}/{tid}"))
+    if other is not None:
+        check_compatible(recipe, other)
+        others = {t.id: t for t in other.targets}
+        openers[f"{other.name}/{BASELINE}"] = baseline_opener(other)
+        pairs.append((f"{other.name}/{BASELINE}", f"{recipe.name}/{BASELINE}"))
+        for tid, path in (other_engines or {}).items():
+            openers[f"{other.name}/{tid}"] = engine_opener(other, others[tid], path)
+            if tid in engines:
+                pairs.append((f"{other.name}/{tid}", f"{recipe.name}/{tid}"))
+    with contextlib.ExitStack() as stack:
+        runners, cold = protocol.open_all(stack, openers, feed)
+        result, samples = protocol.measure(runners, sweep.shapes(recipe, feed),
+                                           recipe.validation.latency, pairs=pairs)
+    result = {"recipe": recipe.name, "vs": other.name if other else None,
+              "protocol": recipe.validation.latency.model_dump(mode="json"),
+              "cold_start_ms": cold, **result}
+    return result, samples
+
+
+def write(result: dict, samples: dict, folder: Path) -> tuple[Path, Path]:
+    """bench.json (or bench-vs-OTHER.json) and its latency PNG, into the recipe's folder."""
+    import os
+
+    from pipeline.store import write_atomic
+
+    stem = "bench" + (f"-vs-{result['vs']}" if result["vs"] else "")
+    png, tmp = folder / f"{stem}.png", folder / f".{stem}.tmp.png"
+    result["plot"] = png.name
+    plots.latency_png(tmp, samples, f"pipeline bench {result['recipe']}"
+                      + (f" --vs {result['vs']}" if result["vs"] else "")
+                      + f", {result['shapes'][0]['shape']}, interleaved")
+    os.replace(tmp, png)
+    path = folder / f"{stem}.json"
+    write_atomic(path, json.dumps(result, indent=2) + "\n")
+    return path, png

@@ -1,0 +1,57 @@
+"""The recipe's `expect:` gates, judged from measured results (never by measuring again).
+
+Each gate is {"name", "passed", "detail"}; the detail is the evidence a failure prints:
+the measured figure, its interval and the threshold. They are appended to the engine's
+accuracy gates, so `run.check_gates` exits 3 on any of them.
+"""
+
+from __future__ import annotations
+
+from pipeline.recipe import Recipe
+
+
+def _gate(name: str, passed: bool, detail: str) -> dict:
+    return {"name": name, "passed": bool(passed), "detail": detail}
+
+
+def expect(recipe: Recipe, engine: dict) -> list[dict]:
+    """The expect: gates of one built engine (its validate result, plus `versus` A/Bs)."""
+    want = recipe.expect
+    out = []
+    if want.min_speedup is not None:
+        s = engine["speedup_vs_baseline"]
+        lo, hi = s["ci95"]
+        out.append(_gate(
+            "expect.min_speedup", lo >= want.min_speedup,
+            f"speedup {s['ratio']:.2f}x, 95% CI [{lo:.2f}, {hi:.2f}] over {s['blocks']} block pairs; "
+            f"needs the whole interval >= {want.min_speedup:g}x"))
+    if want.max_p99_ms is not None:
+        lat = engine["latency_ms"]
+        out.append(_gate(
+            "expect.max_p99_ms", lat["p99"] <= want.max_p99_ms,
+            f"p99 {lat['p99']:.3f} ms (p50 {lat['p50']:.3f}, n={lat['n']}); needs <= {want.max_p99_ms:g} ms"))
+    if want.max_accuracy_loss is not None:
+        for name in recipe.top1_outputs():
+            agree = (engine["accuracy"].get(name) or {}).get("top1_agreement")
+            loss = None if agree is None else 1 - agree
+            out.append(_gate(
+                f"expect.max_accuracy_loss.{name}",
+                loss is not None and loss <= want.max_accuracy_loss,
+                f"top-1 disagreement with PyTorch {'—' if loss is None else f'{loss:.4f}'}; "
+                f"needs <= {want.max_accuracy_loss:g}"))
+    versus = {v["other"]: v for v in engine.get("versus") or []}
+    for ref in want.faster_than:
+        v = versus.get(ref)
+        if v is None:
+            out.append(_gate(f"expect.faster_than.{ref}", False, "not measured"))
+        elif v.get("reason"):
+            out.append(_gate(f"expect.faster_than.{ref}", False, v["reason"]))
+        else:
+            c = v["comparison"]
+            lo, hi = c["ci95"]
+            out.append(_gate(
+                f"expect.faster_than.{ref}", c["verdict"] == "faster",
+                f"time vs {ref}'s {v['target']}: {c['time_ratio']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}] "
+                f"({c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
+                f"interleaved, {c['blocks']} block pairs); needs the whole interval < 1"))
+    return out

@@ -1,0 +1,164 @@
+"""Resource monitors: a background thread samples the machine while runners are timed.
+
+    with ResourceMonitor(interval=0.1) as mon:
+        ... timing ...
+    mon.summary()   # -> report.json `resources`
+
+CPU: this process's utilization (CPU time / wall time, 100% = one core busy) and the whole
+machine's busy share from /proc/stat; on a shared machine the latter shows when someone
+else was competing for the cores. Memory: resident set size sampled, and the process's
+peak RSS (VmHWM, since the process started). GPU: NVML through nvidia-ml-py, imported only
+here and only when a monitor starts; where it is missing or finds no GPU, the GPU block
+says `available: false` and why, never invented numbers.
+
+Sampling reads a few /proc files every `interval` seconds (tens of microseconds), so the
+thread barely competes with what it watches.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _system_cpu() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs from /proc/stat; None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is already inside user
+    return total - idle, total
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def peak_rss_bytes() -> int | None:
+    """Peak resident set size of this process (VmHWM), else getrusage's maxrss."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+class _Nvml:
+    """NVML samples of one GPU; `reason` says why there are none."""
+
+    def __init__(self, index: int = 0):
+        self.reason: str | None = None
+        try:
+            import pynvml  # nvidia-ml-py
+        except ImportError:
+            self.reason = "nvidia-ml-py (pynvml) is not installed"
+            return
+        try:
+            pynvml.nvmlInit()
+            self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            self.name = pynvml.nvmlDeviceGetName(self.handle)
+        except pynvml.NVMLError as e:
+            self.reason = f"NVML found no usable GPU ({e})"
+            return
+        self.nv = pynvml
+        self.reasons = {v: k.removeprefix("nvmlClocksThrottleReason")
+                        for k, v in vars(pynvml).items()
+                        if k.startswith("nvmlClocksThrottleReason") and isinstance(v, int)
+                        and v and not k.endswith(("All", "None"))}
+
+    def sample(self) -> dict:
+        nv, h = self.nv, self.handle
+        # renamed "clocks event reasons" in newer NVML; same bits
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = reasons(h)
+        return {
+            "util_pct": nv.nvmlDeviceGetUtilizationRates(h).gpu,
+            "memory_used_mb": nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+            "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000,
+            "sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "throttle": [name for bit, name in self.reasons.items() if mask & bit],
+        }
+
+
+class ResourceMonitor:
+    def __init__(self, interval: float = 0.1, gpu: bool = True):
+        self.interval = interval
+        self.gpu = _Nvml() if gpu else None
+        self.rows: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="resource-monitor", daemon=True)
+
+    def __enter__(self) -> ResourceMonitor:
+        self._last = (time.perf_counter(), sum(os.times()[:2]), _system_cpu())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()  # the tail since the last tick
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        wall, cpu, system = time.perf_counter(), sum(os.times()[:2]), _system_cpu()
+        last_wall, last_cpu, last_system = self._last
+        self._last = (wall, cpu, system)
+        if wall - last_wall <= 0:
+            return
+        row = {"process_cpu_pct": 100 * (cpu - last_cpu) / (wall - last_wall), "rss": _rss_bytes()}
+        if system and last_system and system[1] > last_system[1]:
+            row["system_busy_pct"] = 100 * (system[0] - last_system[0]) / (system[1] - last_system[1])
+        if self.gpu is not None and self.gpu.reason is None:
+            row["gpu"] = self.gpu.sample()
+        self.rows.append(row)
+
+    def summary(self) -> dict:
+        def stat(values) -> dict | None:
+            v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+            return {"mean": float(v.mean()), "max": float(v.max())} if v.size else None
+
+        rows = self.rows
+        rss = [r["rss"] for r in rows if r["rss"] is not None]
+        peak = peak_rss_bytes()
+        out = {
+            "interval_s": self.interval,
+            "samples": len(rows),
+            "cores": len(os.sched_getaffinity(0)),
+            "process_cpu_pct": stat(r["process_cpu_pct"] for r in rows),
+            "system_busy_pct": stat(r.get("system_busy_pct") for r in rows),
+            "rss_mb_max": max(rss) / 2**20 if rss else None,
+            "peak_rss_mb": peak / 2**20 if peak else None,
+        }
+        if self.gpu is None or self.gpu.reason is not None:
+            out["gpu"] = {"available": False,
+                          "reason": self.gpu.reason if self.gpu else "not monitored"}
+            return out
+        g = [r["gpu"] for r in rows if "gpu" in r]
+        out["gpu"] = {
+            "available": True, "name": self.gpu.name,
+            **{k: stat(x[k] for x in g) for k in ("util_pct", "memory_used_mb", "power_w",
+                                                   "sm_clock_mhz")},
+            "throttle": sorted({t for x in g for t in x["throttle"]}),
+        }
+        return out
