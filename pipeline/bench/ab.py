@@ -33,9 +33,9 @@ def engine_opener(recipe: Recipe, target, path: Path):
 
 
 def baseline_opener(recipe: Recipe):
-    from pipeline.stages.validate import _baseline_runner, baseline_device
+    from pipeline.stages.validate import baseline_device, baseline_runner
 
-    return lambda: _baseline_runner(recipe, models.load(recipe), baseline_device(recipe))
+    return lambda: baseline_runner(recipe, models.load(recipe), baseline_device(recipe))
 
 
 def check_compatible(recipe: Recipe, other: Recipe) -> None:

@@ -31,7 +31,7 @@ PROTOCOL = (
 )
 
 
-def _baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=TorchRunner) -> TorchRunner:
+def baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=TorchRunner) -> TorchRunner:
     return cls(model, [i.name for i in recipe.inputs], recipe.outputs,
                threads=recipe.validation.threads, device=device)
 
@@ -40,7 +40,7 @@ def _vs_cudagraph(recipe: Recipe, runner, spec) -> dict:
     """On GPU the fair baseline is the eager model replayed as CUDA Graphs (no launch cost)."""
     from pipeline.backends.torch import CudaGraphRunner
 
-    with _baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
+    with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
         graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
     ratio, lo, hi = stats.ratio_of_medians(graph_blocks, engine_blocks)
     return {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi),
@@ -64,7 +64,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     device = baseline_device(recipe)
     with contextlib.ExitStack() as stack:
         runner, cold = protocol.cold_start(
-            stack, lambda: _baseline_runner(recipe, models.load(recipe), device), timing_feed(recipe))
+            stack, lambda: baseline_runner(recipe, models.load(recipe), device), timing_feed(recipe))
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         samples = timing.time_runner(runner, timing_feed(recipe), recipe.validation.latency)
     path = workdir / "baseline.npz"
@@ -109,7 +109,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     feed = timing_feed(recipe)
     device = backend.device(target)  # the baseline runs where the engine runs
     openers = {
-        BASELINE: lambda: _baseline_runner(recipe, models.load(recipe), device),
+        BASELINE: lambda: baseline_runner(recipe, models.load(recipe), device),
         target.id: lambda: backend.open(engine.path, target, recipe, recipe.validation.threads,
                                         spin=spec.spin),
     }
