@@ -140,7 +140,7 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
 @recipe_options
 @click.option("--vs", "versus", metavar="RECIPE", default=None,
               help="Also time this recipe's engines and baseline, interleaved, and compare.")
-def bench_command(recipe, overrides, force, engines_dir, verbose, versus):
+def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
     """Benchmark a recipe's engines vs PyTorch (and vs another recipe): verdicts with 95% CIs.
 
     Builds what is missing first; writes engines/RECIPE/bench.json and a latency PNG.
@@ -151,7 +151,7 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, versus):
 
     main = recipe_mod.load(recipe, overrides)
     other = recipe_mod.load(versus) if versus else None
-    result, path = bench(main, other, engines_dir, force, Progress(verbose), verbose)
+    result, path = bench(main, other, engines_dir, force, Progress(verbose), verbose, only)
     for t in tables(result):
         out.print(t)
     console.print(f"bench: {path}")

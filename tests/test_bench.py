@@ -103,7 +103,7 @@ def test_harness_overhead_is_under_20_us_per_request():
 def test_report_json_carries_overhead_cold_start_resources_and_plot(built_standard):
     folder = built_standard.engines / "standard"
     report = json.loads((folder / "report.json").read_text())
-    (engine,) = report["engines"]
+    engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
     assert 0 < engine["harness_overhead_us"]["p50"] < 20
     assert engine["timer"] == "perf_counter_ns"
     for cold in (engine["cold_start_ms"], engine["baseline_cold_start_ms"], report["baseline"]["cold_start_ms"]):
@@ -206,7 +206,7 @@ def test_expect_gates_that_hold_exit_0_and_the_sweep_reports_every_shape(twin_pr
                               "--set", "validate.latency.sweep={batch: [1, 4]}")
     assert result.code == 0, result.err
     report = json.loads((twin_project.engines / "standard" / "report.json").read_text())
-    (engine,) = report["engines"]
+    engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
     names = {g["name"]: g["passed"] for g in engine["gates"]}
     assert names["expect.min_speedup"] and names["expect.max_p99_ms"]
     assert names["expect.max_accuracy_loss.logits"]

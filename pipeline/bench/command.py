@@ -14,24 +14,26 @@ from pipeline import backends
 from pipeline.recipe import Recipe
 
 
-def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bool) -> dict[str, Path]:
-    """Build (or find cached) every target of `recipe` that can be built here; id -> file."""
+def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bool,
+                  only: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Build (or find cached) every target of `recipe` that can be built here (or those
+    named in `only`); target id -> engine file."""
     from pipeline.run import Run
     from pipeline.stages.build import engine_name
 
-    run = Run(recipe, root, force=force, progress=progress, verbose=verbose)
+    run = Run(recipe, root, force=force, progress=progress, verbose=verbose, only=only)
     run.execute("build")
-    return {t.id: run.store.verify(engine_name(t)).path for t in recipe.targets
+    return {t.id: run.store.verify(engine_name(t)).path for t in run.targets
             if backends.get(t.kind).unavailable(t) is None}
 
 
 def bench(recipe: Recipe, other: Recipe | None, root: Path, force: bool, progress,
-          verbose: bool) -> tuple[dict, Path]:
+          verbose: bool, only: tuple[str, ...] = ()) -> tuple[dict, Path]:
     from pipeline.bench import ab
     from pipeline.store import Store
 
-    engines = built_engines(recipe, root, force, progress, verbose)
-    other_engines = built_engines(other, root, force, progress, verbose) if other else None
+    engines = built_engines(recipe, root, force, progress, verbose, only)
+    other_engines = built_engines(other, root, force, progress, verbose, only) if other else None
     with progress.stage("bench"):
         result, samples = ab.bench(recipe, engines, other, other_engines)
     store = Store(root, recipe.name)
