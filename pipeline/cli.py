@@ -157,6 +157,31 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
     console.print(f"bench: {path}")
 
 
+@cli.command("compare")
+@click.argument("recipes", nargs=-1, required=True)
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a value in every recipe (repeatable).")
+@click.option("--force", is_flag=True, help="Rebuild every recipe's stages.")
+@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
+              default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines")
+@click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+@click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
+              help="Show the traceback of errors.")
+def compare_command(recipes, overrides, force, engines_dir, verbose):
+    """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
+    deltas and likely causes), where the error came from. The first recipe is the reference."""
+    from pipeline import recipe as recipe_mod
+    from pipeline.explain.render import tables
+    from pipeline.stages.compare import compare
+    from pipeline.ui import Progress, console, out
+
+    loaded = [recipe_mod.load(r, overrides) for r in recipes]
+    result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
+    for t in tables(result):
+        out.print(t)
+    console.print(f"compare: {folder / 'compare.md'}, {folder / 'compare.html'}")
+
+
 @cli.command("recipes")
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Recipe folder (default: ./recipes).")

@@ -13,6 +13,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 CATEGORIES: dict[str, set[str]] = {
     "matmul/conv": {
         "MatMul", "Gemm", "Conv", "FusedMatMul", "FusedGemm", "FusedConv", "Einsum", "QLinearMatMul",
@@ -53,66 +55,70 @@ def category(op_type: str) -> str:
     return _OP_CATEGORY.get(op_type, "other")
 
 
-def profile_session(model_path: Path, feed: dict, runs: int = 20, threads: int | None = None,
-                    session_config: dict[str, str] | None = None) -> dict:
-    """Per-node and per-category time per request of `model_path` (run as it is saved).
+def profile_sessions(models: dict[str, Path], feed: dict, runs: int = 30, warmup: int = 5,
+                     threads: int | None = None,
+                     session_config: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
+    """Per-node and per-category time per request of each model (run as saved, unoptimized).
 
-    Returns {"runs", "total_us", "nodes": [{name, op, category, us, share}],
-             "categories": {category: {"us", "share", "nodes"}}, "method"}.
+    The sessions take turns request by request (A, B, A, B, ...), so a busy machine slows
+    them alike; each figure is the median over the profiled requests, robust to the odd
+    preempted one. Returns, per model: {"runs", "total_us", "nodes": [{name, op, category,
+    us, share}], "categories": {category: {"us", "share", "nodes"}}, "method"}.
     """
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    for key, value in (session_config or {}).items():
-        options.add_session_config_entry(key, value)
-    if threads:
-        options.intra_op_num_threads = threads
     with tempfile.TemporaryDirectory() as tmp:
-        options.enable_profiling = True
-        options.profile_file_prefix = os.path.join(tmp, "profile")
-        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        for _ in range(3):  # warm-up runs are profiled too; they are dropped below
-            session.run(None, feed)
-        for _ in range(runs):
-            session.run(None, feed)
-        events = json.loads(Path(session.end_profiling()).read_text())
-    return summarize(events, runs=runs, skip_runs=3)
+        sessions = {}
+        for i, (name, path) in enumerate(models.items()):
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            options.log_severity_level = 3
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            for key, value in ((session_config or {}).get(name) or {}).items():
+                options.add_session_config_entry(key, value)
+            if threads:
+                options.intra_op_num_threads = threads
+            options.enable_profiling = True
+            options.profile_file_prefix = os.path.join(tmp, f"profile-{i}")
+            sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        for _ in range(warmup + runs):
+            for session in sessions.values():
+                session.run(None, feed)
+        return {name: summarize(json.loads(Path(session.end_profiling()).read_text()), skip_runs=warmup)
+                for name, session in sessions.items()}
 
 
-def summarize(events: list[dict], runs: int, skip_runs: int = 0) -> dict:
-    """Fold ORT profile events into per-node and per-category microseconds per request."""
-    # Each request is one `model_run` event; node events fall inside its [ts, ts + dur].
-    model_runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
-    kept = model_runs[skip_runs:]
-    if not kept:
+def summarize(events: list[dict], skip_runs: int = 0) -> dict:
+    """Fold ORT profile events into per-node and per-category microseconds per request:
+    the median over requests (a request = one `model_run` event and the node events in it)."""
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[skip_runs:]
+    if not runs:
         raise ValueError("the profile holds no model_run event")
-    start = kept[0]["ts"]
-    per_node: dict[str, float] = defaultdict(float)
+    starts = np.array([r["ts"] for r in runs])
+    per_run: list[dict[str, float]] = [defaultdict(float) for _ in runs]
     op_of: dict[str, str] = {}
     for e in events:
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or e["ts"] < start:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or e["ts"] < starts[0]:
             continue
         name = e["name"][: -len("_kernel_time")]
-        per_node[name] += e["dur"]
+        run = int(np.searchsorted(starts, e["ts"], side="right")) - 1
+        per_run[run][name] += e["dur"]
         op_of[name] = e["args"].get("op_name", "?")
-    n = len(kept)
-    total = sum(per_node.values()) / n
-    nodes = sorted(
-        ({"name": k, "op": op_of[k], "category": category(op_of[k]), "us": v / n,
-          "share": (v / n) / total if total else 0.0} for k, v in per_node.items()),
-        key=lambda x: -x["us"],
-    )
-    cats = {c: {"us": 0.0, "share": 0.0, "nodes": 0} for c in CATEGORY_ORDER}
+    node_us = {n: float(np.median([r.get(n, 0.0) for r in per_run])) for n in op_of}
+    cat_us = {c: float(np.median([sum(v for n, v in r.items() if category(op_of[n]) == c) for r in per_run]))
+              for c in CATEGORY_ORDER}
+    total = float(np.median([sum(r.values()) for r in per_run]))
+    nodes = sorted(({"name": n, "op": op_of[n], "category": category(op_of[n]), "us": us,
+                     "share": us / total if total else 0.0} for n, us in node_us.items()),
+                   key=lambda x: -x["us"])
+    counts = defaultdict(int)
     for node in nodes:
-        c = cats[node["category"]]
-        c["us"] += node["us"]
-        c["share"] += node["share"]
-        c["nodes"] += 1
+        counts[node["category"]] += 1
     return {
-        "runs": n, "total_us": total, "nodes": nodes, "categories": cats,
-        "method": f"ONNX Runtime profiler, kernel time per node summed over {n} requests after "
-                  f"{skip_runs} warm-up requests, divided by {n}; one thread pool, no spinning",
+        "runs": len(runs), "total_us": total, "nodes": nodes,
+        "categories": {c: {"us": cat_us[c], "share": cat_us[c] / total if total else 0.0,
+                           "nodes": counts[c]} for c in CATEGORY_ORDER},
+        "method": f"ONNX Runtime profiler (kernel time per node), sessions taking turns request by "
+                  f"request, median of {len(runs)} requests after {skip_runs} warm-up requests; "
+                  "no thread spinning",
     }

@@ -1,0 +1,80 @@
+"""Why B is slower than A: category deltas of two profiles, and tags naming likely causes.
+
+A tag is raised only with evidence from the measurements: a category whose time grew by a
+meaningful share of A's total, fused attention that A has and B lost, an effective
+precision below the one B asked for. Each tag carries the numbers that raised it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from pipeline.explain.profile import CATEGORY_ORDER
+
+FUSED_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+                   "PackedMultiHeadAttention", "SparseAttention", "QAttention")
+# a category delta counts when it is at least this share of A's total time per request
+MEANINGFUL = 0.05
+
+
+def op_histogram(onnx_path: Path) -> Counter:
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return Counter(node.op_type for node in model.graph.node)
+
+
+def category_deltas(a: dict, b: dict) -> list[dict]:
+    """Rows per category: A and B microseconds per request, B - A, and that as % of A's total."""
+    total_a = a["total_us"] or 1.0
+    rows = []
+    for cat in CATEGORY_ORDER:
+        ua, ub = a["categories"][cat]["us"], b["categories"][cat]["us"]
+        rows.append({"category": cat, "a_us": ua, "b_us": ub, "delta_us": ub - ua,
+                     "delta_share_of_a": (ub - ua) / total_a,
+                     "a_nodes": a["categories"][cat]["nodes"], "b_nodes": b["categories"][cat]["nodes"]})
+    rows.append({"category": "total", "a_us": a["total_us"], "b_us": b["total_us"],
+                 "delta_us": b["total_us"] - a["total_us"],
+                 "delta_share_of_a": (b["total_us"] - a["total_us"]) / total_a,
+                 "a_nodes": sum(r["a_nodes"] for r in rows), "b_nodes": sum(r["b_nodes"] for r in rows)})
+    return rows
+
+
+def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
+         effective_b: dict | None = None) -> list[dict]:
+    """Likely causes of B's extra time, each with its evidence (empty when B is not slower)."""
+    by_cat = {r["category"]: r for r in deltas}
+    out = []
+
+    def grew(cat: str) -> bool:
+        return by_cat[cat]["delta_share_of_a"] >= MEANINGFUL
+
+    def evidence(cat: str) -> str:
+        r = by_cat[cat]
+        return (f"{cat}: {r['a_us']:.0f} -> {r['b_us']:.0f} us per request "
+                f"(+{r['delta_share_of_a']:.0%} of A's total), nodes {r['a_nodes']} -> {r['b_nodes']}")
+
+    if grew("quantize/dequantize"):
+        out.append({"tag": "Q/DQ or dequantization overhead", "evidence": evidence("quantize/dequantize")})
+    fused_a = sum(ops_a[o] for o in FUSED_ATTENTION)
+    fused_b = sum(ops_b[o] for o in FUSED_ATTENTION)
+    if fused_b < fused_a:
+        out.append({"tag": "unfused attention",
+                    "evidence": f"fused attention nodes {fused_a} in A, {fused_b} in B; "
+                                + evidence("attention")})
+    if grew("cast/reformat"):
+        out.append({"tag": "casts and reformats", "evidence": evidence("cast/reformat")})
+    if effective_b and effective_b.get("share") is not None and effective_b.get("required") is not None \
+            and effective_b["share"] < effective_b["required"]:
+        out.append({"tag": "float fallback",
+                    "evidence": f"{effective_b['share']:.0%} of MatMul/Gemm work in "
+                                f"{effective_b.get('precision', 'the requested precision')}, "
+                                f"{effective_b['required']:.0%} required"})
+    if grew("gather/scatter/where"):
+        out.append({"tag": "sparse-attention index overhead", "evidence": evidence("gather/scatter/where")})
+    if grew("matmul/conv"):
+        out.append({"tag": "more matrix-multiply time", "evidence": evidence("matmul/conv")})
+    if grew("elementwise"):
+        out.append({"tag": "more elementwise work (unfused or added ops)", "evidence": evidence("elementwise")})
+    return out

@@ -1,0 +1,215 @@
+"""compare.json -> compare.md, a self-contained compare.html (plots embedded), PNG plots,
+and the terminal tables. Everything here reads the JSON; nothing is measured again."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+
+import numpy as np
+from rich.table import Table
+
+from pipeline.bench import plots
+from pipeline.explain.profile import CATEGORY_ORDER
+from pipeline.store import write_atomic
+
+
+def _f(v, spec=".3f") -> str:
+    return "—" if v is None else format(v, spec)
+
+
+# ------------------------------------------------------------------ tables as rows
+ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "top-1",
+                  "p50 ms", "p99 ms", "req/s", "peak RSS MB", "engine MB", "build s"]
+
+
+def engine_rows(result: dict) -> list[list[str]]:
+    return [[e["recipe"], e["target"], e["status"], e["precision"] or "—", _f(e["cosine"], ".6f"),
+             _f(e["top1"], ".4f"), _f(e["p50_ms"]), _f(e["p99_ms"]), _f(e["throughput_per_s"], ".0f"),
+             _f(e["peak_rss_mb"], ".0f"), _f(e["engine_mb"], ".2f"), _f(e["build_s"], ".1f")]
+            for e in result["engines"]]
+
+
+VERDICT_HEADERS = ["A", "B", "B time / A time [95% CI]", "verdict for B", "block pairs"]
+
+
+def verdict_rows(result: dict) -> list[list[str]]:
+    rows = []
+    for c in result["timing"]["shapes"][0]["comparisons"]:
+        lo, hi = c["ci95"]
+        rows.append([c["a"], c["b"], f"{c['time_ratio']:.3f} [{lo:.3f}, {hi:.3f}]",
+                     _verdict_words(c), str(c["blocks"])])
+    return rows
+
+
+def _verdict_words(c: dict) -> str:
+    r = c["time_ratio"]
+    if c["verdict"] == "slower":
+        return f"SLOWER ({r:.2f}x the time)"
+    if c["verdict"] == "faster":
+        return f"faster ({1 / r:.2f}x speedup)"
+    return "indistinguishable"
+
+
+DELTA_HEADERS = ["category", "A us/request", "B us/request", "B - A us", "% of A total", "nodes A -> B"]
+
+
+def delta_rows(versus: dict) -> list[list[str]]:
+    return [[d["category"], f"{d['a_us']:.0f}", f"{d['b_us']:.0f}", f"{d['delta_us']:+.0f}",
+             f"{d['delta_share_of_a']:+.1%}", f"{d['a_nodes']} -> {d['b_nodes']}"]
+            for d in versus["deltas"]]
+
+
+LAYER_HEADERS = ["node", "op", "module", "rel. error", "inputs' error"]
+
+
+def layer_rows(explained: dict) -> list[list[str]]:
+    return [[j["node"], j["op"], j["module"] or "—", f"{j['rel_error']:.2e}", f"{j['input_error']:.2e}"]
+            for j in explained["jumps"]]
+
+
+def cause_line(versus: dict) -> str:
+    """One line: the likely causes when B is slower; what grew anyway when it is not."""
+    tags = "; ".join(t["tag"] for t in versus["tags"])
+    if versus.get("verdict") == "slower":
+        return f"slower, likely causes: {tags or 'no single category grew by 5% of the total'}"
+    if not tags:
+        return f"not slower ({versus.get('verdict')}); no category grew by 5% of the total"
+    return f"not slower ({versus.get('verdict')}), though these grew: {tags}"
+
+
+# ------------------------------------------------------------------ terminal
+def tables(result: dict) -> list[Table]:
+    def table(title, headers, rows, caption=None):
+        t = Table(title=title, caption=caption)
+        for h in headers:
+            t.add_column(h, overflow="fold")
+        for r in rows:
+            t.add_row(*r, style="red" if any("SLOWER" in c for c in r) else None)
+        return t
+
+    ref = result["reference"]
+    out = [table("engines side by side", ENGINE_HEADERS, engine_rows(result)),
+           table(f"speed vs {ref} (interleaved, one process)", VERDICT_HEADERS, verdict_rows(result))]
+    for name, v in result["time_explained"]["versus"].items():
+        out.append(table(f"where the time went: {name} vs {ref} (ONNX Runtime profile)",
+                         DELTA_HEADERS, delta_rows(v), caption=cause_line(v)))
+    for name, e in result["error_explained"].items():
+        out.append(table(f"where the error came from: {name} (first diverging layers)",
+                         LAYER_HEADERS, layer_rows(e)))
+    return out
+
+
+# ------------------------------------------------------------------ plots
+def categories_png(path: Path, result: dict) -> Path | None:
+    profiles = result["time_explained"]["profiles"]
+    if not profiles:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(profiles)
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.6 * len(names)), dpi=100)
+    left = np.zeros(len(names))
+    for cat in CATEGORY_ORDER:
+        values = np.array([profiles[n]["categories"][cat]["us"] for n in names])
+        if values.sum() == 0:
+            continue
+        ax.barh(names, values, left=left, label=cat)
+        left += values
+    ax.set(xlabel="microseconds per request (ONNX Runtime profiler, kernel time)",
+           title="where the time goes, by category")
+    ax.invert_yaxis()
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.05 * len(names)))
+    fig.tight_layout()
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------ markdown / html
+def _md_table(headers, rows) -> list[str]:
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def markdown(result: dict, images: dict[str, str]) -> str:
+    ref = result["reference"]
+    lines = [f"# compare: {' vs '.join(result['recipes'])}", "", f"created {result['created']}; "
+             f"reference (A) = `{ref}`; shared engines: {', '.join(result['shared_targets']) or 'none'}", "",
+             "## Engines side by side", "", *_md_table(ENGINE_HEADERS, engine_rows(result)), "",
+             "Accuracy: each engine against its own recipe's PyTorch baseline (validation feeds). "
+             "Latency and req/s: the interleaved run below.", "",
+             f"## Speed vs {ref}", "", *_md_table(VERDICT_HEADERS, verdict_rows(result)), "",
+             f"How: {result['method']['timing']}.", ""]
+    if "latency" in images:
+        lines += [f"![latency distributions]({images['latency']})", ""]
+    for name, v in result["time_explained"]["versus"].items():
+        lines += [f"## Where the time went: {name} vs {ref}", "", *_md_table(DELTA_HEADERS, delta_rows(v)), "",
+                  f"**{cause_line(v)}**", ""]
+        lines += [f"- **{t['tag']}**: {t['evidence']}" for t in v["tags"]]
+        lines += ["", f"How: {result['method']['profiles']}.", ""]
+    if "categories" in images:
+        lines += [f"![time by category]({images['categories']})", ""]
+    for name, e in result["error_explained"].items():
+        lines += [f"## Where the error came from: {name}", "",
+                  f"`{e['typed_graph']}` against `{e['float_graph']}`; first nodes whose output error "
+                  "jumps above their inputs' error:", "", *_md_table(LAYER_HEADERS, layer_rows(e)), "",
+                  f"How: {e['method']}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:14px}th,td{border:1px solid #ccc;padding:4px 8px;text-align:left}
+th{background:#f0f0f0}tr.slower td{background:#fde8e8}img{max-width:100%;border:1px solid #ddd}
+.tag{font-weight:600}.how{color:#555;font-size:13px}"""
+
+
+def _html_table(headers, rows, table_id) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr class=\"{'slower' if any('SLOWER' in c for c in r) else ''}\">"
+        + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def page(result: dict, pngs: dict[str, Path]) -> str:
+    ref = result["reference"]
+    img = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for k, p in pngs.items()}
+    parts = [f"<h1>compare: {html.escape(' vs '.join(result['recipes']))}</h1>",
+             f"<p class=how>created {result['created']}; reference (A) = {html.escape(ref)}</p>",
+             "<h2>Engines side by side</h2>", _html_table(ENGINE_HEADERS, engine_rows(result), "engines"),
+             f"<h2>Speed vs {html.escape(ref)}</h2>", _html_table(VERDICT_HEADERS, verdict_rows(result), "verdicts"),
+             f"<p class=how>{html.escape(result['method']['timing'])}</p>"]
+    if "latency" in img:
+        parts.append(f'<img id="latency-plot" alt="latency distributions" src="{img["latency"]}">')
+    for name, v in result["time_explained"]["versus"].items():
+        parts += [f"<h2>Where the time went: {html.escape(name)} vs {html.escape(ref)}</h2>",
+                  _html_table(DELTA_HEADERS, delta_rows(v), f"delta-{html.escape(name)}"),
+                  f"<p class=tag>{html.escape(cause_line(v))}</p><ul>"]
+        parts += [f"<li><span class=tag>{html.escape(t['tag'])}</span>: {html.escape(t['evidence'])}</li>"
+                  for t in v["tags"]]
+        parts.append("</ul>")
+    if "categories" in img:
+        parts.append(f'<img id="categories-plot" alt="time by category" src="{img["categories"]}">')
+    for name, e in result["error_explained"].items():
+        parts += [f"<h2>Where the error came from: {html.escape(name)}</h2>",
+                  _html_table(LAYER_HEADERS, layer_rows(e), f"layers-{html.escape(name)}"),
+                  f"<p class=how>{html.escape(e['method'])}</p>"]
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>compare</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def write_all(result: dict, samples: dict, folder: Path) -> None:
+    pngs = {"latency": plots.latency_png(folder / "latency.png", samples,
+                                         "compare: " + " vs ".join(result["recipes"]))}
+    cats = categories_png(folder / "categories.png", result)
+    if cats is not None:
+        pngs["categories"] = cats
+    write_atomic(folder / "compare.json", json.dumps(result, indent=2, default=str) + "\n")
+    write_atomic(folder / "compare.md", markdown(result, {k: p.name for k, p in pngs.items()}))
+    write_atomic(folder / "compare.html", page(result, pngs))

@@ -1,0 +1,208 @@
+"""compare: several recipes side by side, with verdicts and explanations.
+
+    pipeline compare standard flash-int8 [...]
+
+1. Each recipe is run up to its report (cached stages are reused).
+2. Speed: every engine the recipes share (by target id), and each recipe's PyTorch baseline,
+   timed interleaved in one process at the first recipe's opt shape; each other recipe is
+   compared with the first (B time / A time, 95% paired block bootstrap interval, verdict).
+3. Where the time went: ONNX Runtime per-node profiles of each recipe's onnxruntime engine,
+   grouped into categories; the per-category delta to the first recipe, and tags naming the
+   likely causes (explain.causes).
+4. Where the error came from: for a recipe with a precision stage, intermediate tensors of
+   its typed graph against the float graph it was made from (explain.layers).
+
+Writes engines/compare/<A>-vs-<B>.../compare.{json,md,html} and PNG plots.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from pipeline import data
+from pipeline.bench import ab, protocol, sweep
+from pipeline.errors import RecipeError
+from pipeline.explain import causes, layers, profile
+from pipeline.recipe import Recipe
+from pipeline.stages.build import engine_name
+from pipeline.store import Store, now
+
+SCHEMA = 1
+PROFILED_KIND = "onnxruntime"
+
+
+def _built(report: dict) -> dict[str, dict]:
+    return {e["target"]: e for e in report["engines"] if e["status"] == "built"}
+
+
+def _graph_before_precision(store: Store) -> tuple[Path, Path] | None:
+    """(float graph, typed graph) when the recipe ran a precision stage, else None."""
+    from pipeline.run import GRAPH_STAGES
+
+    stages = store.manifest["stages"]
+    if "precision" not in stages:
+        return None
+    earlier = [s for s in GRAPH_STAGES[: GRAPH_STAGES.index("precision")] if s in stages]
+    before = stages[earlier[-1]]["outputs"][0]
+    return store.dir / before, store.dir / stages["precision"]["outputs"][0]
+
+
+def _effective(entry: dict, recipe: Recipe) -> dict | None:
+    eff = entry.get("effective_precision")
+    spec = getattr(recipe, "precision", None)
+    if not eff or "integer_share" not in eff:
+        return None
+    required = getattr(spec, "require_effective_precision", None)
+    return {"share": eff["integer_share"], "required": required if required is not None else 0.9,
+            "precision": entry.get("precision")}
+
+
+def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
+    from pipeline.run import Run
+
+    reports = {}
+    for r in recipes:
+        outcome = Run(r, root, force=force, progress=progress, verbose=verbose).execute("report")
+        reports[r.name] = outcome.report
+    return reports
+
+
+def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tuple[dict, dict, list[str]]:
+    """Interleaved timing of the shared engines and the baselines; (result, samples, shared)."""
+    first = recipes[0]
+    for other in recipes[1:]:
+        ab.check_compatible(first, other)
+    shared = [t for t in _built(reports[first.name])
+              if all(t in _built(reports[r.name]) for r in recipes[1:])]
+    openers, pairs = {}, []
+    for r in recipes:
+        targets = {t.id: t for t in r.targets}
+        openers[f"{r.name}/{ab.BASELINE}"] = ab.baseline_opener(r)
+        store = Store(root, r.name)
+        for tid in shared:
+            # the file timed must be the file validated: its sha256 is checked again here
+            path = store.verify(engine_name(targets[tid])).path
+            openers[f"{r.name}/{tid}"] = ab.engine_opener(r, targets[tid], path)
+    for other in recipes[1:]:
+        for tid in [ab.BASELINE, *shared]:
+            pairs.append((f"{first.name}/{tid}", f"{other.name}/{tid}"))
+    feed = ab._timing_feed(first)
+    with contextlib.ExitStack() as stack:
+        runners, cold = protocol.open_all(stack, openers, feed)
+        result, samples = protocol.measure(runners, sweep.shapes(first, feed)[:1],
+                                           first.validation.latency, pairs=pairs)
+    result["cold_start_ms"] = cold
+    return result, samples, shared
+
+
+def explain_time(recipes: list[Recipe], reports: dict[str, dict], verdicts: dict[str, str]) -> dict:
+    """Profiles of each recipe's onnxruntime engine (taking turns); deltas and tags vs the
+    first recipe. `verdicts`: recipe -> speed verdict of its engine vs the first's."""
+    first = recipes[0]
+    entries = {r.name: next((e for e in _built(reports[r.name]).values() if e["kind"] == PROFILED_KIND), None)
+               for r in recipes}
+    entries = {k: v for k, v in entries.items() if v is not None}
+    out = {"engine_kind": PROFILED_KIND, "profiles": {}, "versus": {}}
+    if not entries:
+        return out
+    fp8 = {k: {"session.disable_quant_qdq": "1"} for k, e in entries.items() if e.get("precision") == "fp8"}
+    profiles = profile.profile_sessions({k: Path(e["path"]) for k, e in entries.items()},
+                                        ab._timing_feed(first), threads=first.validation.threads,
+                                        session_config=fp8)
+    ops = {k: causes.op_histogram(Path(e["path"])) for k, e in entries.items()}
+    for name, p in profiles.items():
+        out["profiles"][name] = {"total_us": p["total_us"], "categories": p["categories"],
+                                 "top_nodes": p["nodes"][:10], "method": p["method"]}
+    if first.name not in profiles:
+        return out
+    for r in recipes[1:]:
+        if r.name not in profiles:
+            continue
+        deltas = causes.category_deltas(profiles[first.name], profiles[r.name])
+        out["versus"][r.name] = {
+            "verdict": verdicts.get(r.name),
+            "deltas": deltas,
+            "tags": causes.tags(deltas, ops[first.name], ops[r.name], _effective(entries[r.name], r)),
+        }
+    return out
+
+
+def explain_error(recipes: list[Recipe], root: Path) -> dict:
+    out = {}
+    for r in recipes:
+        store = Store(root, r.name)
+        graphs = _graph_before_precision(store)
+        if graphs is None:
+            continue
+        feeds, _ = data.load_feeds(store.dir / "baseline.npz")
+        out[r.name] = layers.layer_errors(*graphs, feeds[:2])
+        out[r.name]["float_graph"], out[r.name]["typed_graph"] = graphs[0].name, graphs[1].name
+        out[r.name]["tensors"] = out[r.name]["tensors"][-40:]  # the report keeps the tail only
+    return out
+
+
+def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, root: Path) -> list[dict]:
+    rows = []
+    opt = timed["shapes"][0]
+    for r in recipes:
+        manifest = Store(root, r.name).manifest
+        for e in reports[r.name]["engines"]:
+            key = f"{r.name}/{e['target']}"
+            acc = e.get("accuracy") or {}
+            rows.append({
+                "recipe": r.name, "target": e["target"], "status": e["status"],
+                "reason": e.get("reason"), "precision": e.get("precision"),
+                "cosine": min((m["cosine"] for m in acc.values()), default=None),
+                "top1": min((m["top1_agreement"] for m in acc.values()
+                             if m.get("top1_agreement") is not None), default=None),
+                "p50_ms": (opt["latency_ms"].get(key) or {}).get("p50"),
+                "p99_ms": (opt["latency_ms"].get(key) or {}).get("p99"),
+                "throughput_per_s": (opt["latency_ms"].get(key) or {}).get("throughput_per_s"),
+                "peak_rss_mb": ((e.get("resources") or {}).get("peak_rss_mb")),
+                "engine_mb": e["bytes"] / 2**20 if e.get("bytes") else None,
+                "build_s": (manifest["stages"].get(f"build:{e['target']}") or {}).get("seconds"),
+            })
+    return rows
+
+
+def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> tuple[dict, Path]:
+    if len(recipes) < 2:
+        raise RecipeError("compare needs at least two recipes (e.g. `pipeline compare standard flash`)")
+    names = [r.name for r in recipes]
+    if len(set(names)) != len(names):
+        raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
+    reports = run_all(recipes, root, force, progress, verbose)
+    with progress.stage("compare: timing"):
+        timed, samples, shared = measure(recipes, reports, root)
+    first = timed["shapes"][0]["comparisons"]
+    verdicts = {c["b"].split("/")[0]: c["verdict"] for c in first
+                if c["b"].endswith(f"/{PROFILED_KIND}")}
+    with progress.stage("compare: profiles"):
+        time_explained = explain_time(recipes, reports, verdicts)
+    with progress.stage("compare: layer errors"):
+        error_explained = explain_error(recipes, root)
+    folder = Path(root) / "compare" / "-vs-".join(names)
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {
+        "schema": SCHEMA, "created": now(), "recipes": names, "shared_targets": shared,
+        "reference": names[0],
+        "engines": side_by_side(recipes, reports, timed, root),
+        "timing": timed, "time_explained": time_explained, "error_explained": error_explained,
+        "method": {
+            "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
+                      f"interleaved in blocks of {recipes[0].validation.latency.block} at "
+                      f"{timed['shapes'][0]['shape']}; ratio = B time / A time, 95% CI by paired "
+                      "block bootstrap",
+            "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
+        },
+    }
+    from pipeline.explain import render
+
+    render.write_all(result, samples, folder)
+    return result, folder
+
+
+def load(folder: Path) -> dict:
+    return json.loads((folder / "compare.json").read_text())
