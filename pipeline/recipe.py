@@ -17,10 +17,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import RecipeError
+from pipeline.passes import names as _pass_names
 from pipeline.zoo import ZOO
 
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 INTEGER_DTYPES = ("int64", "int32")
+PASS_NAMES = _pass_names()
 
 
 class Strict(BaseModel):
@@ -209,6 +211,49 @@ class ValidateSpec(Strict):
     )
 
 
+# ----------------------------------------------------------------------------- optimize
+PassName = Literal[PASS_NAMES]  # type: ignore[valid-type]
+
+
+class PassToleranceSpec(Strict):
+    max_abs: float = Field(
+        1e-4, gt=0, description="Largest allowed |pass output - pass input| element, per output "
+        "(the tanh -> exact GELU trap moves outputs by ~1e-4 to 1e-3).")
+    cosine_min: float = Field(0.99999, ge=-1, le=1, description="Smallest allowed cosine, per output.")
+
+
+class OptimizeSpec(Strict):
+    passes: list[PassName] = Field(
+        ["fold_constants", "ort_fusions"],
+        description="Graph passes in order (pipeline/passes): " + ", ".join(PASS_NAMES)
+        + ". An empty list skips the stage (engines build from the exported graph).")
+    options: dict[PassName, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-pass keyword options, e.g. "
+        "{ort_transformers: {model_type: bert, num_heads: 12}}.")
+    tolerance: PassToleranceSpec = Field(
+        PassToleranceSpec(), description="How far a pass may move any output on the check feeds "
+        "(min, opt and max shapes) before it is rejected.")
+    strict: bool = Field(
+        False, description="Stop the run (exit 4) at the first rejected pass, instead of going "
+        "on from the last good graph.")
+    latency: LatencySpec | None = Field(
+        None, description="Time the final graph against the exported one in one process (ORT, "
+        "CPU). Default: a short protocol; null in YAML is the default too.")
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> OptimizeSpec:
+        from pipeline.passes import PASSES
+
+        for name, opts in self.options.items():
+            if name not in self.passes:
+                raise ValueError(f"options given for pass `{name}`, which is not in `passes`")
+            unknown = sorted(set(opts) - set(PASSES[name].options))
+            if unknown:
+                allowed = ", ".join(PASSES[name].options) or "none"
+                raise ValueError(f"pass `{name}` has no option {', '.join(unknown)}; allowed: {allowed}")
+        return self
+
+
 # ----------------------------------------------------------------------------- recipe
 class Recipe(Strict):
     description: str = Field("", description="One line on what this variant is.")
@@ -219,6 +264,8 @@ class Recipe(Strict):
     )
     data: DataSpec = Field(DataSpec(), description="Input feeds for calibration and validation.")
     export: ExportSpec = Field(ExportSpec(), description="PyTorch -> ONNX.")
+    optimize: OptimizeSpec = Field(
+        OptimizeSpec(), description="Graph passes after export, each checked against its input.")
     targets: list[Target] = Field(min_length=1, description="Engines to build.")
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
