@@ -107,7 +107,9 @@ def recipes_command(folder):
     for path in recipe_mod.list_recipes(folder):
         try:
             r = recipe_mod.load(path)
-            model = r.model.zoo or r.model.factory
+            hf = r.model.transformers
+            model = r.model.zoo or r.model.factory or (
+                f"transformers {(hf.config or {}).get('model_type') or hf.pretrained}")
             kw = ", ".join(f"{k}={v}" for k, v in r.model.kwargs.items() if k in ("size", "attention", "ffn_prune"))
             t.add_row(r.name, r.description, f"{model} ({kw})" if kw else model,
                       ", ".join(x.id for x in r.targets))

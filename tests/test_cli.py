@@ -60,7 +60,7 @@ def test_unchanged_rerun_does_no_work(built_standard):
     seconds = time.perf_counter() - t0
     assert result.code == 0, result.err
     assert "nothing to do" in result.err
-    assert result.err.count("cached") == 5  # export, baseline, build, validate, report
+    assert result.err.count("cached") == 6  # export, optimize, baseline, build, validate, report
     assert built_standard.snapshot() == before
     assert seconds < 5, f"a cached rerun took {seconds:.1f} s"
     assert "onnxruntime" in result.out  # the summary table is still printed

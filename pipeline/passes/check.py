@@ -6,6 +6,7 @@ numbers are those of the graph the pass wrote, not of whatever ORT would rewrite
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ def session(model_bytes: bytes, optimize: bool = False, threads: int | None = No
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a graph that fails is reported as a verdict
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     if threads:
@@ -52,9 +53,8 @@ def judge(model, feeds: list[Feed], output_names: list[str], reference: list[Fee
     try:
         data = model.SerializeToString()
         outputs = run(data, feeds, output_names)
-    except Exception as e:  # checker, session creation or a kernel refusing the graph
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        return Verdict(False, f"invalid model: {type(e).__name__}: {first[:300]}", {}, None)
+    except Exception as e:  # session creation or a kernel refusing the graph
+        return Verdict(False, f"invalid model: {_ort_message(e)}", {}, None)
     result = metrics.compare(reference, outputs, top1_outputs=[])
     accuracy = {k: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for k, m in result.items()}
     for name, m in result.items():
@@ -77,3 +77,11 @@ class Timed:
 
     def infer(self, feed: Feed, check_inputs: bool = False) -> list[np.ndarray]:
         return self.session.run(self.output_names, feed)
+
+
+def _ort_message(error: Exception) -> str:
+    """ORT's message without its prefix, source paths and C++ signatures."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"\S*onnxruntime_src\S*:\d+ (onnxruntime::[\w:]+\([^)]*\) )?", "", text)
+    return text[:400]
