@@ -88,6 +88,7 @@ def _stage_command(name: str, until: str, summary: str):
 
 _stage_command("run", "report", "Run every stage: export, build, validate, report.")
 _stage_command("export", "export", "Export the PyTorch model to ONNX (with a parity check).")
+_stage_command("optimize", "optimize", "Export, then run the recipe's graph passes, each checked.")
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
@@ -198,13 +199,33 @@ def recipes_command(folder):
     for path in recipe_mod.list_recipes(folder):
         try:
             r = recipe_mod.load(path)
-            model = r.model.zoo or r.model.factory
+            hf = r.model.transformers
+            model = r.model.zoo or r.model.factory or (
+                f"transformers {(hf.config or {}).get('model_type') or hf.pretrained}")
             kw = ", ".join(f"{k}={v}" for k, v in r.model.kwargs.items() if k in ("size", "attention", "ffn_prune"))
             t.add_row(r.name, r.description, f"{model} ({kw})" if kw else model,
                       ", ".join(x.id for x in r.targets))
         except PipelineError as e:
             t.add_row(path.stem, f"[red]invalid: {e}[/]", "", "")
     out.print(t)
+
+
+@cli.command("inspect")
+@click.argument("onnx_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+def inspect_command(onnx_file, as_json):
+    """Op histogram, inputs and outputs with shapes, and size of an ONNX file."""
+    import json
+
+    from pipeline import onnx_info
+    from pipeline.ui import out
+
+    info = onnx_info.describe(onnx_file)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    for part in onnx_info.render(info):
+        out.print(part)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,12 +24,15 @@ _DISTRIBUTIONS = {
     "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
     "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12"),
     "polygraphy": ("polygraphy",),
+    "onnxslim": ("onnxslim",),
+    "transformers": ("transformers",),
     "pipeline": ("engine-pipeline",),
 }
 
 _INSTALL_HINTS = {
     "tensorrt": "TensorRT needs an NVIDIA GPU; install the `gpu` extra (pip install -e '.[gpu]') "
     "with NVIDIA's package index configured",
+    "transformers": "install the `hf` extra (pip install -e '.[hf]')",
     "onnxruntime": "install the `cpu` extra (pip install -e '.[cpu]') or `gpu` on CUDA machines",
 }
 

@@ -1,6 +1,7 @@
 """The recipe's `model:` section -> a torch.nn.Module in eval mode.
 
-Sources: a built-in zoo model, or any `package.module:function` factory. `check()` resolves
+Sources: a built-in zoo model, any `package.module:function` factory, or a Hugging Face
+`transformers` model (pipeline/hf.py, offline). `check()` resolves
 the source without building the model, so a factory that does not import fails before any
 stage runs.
 """
@@ -8,10 +9,12 @@ stage runs.
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline import deps
 from pipeline.errors import InputError, RecipeError
 from pipeline.recipe import ModelSpec, Recipe
 from pipeline.zoo import ZOO
@@ -38,12 +41,14 @@ def _where(recipe: Recipe) -> str:
 
 
 def check(recipe: Recipe) -> None:
-    """Fail early: the factory imports and the weights file exists.
+    """Fail early: the factory imports (or transformers fits) and the weights file exists.
 
     Zoo models are ours and import torch: they are not imported here, so a fully cached
     rerun never pays for `import torch`.
     """
-    if recipe.model.factory is not None:
+    if recipe.model.transformers is not None:
+        _check_transformers(recipe)
+    elif recipe.model.factory is not None:
         _factory(recipe.model, _where(recipe))
     weights = recipe.model.weights
     if weights is not None and not Path(weights).is_file():
@@ -54,8 +59,14 @@ def load(recipe: Recipe):
     """Build the model (and load its weights), in eval mode, on the CPU."""
     import torch
 
-    fn = _factory(recipe.model, _where(recipe))
-    model = fn(**recipe.model.kwargs)
+    spec = recipe.model.transformers
+    if spec is not None:
+        from pipeline import hf
+
+        pretrained = pretrained_dir(spec.pretrained, _where(recipe)) if spec.pretrained else None
+        model = hf.build(spec, [i.name for i in recipe.inputs], pretrained, _where(recipe))
+    else:
+        model = _factory(recipe.model, _where(recipe))(**recipe.model.kwargs)
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(
             f"{_where(recipe)}: model.factory returned {type(model).__name__}, not a torch.nn.Module"
@@ -80,3 +91,36 @@ def _load_weights(model, path: Path) -> None:
             f"model.weights: {path} does not fit the model "
             f"(missing: {', '.join(missing[:3]) or 'none'}; unexpected: {', '.join(unexpected[:3]) or 'none'})"
         )
+
+
+# ------------------------------------------------------------------ transformers (light checks)
+HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/hf.py accepts
+_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def pretrained_dir(ref: str, where: str) -> Path:
+    """The local model directory `ref` names: a path, or `module:function` returning one."""
+    if _FUNCTION.match(ref):
+        module_name, _, attr = ref.partition(":")
+        try:
+            path = Path(getattr(importlib.import_module(module_name), attr)())
+        except (ImportError, AttributeError) as e:
+            raise RecipeError(f"{where}: model.transformers.pretrained: cannot resolve `{ref}` ({e})",
+                              f"install the package that provides `{module_name}`") from None
+    else:
+        path = Path(ref)
+    if not (path / "config.json").is_file():
+        raise InputError(f"{where}: model.transformers.pretrained: {path} is not a model directory "
+                         "(no config.json)", "give a local directory saved by save_pretrained()")
+    return path
+
+
+def _check_transformers(recipe: Recipe) -> None:
+    where, spec = _where(recipe), recipe.model.transformers
+    deps.require("transformers", "model.transformers")
+    names = tuple(i.name for i in recipe.inputs)
+    if names not in (HF_INPUTS[:1], HF_INPUTS):
+        raise RecipeError(f"{where}: inputs: a transformers model takes [input_ids] or "
+                          f"[input_ids, attention_mask] (got {list(names)})")
+    if spec.pretrained is not None:
+        pretrained_dir(spec.pretrained, where)

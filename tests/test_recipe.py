@@ -62,7 +62,7 @@ def test_digest_tracks_content(chdir_project):
         (["targets.0.kind=tensorrtx"], "targets.0: unknown target kind 'tensorrtx'"),
         (["targets.0.provider=gpu"], "targets.0.provider: Input should be 'auto', 'cpu' or 'cuda'"),
         (["inputs.0.range=null"], "integer input `input_ids` needs `range: [low, high]`"),
-        (["model.factory=pkg.mod:fn"], "model: give exactly one of `zoo` (a built-in model) or `factory`"),
+        (["model.factory=pkg.mod:fn"], "model: give exactly one of `zoo` (a built-in model), `factory` or `transformers`"),
         (["validate.tolerance.cosine_min=2"], "validate.tolerance.cosine_min: Input should be less than or equal to 1"),
         (["nokey"], "--set nokey: expected KEY.PATH=VALUE"),
         (["targets.5.kind=onnxruntime"], "`5` is not an index of a list of 2"),

@@ -161,6 +161,7 @@ def markdown(report: dict) -> str:
                   "PyTorch at the opt and max shapes: "
                   + ", ".join(f"`{k}` max_abs {v['max_abs']:.2e}, cosine {v['cosine']:.6f}"
                               for k, v in (export.get("parity") or {}).items())]
+    lines += _optimize_markdown(report.get("optimize"))
     for e in report["engines"]:
         if e["status"] != "built":
             continue
@@ -223,4 +224,50 @@ def _measurement(e: dict) -> list[str]:
                   f"timer {e.get('timer')})."]
     if e.get("plot"):
         lines += ["", f"![latency distribution of {e['target']} and torch-eager]({e['plot']})"]
+    return lines
+
+
+def _fused(fused: dict) -> str:
+    return ", ".join(f"{op} x{n}" for op, n in fused.items()) or "—"
+
+
+def _ops(ops: dict | None, top: int = 6) -> str:
+    if not ops:
+        return "—"
+    items = list(ops.items())
+    more = sum(n for _, n in items[top:])
+    return ", ".join(f"{op} {n}" for op, n in items[:top]) + (f", other {more}" if more else "")
+
+
+def _optimize_markdown(opt: dict | None) -> list[str]:
+    """The optimize stage: per pass what it did and whether it was kept, then the latency."""
+    if not opt:
+        return []
+    tol = opt["tolerance"]
+    lines = ["", "## Optimize", "",
+             f"{opt['nodes_before']} -> {opt['nodes_after']} nodes, "
+             f"{opt['bytes_before']:,} -> {opt['bytes_after']:,} bytes; fused: {_fused(opt['fused'])}. "
+             f"Each pass is checked against its input graph on the min/opt/max-shape feeds "
+             f"(ONNX Runtime, its own optimizer off; max |diff| <= {tol['max_abs']:g}, cosine >= "
+             f"{tol['cosine_min']:g}); a rejected pass is skipped and the chain goes on.", "",
+             "| pass | result | nodes | fused | size (bytes) | max abs diff | time s |",
+             "|---|---|---|---|---|---|---|"]
+    for p in opt["passes"]:
+        diff = max((m["max_abs"] for m in p["check"].values()), default=None)
+        result = "accepted" if p["status"] == "accepted" else f"**rejected**: {p['reason']}"
+        after = p["nodes_after"] if p["nodes_after"] is not None else "—"
+        size = f"{p['bytes_before']:,} -> {p['bytes_after']:,}" if p["bytes_after"] else "—"
+        lines.append(f"| {p['name']} | {result.replace('|', '/')} | {p['nodes_before']} -> {after} | "
+                     f"{_fused(p['fused'])} | {size} | {_fmt(diff, '.2e')} | {p['seconds']:.2f} |")
+    lines += ["", f"Ops before: {_ops(opt['ops_before'])}.", "",
+              f"Ops after: {_ops(opt['ops_after'])}.", "",
+              "Drift of the optimized graph vs the exported one: "
+              + ", ".join(f"`{k}` max abs {v['max_abs']:.2e}, cosine {v['cosine']:.7f}"
+                          for k, v in opt["drift_vs_export"].items()) + "."]
+    lat = opt.get("latency")
+    if lat:
+        s, a, b = lat["speedup"], lat["exported_ms"], lat["optimized_ms"]
+        lines += ["", f"Latency, optimized vs exported graph: p50 {b['p50']:.3f} ms vs {a['p50']:.3f} ms, "
+                  f"**{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–{s['ci95'][1]:.2f}, {s['verdict']}). "
+                  f"How: {lat['method']}."]
     return lines

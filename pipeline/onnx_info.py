@@ -1,0 +1,92 @@
+"""What is in an ONNX file: op histogram, inputs and outputs with shapes, size (`pipeline inspect`)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from pipeline.errors import InputError
+
+
+def _shape(value) -> list:
+    """Dims of a ValueInfoProto: ints, symbol names, or '?' for unknown."""
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return ["?"]  # rank unknown
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+
+
+def describe(path: Path) -> dict:
+    """Facts about one ONNX file; InputError (exit 2) when it is missing or not a valid model."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file", "give the path of an .onnx model")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError and the like
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise InputError(f"{path}: not a readable ONNX model ({type(e).__name__}: {first})") from None
+    graph = model.graph
+    if not model.opset_import or not (graph.node or graph.output):
+        raise InputError(f"{path}: not an ONNX model (no opset, nodes or outputs)")
+    try:
+        # Informational: ORT's contrib ops in the default domain (fused graphs) fail it.
+        onnx.checker.check_model(model)
+        checker = "ok"
+    except Exception as e:
+        checker = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    initializers = {i.name for i in graph.initializer}
+    elem = onnx.helper.tensor_dtype_to_np_dtype
+
+    def io(values):
+        return [{"name": v.name, "dtype": str(elem(v.type.tensor_type.elem_type)), "shape": _shape(v)}
+                for v in values if v.name not in initializers]
+
+    params = sum(int(_numel(i.dims)) for i in graph.initializer)
+    return {
+        "path": str(path),
+        "bytes": path.stat().st_size,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
+        "nodes": len(graph.node),
+        "ops": dict(Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                            for n in graph.node).most_common()),
+        "inputs": io(graph.input),
+        "outputs": io(graph.output),
+        "initializers": len(graph.initializer),
+        "parameters": params,
+        "checker": checker,
+    }
+
+
+def _numel(dims) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def render(info: dict):
+    """Rich renderables: a header line, inputs/outputs, the op histogram."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    head = (f"{info['path']}: {info['bytes']:,} bytes, {info['nodes']} nodes, "
+            f"{info['parameters']:,} parameters in {info['initializers']} initializers; "
+            f"producer {info['producer'] or '?'}; opsets "
+            + ", ".join(f"{d} {v}" for d, v in info["opsets"].items())
+            + f"; onnx.checker: {info['checker']}")
+    io = Table(title="inputs and outputs")
+    for col in ("", "name", "dtype", "shape"):
+        io.add_column(col)
+    for kind in ("inputs", "outputs"):
+        for v in info[kind]:
+            io.add_row(kind[:-1], v["name"], v["dtype"], escape(str(v["shape"]).replace("'", "")))
+    ops = Table(title="ops")
+    ops.add_column("op")
+    ops.add_column("count", justify="right")
+    for op, n in info["ops"].items():
+        ops.add_row(op, str(n))
+    return [escape(head), io, ops]

@@ -1,0 +1,78 @@
+"""Graph passes of the optimize stage: small functions, registered by name.
+
+A pass takes an onnx.ModelProto and its options (keyword arguments from the recipe's
+`optimize.options.<name>`) and returns the rewritten ModelProto, or (ModelProto, info) where
+info is a dict for the report (e.g. the fusions a rewriter counted). A pass may edit its
+input in place: the stage hands it a copy and keeps the last good graph.
+
+The registry maps a name to "module:function" so that the recipe schema can list the names
+without importing onnx; a new pass is a new function plus one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from typing import NamedTuple
+
+
+class Pass(NamedTuple):
+    target: str  # "module:function"
+    summary: str
+    options: tuple[str, ...] = ()  # option names the function accepts
+
+
+PASSES: dict[str, Pass] = {
+    "shape_inference": Pass(
+        "pipeline.passes.onnx_passes:shape_inference",
+        "ONNX shape inference (with data propagation): annotates value shapes for later passes"),
+    "fold_constants": Pass(
+        "pipeline.passes.onnx_passes:fold_constants",
+        "onnxscript optimizer: constant folding, dead-node elimination, common cleanups",
+        ("input_size_limit",)),
+    "rewrite": Pass(
+        "pipeline.passes.onnx_passes:rewrite",
+        "onnxscript rewriter, default rules (generic algebraic simplifications)"),
+    "ort_fusions": Pass(
+        "pipeline.passes.onnx_passes:ort_fusions",
+        "onnxscript ORT fusions: (multi-head) attention, (skip) layer/RMS norm, GELU, rotary"),
+    "ort_transformers": Pass(
+        "pipeline.passes.ort_transformers:optimize",
+        "onnxruntime.transformers optimize_model (fits TorchScript BERT-style exports)",
+        ("model_type", "num_heads", "hidden_size")),
+    "onnxslim": Pass(
+        "pipeline.passes.slim:onnxslim",
+        "onnxslim: constant folding, dead code and redundant-node elimination",
+        ("skip_fusion_patterns",)),
+}
+
+# Op types that only appear when a fusion happened (contrib ops of ONNX Runtime and fused
+# ONNX-domain ops); counted before and after every pass to report "Attention x6".
+FUSED_OPS = frozenset({
+    "Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+    "LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
+    "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "RMSNormalization",
+    "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasSplitGelu", "BiasAdd",
+    "RotaryEmbedding", "FusedMatMul", "FusedConv", "FusedGemm", "MatMulNBits",
+})
+
+
+def names() -> tuple[str, ...]:
+    return tuple(PASSES)
+
+
+def load(name: str):
+    """The pass function registered under `name` (imports its module)."""
+    module, _, attr = PASSES[name].target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def histogram(model) -> dict[str, int]:
+    """Node count by op type of the main graph, most common first."""
+    return dict(Counter(node.op_type for node in model.graph.node).most_common())
+
+
+def fusions(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Fused op types the pass added: {"Attention": 6, ...}."""
+    return {op: after[op] - before.get(op, 0) for op in sorted(after)
+            if op in FUSED_OPS and after[op] > before.get(op, 0)}

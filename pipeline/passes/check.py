@@ -1,0 +1,87 @@
+"""Judge a pass: run its output graph and its input graph on the same feeds, compare.
+
+Graphs run in ONNX Runtime on the CPU with ORT's own graph optimizations disabled, so the
+numbers are those of the graph the pass wrote, not of whatever ORT would rewrite it into.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline import metrics
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass
+class Verdict:
+    accepted: bool
+    reason: str | None  # why it was rejected: invalid model, or which output moved how far
+    accuracy: dict[str, dict]  # output -> {max_abs, cosine} vs the input graph
+    outputs: list[Feed] | None  # the new graph's outputs (the next pass's reference)
+
+
+def session(model_bytes: bytes, optimize: bool = False, threads: int | None = None,
+            spin: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # fatal only: a graph that fails is reported as a verdict
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    if threads:
+        options.intra_op_num_threads = threads
+    if not spin:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
+
+
+def run(model_bytes: bytes, feeds: list[Feed], output_names: list[str]) -> list[Feed]:
+    sess = session(model_bytes)
+    return [dict(zip(output_names, sess.run(output_names, feed))) for feed in feeds]
+
+
+def judge(model, feeds: list[Feed], output_names: list[str], reference: list[Feed],
+          max_abs: float, cosine_min: float) -> Verdict:
+    """Is `model` (a pass's output) valid, and do its outputs match `reference` (its input's)?"""
+    # Validity is judged by ONNX Runtime loading and running the graph: onnx.checker does not
+    # know ORT's contrib ops that fusions put in the default domain (SimplifiedLayerNorm...).
+    try:
+        data = model.SerializeToString()
+        outputs = run(data, feeds, output_names)
+    except Exception as e:  # session creation or a kernel refusing the graph
+        return Verdict(False, f"invalid model: {_ort_message(e)}", {}, None)
+    result = metrics.compare(reference, outputs, top1_outputs=[])
+    accuracy = {k: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for k, m in result.items()}
+    for name, m in result.items():
+        if m["nonfinite"] or not (m["max_abs"] <= max_abs and m["cosine"] >= cosine_min):
+            reason = (f"output `{name}` moved: max |diff| {m['max_abs']:.3g} (allowed {max_abs:g}), "
+                      f"cosine {m['cosine']:.7f} (allowed >= {cosine_min:g})"
+                      + (f", {m['nonfinite']} NaN/Inf" if m["nonfinite"] else ""))
+            return Verdict(False, reason, accuracy, None)
+    return Verdict(True, None, accuracy, outputs)
+
+
+class Timed:
+    """A graph in an ORT session behind the runner interface bench.timing drives."""
+
+    def __init__(self, model_bytes: bytes, output_names: list[str], threads: int | None,
+                 spin: bool):
+        # ORT's own optimizer on (extended), as an engine built from this graph would run it.
+        self.session = session(model_bytes, optimize=True, threads=threads, spin=spin)
+        self.output_names = output_names
+
+    def infer(self, feed: Feed, check_inputs: bool = False) -> list[np.ndarray]:
+        return self.session.run(self.output_names, feed)
+
+
+def _ort_message(error: Exception) -> str:
+    """ORT's message without its prefix, source paths and C++ signatures."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", text)
+    text = re.sub(r"\S*onnxruntime_src\S*:\d+ (onnxruntime::[\w:]+\([^)]*\) )?", "", text)
+    return text[:400]

