@@ -28,7 +28,7 @@ from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
 
 # Graph stages, in order (modules under pipeline.stages).
-GRAPH_STAGES: tuple[str, ...] = ("export",)
+GRAPH_STAGES: tuple[str, ...] = ("export", "precision")
 ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")
 
 Produce = Callable[[Path], tuple[dict[str, Path], dict]]
@@ -111,6 +111,7 @@ class Run:
     def execute(self, until: str = "report") -> Outcome:
         recipe = self.recipe
         models.check(recipe)
+        self._check_graph_stages()
         skipped = self._unavailable_targets()
         outcome = Outcome(self.store)
         with self.store.lock(on_wait=self.progress.note):
@@ -172,6 +173,15 @@ class Run:
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
 
+    def _check_graph_stages(self) -> None:
+        """A graph stage's optional `check(recipe)`: user errors before any work starts."""
+        import importlib
+
+        for name in GRAPH_STAGES:
+            module = importlib.import_module(f"pipeline.stages.{name}")
+            if hasattr(module, "check"):
+                module.check(self.recipe)
+
     def _graph_stage(self, name: str, graph: Artifact | None) -> Artifact | None:
         """Run one graph stage (if the recipe enables it); returns the graph to go on with."""
         import importlib
@@ -179,8 +189,9 @@ class Run:
         module = importlib.import_module(f"pipeline.stages.{name}")
         if not module.enabled(self.recipe):
             return graph
+        spec = module.spec(self.recipe) if hasattr(module, "spec") else self.recipe.section(*module.SECTIONS)
         result = self.stage(
-            module.NAME, module.VERSION, self.recipe.section(*module.SECTIONS),
+            module.NAME, module.VERSION, spec,
             [graph] if graph else [],
             lambda wd: module.run(self.recipe, graph, wd, verbose=self.verbose),
         )
@@ -215,7 +226,7 @@ class Run:
         result = self.stage(
             f"validate:{target.id}", validate.VERSION,
             {"target": target.model_dump(mode="json"),
-             **self.recipe.section("model", "outputs", "validate")},
+             **self.recipe.section("model", "outputs", "validate", "precision")},
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
