@@ -6,7 +6,9 @@ Graph stages each turn the previous ONNX graph into the next (export makes the f
 last graph is what every target builds from. A graph stage is a module under
 pipeline/stages with NAME, VERSION, SECTIONS (the recipe sections in its cache key),
 `enabled(recipe)` and `run(recipe, graph, workdir, verbose) -> ({file: path}, meta)`, whose
-first output file is the next graph. Adding one is a module plus a line in GRAPH_STAGES.
+first output file is the next graph. Optional: `check(recipe)` (user errors, run before any
+stage works) and `spec(recipe)` (the cache key's recipe part, when SECTIONS is not enough).
+Adding one is a module plus a line in GRAPH_STAGES.
 
 A stage's cache key hashes its name and version, the recipe sections it reads, the sha256
 of its input artifacts, the tool versions and the device. When the key matches the

@@ -68,7 +68,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         if not candidates:
             raise StageFailed(f"precision.mode {spec.mode}: the graph has no node of op types "
                               f"{spec.op_types} to quantize")
-        excluded = nodes.excluded(candidates, spec.exclude)
+        excluded = by_recipe = nodes.excluded(candidates, spec.exclude)
         quantize = Quantizer(recipe, pre, workdir, feeds)
         # The first call calibrates (and caches the ranges); later calls reuse them.
         first, calibration_seconds = calibrate.timed(quantize, excluded)
@@ -102,15 +102,11 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "op_types": list(spec.op_types),
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(candidates) - len(excluded),
-        "excluded": [{"node": n, "why": "recipe" if n in spec_excluded(recipe, candidates) else
-                      "sensitivity"} for n in excluded],
+        "excluded": [{"node": n, "why": "recipe" if n in by_recipe else "sensitivity"}
+                     for n in excluded],
         "qdq_nodes": counts,
         "sensitivity": report,
     }
-
-
-def spec_excluded(recipe, candidates: list[str]) -> list[str]:
-    return nodes.excluded(candidates, recipe.precision.exclude)
 
 
 def _source(recipe) -> str:
