@@ -12,13 +12,12 @@ import pytest
 from tests.conftest import FAST, Project
 
 INT8 = ("--set", "precision.mode=int8", "--set", "precision.require_effective_precision=0.9",
-        "--set", "precision.sensitivity.enabled=true", "--set", "precision.sensitivity.samples=2",
         "--set", "validate.tolerance.cosine_min=0.99", "--set", "validate.tolerance.top1_min=0.8")
 
 
 @pytest.fixture(scope="session")
 def int8_flash(tmp_path_factory) -> Project:
-    """`pipeline run flash` with INT8 Q/DQ, sensitivity ranking and an effective-precision gate."""
+    """`pipeline run flash` with INT8 Q/DQ and an effective-precision gate."""
     proj = Project(tmp_path_factory.mktemp("int8"))
     result = proj.run("run", "flash", *INT8, *FAST)
     assert result.code == 0, result.err
@@ -46,7 +45,7 @@ def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
     gate = next(g for g in engine["gates"] if g["name"] == "effective_precision")
     assert gate["passed"] and ">= 0.9" in gate["detail"]
     md = (int8_flash.engines / "flash" / "report.md").read_text()
-    assert "## Precision" in md and "Effective precision" in md and "### Sensitivity" in md
+    assert "## Precision" in md and "Effective precision" in md
 
 
 def test_int8_graph_is_symmetric_qdq_for_tensorrt(int8_flash):
@@ -62,15 +61,6 @@ def test_int8_graph_is_symmetric_qdq_for_tensorrt(int8_flash):
         assert zero_point.dtype == np.int8 and not zero_point.any(), node.name
 
 
-def test_sensitivity_ranks_every_quantizable_node(int8_flash):
-    sens = _report(int8_flash)["precision"]["sensitivity"]
-    ranking = sens["ranking"]
-    assert len(ranking) == _report(int8_flash)["precision"]["quantizable_nodes"]
-    cosines = [r["cosine"] for r in ranking]
-    assert cosines == sorted(cosines) and cosines[0] < 1.0  # most harmful first
-    assert sens["auto_excluded"] == []  # auto_exclude is off in this run
-
-
 def test_auto_exclude_meets_a_tight_budget(int8_flash, tmp_path, monkeypatch):
     from pipeline import recipe as recipe_mod
     from pipeline.precision import qdq
@@ -82,6 +72,9 @@ def test_auto_exclude_meets_a_tight_budget(int8_flash, tmp_path, monkeypatch):
     recipe = recipe_mod.load("flash", tight)
     out, meta = qdq.apply(recipe, int8_flash.engines / "flash" / "model.onnx", tmp_path)
     sens = meta["sensitivity"]
+    # every quantizable node is ranked, most harmful (lowest cosine) first
+    cosines = [r["cosine"] for r in sens["ranking"]]
+    assert len(cosines) == meta["quantizable_nodes"] and cosines == sorted(cosines) and cosines[0] < 1
     assert sens["fully_quantized"]["cosine"] < 0.9995  # the budget is tight: full INT8 misses it
     assert sens["auto_excluded"] and sens["met"] and sens["reached"]["cosine"] >= 0.9995
     # the most sensitive nodes are the ones kept in float, in ranking order
@@ -89,6 +82,31 @@ def test_auto_exclude_meets_a_tight_budget(int8_flash, tmp_path, monkeypatch):
     assert sens["auto_excluded"] == ranked[: len(sens["auto_excluded"])]
     assert {e["node"] for e in meta["excluded"]} == set(sens["auto_excluded"])
     assert meta["quantized_nodes"] == meta["quantizable_nodes"] - len(sens["auto_excluded"])
+    from pipeline.precision.report import markdown
+
+    md = "\n".join(markdown({"mode": "int8", **meta}))
+    assert "### Sensitivity" in md and "meets the budget" in md and sens["auto_excluded"][0] in md
+
+
+def test_fp8_is_e4m3_qdq_and_runs_emulated(int8_flash, tmp_path, monkeypatch):
+    import onnx
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.precision import evaluate, qdq
+
+    monkeypatch.chdir(int8_flash.path)
+    recipe = recipe_mod.load("flash-fp8")
+    assert recipe.precision.method == "distribution"
+    src = int8_flash.engines / "flash" / "model.onnx"
+    out, meta = qdq.apply(recipe, src, tmp_path)
+    model = onnx.load(str(out))
+    inits = {i.name: i for i in model.graph.initializer}
+    zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zero_points and all(z.data_type == onnx.TensorProto.FLOAT8E4M3FN for z in zero_points)
+    feed = [{"input_ids": np.arange(128, dtype=np.int64).reshape(2, 64)}]
+    result = evaluate.compare(evaluate.run(src, feed, ["logits"]),
+                              evaluate.run(out, feed, ["logits"], fp8=True), ["logits"])
+    assert result["nonfinite"] == 0 and 0.9 < result["cosine"] < 1.0
 
 
 def test_effective_precision_gate_fails_with_an_explanation(int8_flash):
