@@ -89,6 +89,9 @@ def _stage_command(name: str, until: str, summary: str):
 _stage_command("run", "report", "Run every stage: export, build, validate, report.")
 _stage_command("export", "export", "Export the PyTorch model to ONNX (with a parity check).")
 _stage_command("optimize", "optimize", "Export, then run the recipe's graph passes, each checked.")
+_stage_command("quantize", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
+               "Q/DQ with calibration, INT4 weights), exporting first if needed.")
+_stage_command("precision", "precision", "Same as `quantize`.")
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")

@@ -2,7 +2,9 @@
 
 Each split (validation, calibration, ...) draws from its own seed stream, and no
 validation feed may equal a calibration feed, so accuracy is always measured on inputs
-the engine was not calibrated on.
+the engine was not calibrated on. Calibration feeds may instead come from a `.npz` file
+or a `module:function` loader (`calibration_feeds`); those are checked against the
+recipe's inputs (names, dtypes, shapes within the profile) before any stage runs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Literal
 
 import numpy as np
 
-from pipeline.recipe import InputSpec, Recipe
+from pipeline.errors import InputError
+from pipeline.recipe import Dim, InputSpec, Recipe
 
 Feed = dict[str, np.ndarray]
 Split = Literal["validation", "calibration", "export"]
@@ -49,6 +52,8 @@ def random_feed(inputs: list[InputSpec], point: Point, rng: np.random.Generator)
 
 def feeds(recipe: Recipe, split: Split, samples: int | None = None) -> list[Feed]:
     """`samples` feeds of `split`, cycling through the split's profile points."""
+    if split == "calibration" and not _random_calibration(recipe):
+        return calibration_feeds(recipe)[:samples]
     spec = getattr(recipe.data, split) if split != "export" else None
     points: list[Point] = spec.shapes if spec else ["opt"]
     n = samples if samples is not None else (spec.samples if spec else 1)
@@ -70,7 +75,7 @@ def _fingerprint(feed: Feed) -> str:
 
 def _drop_overlap(recipe: Recipe, validation: list[Feed], rng, points) -> None:
     """Redraw any validation feed that also occurs among the calibration feeds."""
-    taken = {_fingerprint(f) for f in feeds(recipe, "calibration")}
+    taken = {_fingerprint(f) for f in calibration_feeds(recipe)}
     for i, feed in enumerate(validation):
         while _fingerprint(feed) in taken:
             feed = random_feed(recipe.inputs, points[i % len(points)], rng)
@@ -95,3 +100,85 @@ def load_feeds(path) -> tuple[list[Feed], list[Feed]]:
             groups[part].setdefault(int(index), {})[name] = z[key]
     return ([groups["in"][i] for i in sorted(groups["in"])],
             [groups["out"][i] for i in sorted(groups["out"])])
+
+
+# ----------------------------------------------------------------------- calibration
+def _random_calibration(recipe: Recipe) -> bool:
+    spec = recipe.data.calibration
+    return spec is not None and spec.file is None and spec.loader is None
+
+
+def calibration_feeds(recipe: Recipe) -> list[Feed]:
+    """The recipe's calibration feeds (at most `samples`), checked; [] when it has none."""
+    spec = recipe.data.calibration
+    if spec is None:
+        return []
+    if _random_calibration(recipe):
+        return feeds(recipe, "calibration")
+    if spec.file is not None:
+        where = f"data.calibration.file {spec.file}"
+        loaded = _load_npz(spec.file, where)
+    else:
+        where = f"data.calibration.loader {spec.loader}"
+        loaded = _call_loader(spec.loader, where)
+    check_feeds(recipe.inputs, loaded, where)
+    return loaded[: spec.samples]
+
+
+def _load_npz(path, where: str) -> list[Feed]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise InputError(f"{where}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{where}: not a readable .npz ({e})") from None
+    if arrays and all(k.startswith("in/") for k in arrays):
+        return load_feeds(path)[0]
+    lengths = {k: (a.shape[0] if a.ndim else None) for k, a in arrays.items()}
+    if not arrays or None in lengths.values() or len(set(lengths.values())) != 1:
+        raise InputError(f"{where}: expected one array per input with the same leading sample "
+                         f"axis, got {', '.join(f'{k} {a.shape}' for k, a in arrays.items()) or 'nothing'}")
+    n = next(iter(lengths.values()))
+    return [{k: a[i] for k, a in arrays.items()} for i in range(n)]
+
+
+def _call_loader(ref: str, where: str) -> list[Feed]:
+    import importlib
+
+    module_name, _, attr = ref.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+        result = list(fn())
+    except Exception as e:  # the user's code may fail in any way
+        raise InputError(f"{where}: failed ({type(e).__name__}: {e})") from None
+    if not result or not all(isinstance(f, dict) for f in result):
+        raise InputError(f"{where}: must return a non-empty list of dicts input name -> array")
+    return [{k: np.asarray(v) for k, v in f.items()} for f in result]
+
+
+def check_feeds(inputs: list[InputSpec], feeds_: list[Feed], where: str) -> None:
+    """Each feed names exactly the recipe's inputs, with their dtype and a shape in the profile."""
+    expected = [i.name for i in inputs]
+    for n, feed in enumerate(feeds_):
+        if sorted(feed) != sorted(expected):
+            raise InputError(f"{where}: feed {n} has inputs {sorted(feed)}, the recipe declares "
+                             f"{expected}", "name the arrays after the recipe's inputs")
+        for spec in inputs:
+            array = feed[spec.name]
+            if array.dtype != numpy_dtype(spec.dtype):
+                raise InputError(f"{where}: feed {n} input `{spec.name}` is {array.dtype}, the "
+                                 f"recipe declares {spec.dtype}")
+            if not _fits(array.shape, spec.shape):
+                raise InputError(f"{where}: feed {n} input `{spec.name}` has shape "
+                                 f"{list(array.shape)}, outside the recipe's {_describe(spec.shape)}")
+
+
+def _fits(shape: tuple, dims: list) -> bool:
+    if len(shape) != len(dims):
+        return False
+    return all(s == d if isinstance(d, int) else d.min <= s <= d.max for s, d in zip(shape, dims))
+
+
+def _describe(dims: list) -> str:
+    return "[" + ", ".join(str(d) if not isinstance(d, Dim) else f"{d.min}..{d.max}" for d in dims) + "]"

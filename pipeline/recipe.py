@@ -148,13 +148,32 @@ class SplitSpec(Strict):
     )
 
 
+class CalibrationSpec(SplitSpec):
+    file: Path | None = Field(
+        None, description="A .npz of calibration feeds instead of random ones: one array per input "
+        "name with a leading sample axis, or `in/<i>/<name>` keys (as baseline.npz). Relative to "
+        "the working directory.",
+    )
+    loader: str | None = Field(
+        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="`package.module:function` returning a list of feeds (dicts name -> array).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> CalibrationSpec:
+        if self.file is not None and self.loader is not None:
+            raise ValueError("give at most one of `file` and `loader` (neither: seeded random feeds)")
+        return self
+
+
 class DataSpec(Strict):
     seed: int = Field(0, description="Seed of the random feeds; splits use disjoint streams.")
     validation: SplitSpec = Field(
         SplitSpec(samples=8), description="Held-out feeds for accuracy (never used to calibrate)."
     )
-    calibration: SplitSpec = Field(
-        SplitSpec(samples=16), description="Feeds for calibration (quantized precisions)."
+    calibration: CalibrationSpec | None = Field(
+        CalibrationSpec(samples=16),
+        description="Feeds for calibration (quantized precisions); null: none (fp32/fp16 only).",
     )
 
 
@@ -263,6 +282,93 @@ class AOTInductorTarget(TargetBase):
 
 
 Target = Annotated[Union[OnnxRuntimeTarget, TensorRTTarget, AOTInductorTarget], Field(discriminator="kind")]  # noqa: UP007
+
+
+# ----------------------------------------------------------------------------- precision
+class BudgetSpec(Strict):
+    cosine_min: float = Field(0.999, ge=-1, le=1, description="Worst-feed cosine vs the FP32 graph.")
+    top1_min: float | None = Field(
+        None, ge=0, le=1, description="Top-1 agreement vs the FP32 graph (logit outputs)."
+    )
+
+
+class SensitivitySpec(Strict):
+    enabled: bool = Field(False, description="Rank quantizable nodes by the error each causes alone.")
+    auto_exclude: bool = Field(
+        False, description="Keep the most sensitive nodes in float until `budget` is met."
+    )
+    budget: BudgetSpec = Field(BudgetSpec(), description="Accuracy the quantized graph must keep.")
+    samples: int = Field(4, ge=1, description="Calibration feeds the accuracy is measured on.")
+
+
+FP32_BLOCK_LIST = ["ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax", "Exp", "Sigmoid",
+                   "ReduceSum", "LayerNormalization", "SimplifiedLayerNormalization", "Cos", "Sin",
+                   "Range", "CumSum"]
+
+
+class PrecisionSpec(Strict):
+    """Precision set in the ONNX graph itself (casts or Q/DQ nodes): see pipeline/precision."""
+
+    mode: Literal["fp32", "fp16", "bf16", "int8", "fp8", "int4"] = Field(
+        "fp32", description="fp16/bf16: cast the graph; int8/fp8: calibrated Q/DQ (weights and "
+        "activations); int4: block-wise weight-only; fp32: no precision stage.",
+    )
+    keep_io_types: bool = Field(True, description="fp16/bf16: keep graph inputs/outputs FP32.")
+    block_list: list[str] = Field(
+        FP32_BLOCK_LIST, description="fp16/bf16: op types kept in FP32 (norms, softmax, reductions).",
+    )
+    calibration: Literal["minmax", "percentile", "entropy", "distribution"] | None = Field(
+        None, description="int8/fp8 calibration method; default minmax (int8), distribution (fp8).",
+    )
+    percentile: float = Field(99.999, gt=50, le=100, description="Percentile kept by `percentile`.")
+    op_types: list[Literal["MatMul", "Gemm", "Conv", "Add"]] = Field(
+        ["MatMul", "Gemm", "Conv"], min_length=1,
+        description="Op types quantized (int8/fp8; int4 takes MatMul/Gemm weights). `Add` adds "
+        "the residual adds.",
+    )
+    per_channel: bool = Field(True, description="int8: one weight scale per output channel.")
+    exclude: list[str] = Field(
+        [], description="Nodes kept in float: exact node names or regexes (full match). A pattern "
+        "that matches no quantizable node is an error.",
+    )
+    block_size: int = Field(32, ge=16, description="int4: weights per scale (a power of two).")
+    sensitivity: SensitivitySpec = Field(SensitivitySpec(), description="Per-node sensitivity.")
+    require_effective_precision: float | None = Field(
+        None, gt=0, le=1, description="Least share of MatMul/Gemm FLOPs that ONNX Runtime must run "
+        "in integer kernels after its graph optimization; below it the engine fails (exit 3).",
+    )
+
+    @field_validator("exclude")
+    @classmethod
+    def _regexes(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"exclude: `{p}` is not a valid regex ({e})") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrecisionSpec:
+        quantized = self.mode in ("int8", "fp8")
+        if self.mode == "fp8" and self.calibration not in (None, "distribution"):
+            raise ValueError("fp8 needs calibration: distribution (ONNX Runtime calibrates FP8 "
+                             "only with it)")
+        if self.calibration is not None and not quantized:
+            raise ValueError(f"calibration applies to int8/fp8, not mode {self.mode}")
+        if self.sensitivity.enabled and not quantized:
+            raise ValueError(f"sensitivity applies to int8/fp8, not mode {self.mode}")
+        if self.sensitivity.auto_exclude and not self.sensitivity.enabled:
+            raise ValueError("sensitivity.auto_exclude needs sensitivity.enabled: true")
+        if self.require_effective_precision is not None and self.mode not in ("int8", "int4"):
+            raise ValueError("require_effective_precision applies to integer modes (int8, int4)")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two (got {self.block_size})")
+        return self
+
+    @property
+    def method(self) -> str:
+        return self.calibration or ("distribution" if self.mode == "fp8" else "minmax")
 
 
 # ----------------------------------------------------------------------------- validate
@@ -402,6 +508,7 @@ class Recipe(Strict):
     optimize: OptimizeSpec = Field(
         OptimizeSpec(), description="Graph passes after export, each checked against its input.")
     targets: list[Target] = Field(min_length=1, description="Engines to build.")
+    precision: PrecisionSpec = Field(PrecisionSpec(), description="Precision in the graph.")
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
     )
@@ -438,6 +545,9 @@ class Recipe(Strict):
                         raise ValueError(f"dim `{dim.name}` is declared with different ranges")
         for target in self.targets:
             target.check(self)
+        if self.precision.mode in ("int8", "fp8") and self.data.calibration is None:
+            raise ValueError(f"precision.mode {self.precision.mode} needs calibration data: set "
+                             "data.calibration (random samples, a .npz `file` or a `loader`)")
         for name in self.validate_.top1_outputs or []:
             if name not in self.outputs:
                 raise ValueError(f"validate.top1_outputs names `{name}`, not one of outputs {self.outputs}")

@@ -6,7 +6,9 @@ Graph stages each turn the previous ONNX graph into the next (export makes the f
 last graph is what every target builds from. A graph stage is a module under
 pipeline/stages with NAME, VERSION, SECTIONS (the recipe sections in its cache key),
 `enabled(recipe)` and `run(recipe, graph, workdir, verbose) -> ({file: path}, meta)`, whose
-first output file is the next graph. Adding one is a module plus a line in GRAPH_STAGES.
+first output file is the next graph. Optional: `check(recipe)` (user errors, run before any
+stage works) and `spec(recipe)` (the cache key's recipe part, when SECTIONS is not enough).
+Adding one is a module plus a line in GRAPH_STAGES.
 
 A stage's cache key hashes its name and version, the recipe sections it reads, the sha256
 of its input artifacts, the tool versions and the device. When the key matches the
@@ -28,7 +30,7 @@ from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
 
 # Graph stages, in order (modules under pipeline.stages).
-GRAPH_STAGES: tuple[str, ...] = ("export", "optimize")
+GRAPH_STAGES: tuple[str, ...] = ("export", "optimize", "precision")
 ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")
 
 Produce = Callable[[Path], tuple[dict[str, Path], dict]]
@@ -116,6 +118,7 @@ class Run:
     def execute(self, until: str = "report") -> Outcome:
         recipe = self.recipe
         models.check(recipe)
+        self._check_graph_stages()
         skipped = self._unavailable_targets()
         outcome = Outcome(self.store)
         with self.store.lock(on_wait=self.progress.note):
@@ -179,6 +182,15 @@ class Run:
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
 
+    def _check_graph_stages(self) -> None:
+        """A graph stage's optional `check(recipe)`: user errors before any work starts."""
+        import importlib
+
+        for name in GRAPH_STAGES:
+            module = importlib.import_module(f"pipeline.stages.{name}")
+            if hasattr(module, "check"):
+                module.check(self.recipe)
+
     def _graph_stage(self, name: str, graph: Artifact | None) -> Artifact | None:
         """Run one graph stage (if the recipe enables it); returns the graph to go on with."""
         import importlib
@@ -186,8 +198,9 @@ class Run:
         module = importlib.import_module(f"pipeline.stages.{name}")
         if not module.enabled(self.recipe):
             return graph
+        spec = module.spec(self.recipe) if hasattr(module, "spec") else self.recipe.section(*module.SECTIONS)
         result = self.stage(
-            module.NAME, module.VERSION, self.recipe.section(*module.SECTIONS),
+            module.NAME, module.VERSION, spec,
             [graph] if graph else [],
             lambda wd: module.run(self.recipe, graph, wd, verbose=self.verbose),
         )
@@ -224,7 +237,7 @@ class Run:
         result = self.stage(
             f"validate:{target.id}", validate.VERSION,
             {"target": target.model_dump(mode="json"),
-             **self.recipe.section("model", "outputs", "validate")},
+             **self.recipe.section("model", "outputs", "validate", "precision")},
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )

@@ -47,10 +47,14 @@ def providers(target: OnnxRuntimeTarget) -> list[str]:
 
 
 def _session(path: Path, target: OnnxRuntimeTarget, level, threads: int | None,
-             save_to: Path | None, spin: bool = True):
+             save_to: Path | None, spin: bool = True, keep_qdq: bool = False):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if keep_qdq:
+        # FP8 Q/DQ: the CPU provider has no FP8 kernels for fused groups; keep Q/DQ as they
+        # are (emulated). The runner loads the saved graph unoptimized, so it needs nothing.
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -81,7 +85,8 @@ def build(onnx_path: Path, target: OnnxRuntimeTarget, recipe: Recipe, workdir: P
     }
     engine = workdir / f"{target.id}{EXTENSION}"
     t0 = time.perf_counter()
-    session = _session(onnx_path, target, levels[target.optimization_level], None, engine)
+    session = _session(onnx_path, target, levels[target.optimization_level], None, engine,
+                       keep_qdq=recipe.precision.mode == "fp8")
     seconds = time.perf_counter() - t0
     return engine, {
         "providers": session.get_providers(),

@@ -78,7 +78,7 @@ def rows(report: dict) -> list[list[str]]:
             out.append([e["target"], e["status"], "—", "—", "—", "—", "—", e.get("reason") or ""])
             continue
         out.append([
-            e["target"], e["precision"],
+            e["target"], e["precision"] + (" (emulated)" if e.get("latency_note") else ""),
             _fmt(_worst(e, "cosine"), ".6f"),
             _fmt(_worst(e, "top1_agreement"), ".4f"),
             _fmt(_worst(e, "max_abs", max), ".2e"),
@@ -162,6 +162,10 @@ def markdown(report: dict) -> str:
                   + ", ".join(f"`{k}` max_abs {v['max_abs']:.2e}, cosine {v['cosine']:.6f}"
                               for k, v in (export.get("parity") or {}).items())]
     lines += _optimize_markdown(report.get("optimize"))
+    if report.get("precision"):
+        from pipeline.precision.report import markdown as precision_markdown
+
+        lines += precision_markdown(report["precision"])
     for e in report["engines"]:
         if e["status"] != "built":
             continue
@@ -177,6 +181,12 @@ def markdown(report: dict) -> str:
         for label, x in ((e["target"], el), ("torch-eager (interleaved)", bl)):
             lines.append(f"| {label} | {x['p50']:.3f} | {x['p90']:.3f} | {x['p99']:.3f} | "
                          f"{x['mean']:.3f} | {x['cov']:.2f} | {x['n']} |")
+        if e.get("latency_note"):
+            lines += ["", f"**Latency not meaningful here:** {e['latency_note']}."]
+        if e.get("effective_precision"):
+            from pipeline.precision.report import effective_markdown
+
+            lines += effective_markdown(e["effective_precision"])
         s = e["speedup_vs_baseline"]
         lines += ["", f"Speedup vs PyTorch: **{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–"
                   f"{s['ci95'][1]:.2f}, {s['verdict']}). How: {e['latency_method']}.", "",

@@ -97,6 +97,24 @@ def gates(recipe: Recipe, accuracy: dict) -> list[dict]:
     return out
 
 
+def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
+                     gate_list: list[dict]) -> dict:
+    """Effective precision of a quantized ONNX Runtime engine (and its gate), CPU caveats."""
+    from pipeline.precision import EMULATED_ON_CPU
+
+    spec, extra = recipe.precision, {}
+    if spec.mode in EMULATED_ON_CPU:
+        extra["latency_note"] = EMULATED_ON_CPU[spec.mode]
+    if target.kind == "onnxruntime" and spec.mode in ("int8", "int4", "fp8"):
+        from pipeline.precision import effective
+
+        result = effective.measure(engine.path, timing_feed(recipe), workdir, fp8=spec.mode == "fp8")
+        extra["effective_precision"] = result
+        if spec.require_effective_precision is not None:
+            gate_list.append(effective.gate(result, spec.require_effective_precision))
+    return extra
+
+
 def _gate(name: str, passed: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(passed), "detail": detail}
 
@@ -134,7 +152,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "path": str(engine.path),
         "sha256": engine.sha256,
         "bytes": engine.bytes,
-        "precision": "fp32",
+        "precision": recipe.precision.mode,
         "accuracy": accuracy,
         "latency_ms": opt["latency_ms"][target.id],
         "baseline_latency_ms": opt["latency_ms"][BASELINE],
@@ -160,6 +178,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         **{k: v for k, v in extras.items() if k != "gates"},
         "gates": gates(recipe, accuracy) + extras.get("gates", []),
     }
+    result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
     path = workdir / f"validate-{target.id}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     return {path.name: path, plot.name: plot}, {"passed": all(g["passed"] for g in result["gates"])}

@@ -1,0 +1,42 @@
+"""Which nodes of a graph a precision mode touches, and the recipe's exclusions.
+
+A node is quantizable when its op type is in `precision.op_types`; for weight-only INT4
+it must also take a constant weight (an initializer) as its second input. Exclusions are
+exact node names or regexes (full match); a pattern that matches no quantizable node is
+a user error, caught before any work.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.errors import RecipeError
+
+
+def quantizable(model, op_types: list[str], weight_only: bool = False) -> list[str]:
+    """Names of the nodes a quantizer may touch, in graph order."""
+    initializers = {i.name for i in model.graph.initializer}
+    out = []
+    for node in model.graph.node:
+        if node.op_type not in op_types:
+            continue
+        if weight_only and (len(node.input) < 2 or node.input[1] not in initializers):
+            continue
+        out.append(node.name)
+    return out
+
+
+def excluded(names: list[str], patterns: list[str], where: str = "precision.exclude") -> list[str]:
+    """Nodes matched by `patterns`; RecipeError naming a pattern that matches none."""
+    hits: list[str] = []
+    for pattern in patterns:
+        regex = re.compile(pattern)
+        matched = [n for n in names if n == pattern or regex.fullmatch(n)]
+        if not matched:
+            examples = ", ".join(names[:6]) + (", …" if len(names) > 6 else "")
+            raise RecipeError(
+                f"{where}: `{pattern}` matches no quantizable node",
+                f"node names look like: {examples or 'none (nothing to quantize)'}",
+            )
+        hits += [n for n in matched if n not in hits]
+    return hits

@@ -1,0 +1,114 @@
+"""INT8 and FP8 E4M3 post-training quantization as Q/DQ nodes (ONNX Runtime's quantizer).
+
+Weights and activations are quantized symmetrically (zero point 0: TensorRT accepts only
+that), weights per output channel (int8); calibrated activation ranges come from the
+recipe's calibration feeds. The Q/DQ graph is what TensorRT builds a strongly typed INT8
+engine from and what ONNX Runtime fuses into integer kernels (see cpu_pairs.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from pipeline.errors import StageFailed
+from pipeline.precision import calibrate, cpu_pairs, evaluate, nodes, sensitivity
+
+
+class Quantizer:
+    """Quantizes one pre-processed graph repeatedly from a single calibration pass."""
+
+    def __init__(self, recipe, pre: Path, workdir: Path, feeds: list[dict]):
+        self.recipe, self.spec, self.pre, self.workdir, self.feeds = (
+            recipe, recipe.precision, pre, workdir, feeds)
+        self.cache = workdir / "calibration.json"
+        self.count = 0
+
+    def __call__(self, exclude: list[str], only: list[str] | None = None,
+                 out: Path | None = None) -> Path:
+        from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+        self.count += 1
+        out = out or self.workdir / f"trial-{self.count}.onnx"
+        fp8 = self.spec.mode == "fp8"
+        qtype = QuantType.QFLOAT8E4M3FN if fp8 else QuantType.QInt8
+        extra = {"ActivationSymmetric": True, "WeightSymmetric": True}
+        if self.spec.method == "percentile":
+            extra["CalibPercentile"] = self.spec.percentile
+        try:
+            quantize_static(
+                str(self.pre), str(out), calibrate.reader(self.feeds),
+                quant_format=QuantFormat.QDQ, op_types_to_quantize=list(self.spec.op_types),
+                per_channel=self.spec.per_channel and not fp8,
+                activation_type=qtype, weight_type=qtype,
+                nodes_to_quantize=only, nodes_to_exclude=exclude,
+                calibrate_method=calibrate.method(self.spec.method),
+                extra_options=extra, calibration_cache_path=str(self.cache),
+            )
+        except Exception as e:  # ORT raises plain exceptions (e.g. entropy: "Too many bins")
+            raise StageFailed(
+                f"quantization ({self.spec.mode}, {self.spec.method}) failed: {type(e).__name__}: {e}",
+                "try precision.calibration: minmax or percentile, or fewer op_types",
+            ) from e
+        if not fp8:
+            model = onnx.load(str(out))
+            cpu_pairs.rewire(model)
+            onnx.save(model, str(out))
+        return out
+
+
+def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path, dict]:
+    spec = recipe.precision
+    feeds = calibrate.feeds(recipe)
+    with calibrate.quiet(verbose, workdir):
+        pre = calibrate.preprocess(src, workdir)
+        model = onnx.load(str(pre))
+        candidates = nodes.quantizable(model, list(spec.op_types))
+        if not candidates:
+            raise StageFailed(f"precision.mode {spec.mode}: the graph has no node of op types "
+                              f"{spec.op_types} to quantize")
+        excluded = by_recipe = nodes.excluded(candidates, spec.exclude)
+        quantize = Quantizer(recipe, pre, workdir, feeds)
+        # The first call calibrates (and caches the ranges); later calls reuse them.
+        first, calibration_seconds = calibrate.timed(quantize, excluded)
+        report = None
+        if spec.sensitivity.enabled:
+            fp8 = spec.mode == "fp8"
+            sens_feeds = feeds[: spec.sensitivity.samples]
+            reference = evaluate.run(pre, sens_feeds, recipe.outputs)
+
+            def score(path: Path) -> dict:
+                return evaluate.compare(reference, evaluate.run(path, sens_feeds, recipe.outputs, fp8),
+                                        recipe.top1_outputs())
+
+            report = sensitivity.analyse(
+                quantize, [c for c in candidates if c not in excluded], excluded, score,
+                spec.sensitivity)
+            excluded = excluded + report["auto_excluded"]
+        out = quantize(excluded, out=workdir / "typed.onnx") if report else first
+        if out != workdir / "typed.onnx":
+            out = out.rename(workdir / "typed.onnx")
+    typed = onnx.load(str(out), load_external_data=False)
+    counts = {op: sum(n.op_type == op for n in typed.graph.node)
+              for op in ("QuantizeLinear", "DequantizeLinear")}
+    return out, {
+        "calibration": {
+            "method": spec.method, "samples": len(feeds),
+            "source": _source(recipe), "seconds": round(calibration_seconds, 3),
+        },
+        "symmetric": True,
+        "per_channel": spec.per_channel and spec.mode != "fp8",
+        "op_types": list(spec.op_types),
+        "quantizable_nodes": len(candidates),
+        "quantized_nodes": len(candidates) - len(excluded),
+        "excluded": [{"node": n, "why": "recipe" if n in by_recipe else "sensitivity"}
+                     for n in excluded],
+        "qdq_nodes": counts,
+        "sensitivity": report,
+    }
+
+
+def _source(recipe) -> str:
+    c = recipe.data.calibration
+    return f"file {c.file}" if c.file else f"loader {c.loader}" if c.loader else "random (seeded)"

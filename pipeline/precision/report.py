@@ -1,0 +1,67 @@
+"""Markdown for the precision stage's meta and an engine's effective precision (report.md).
+
+Rendered from report.json alone, like the rest of the report.
+"""
+
+from __future__ import annotations
+
+
+def _f(value, spec: str = ".6f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(p: dict) -> list[str]:
+    lines = ["", "## Precision", "", f"- mode: **{p['mode']}**"]
+    cal = p.get("calibration")
+    if cal:
+        lines.append(f"- calibration: {cal['method']} on {cal['samples']} feeds ({cal['source']}), "
+                     f"{cal['seconds']:.1f} s (calibration + quantization)")
+    if "quantized_nodes" in p:
+        lines.append(f"- quantized nodes: {p['quantized_nodes']} of {p['quantizable_nodes']} "
+                     f"({', '.join(p.get('op_types') or ['MatMul'])}); symmetric (zero point 0)"
+                     + (", per-channel weights" if p.get("per_channel") else "")
+                     + (f", block size {p['block_size']}" if p.get("block_size") else ""))
+    if "fp32_nodes" in p:
+        lines.append(f"- kept in FP32: {p['fp32_nodes']} nodes (block list: "
+                     f"{', '.join(p['block_list'])}); keep_io_types: {p['keep_io_types']}")
+    excluded = p.get("excluded") or []
+    if excluded:
+        lines.append("- kept in float: " + ", ".join(f"`{e['node']}` ({e['why']})" for e in excluded))
+    parity = p.get("parity_vs_fp32_graph") or {}
+    if "error" in parity:
+        lines.append(f"- parity vs the FP32 graph: not run in ONNX Runtime here ({parity['error']})")
+    elif parity:
+        lines.append(f"- parity vs the FP32 graph (calibration feeds): cosine {_f(parity['cosine'])}, "
+                     f"top-1 {_f(parity['top1_agreement'], '.4f')}")
+    if not p.get("cpu_latency_meaningful", True):
+        lines.append("- CPU latency of this precision is **not meaningful** (emulated)")
+    sens = p.get("sensitivity")
+    if sens:
+        b = sens["budget"]
+        lines += ["", f"### Sensitivity ({sens['measured_on']})", "",
+                  f"Budget: cosine >= {b['cosine_min']:g}"
+                  + (f", top-1 >= {b['top1_min']:g}" if b.get("top1_min") is not None else "")
+                  + f". Fully quantized: cosine {_f(sens['fully_quantized']['cosine'])}, top-1 "
+                  f"{_f(sens['fully_quantized']['top1_agreement'], '.4f')}. Kept in float by "
+                  f"auto_exclude: {', '.join(f'`{n}`' for n in sens['auto_excluded']) or 'none'}. "
+                  f"Reached: cosine {_f(sens['reached']['cosine'])}, top-1 "
+                  f"{_f(sens['reached']['top1_agreement'], '.4f')} "
+                  f"({'meets' if sens['met'] else 'MISSES'} the budget).",
+                  "", "| rank | node quantized alone | cosine | top-1 |", "|---|---|---|---|"]
+        for i, r in enumerate(sens["ranking"], 1):
+            lines.append(f"| {i} | `{r['node']}` | {_f(r['cosine'])} | {_f(r['top1_agreement'], '.4f')} |")
+    return lines
+
+
+def effective_markdown(e: dict) -> list[str]:
+    m = e["mflops"]
+    lines = ["", f"Effective precision (ONNX Runtime, after its graph optimization): "
+             f"**{e['integer_share']:.1%}** of MatMul/Gemm FLOPs in integer kernels "
+             f"(integer {m['integer']:g}, fake-quantized float {m['fake_quantized']:g}, float "
+             f"{m['float']:g} MFLOP per request at {e['feed_shapes']}); by kernel: "
+             + ", ".join(f"{k} {v:g}" for k, v in e["by_op_mflops"].items()) + "."]
+    if e["largest_non_integer"]:
+        lines.append("Largest non-integer MatMuls: " + ", ".join(
+            f"`{n['node']}` ({n['op']}, {n['kind']}, {n['mflops']:g} MFLOP)"
+            for n in e["largest_non_integer"]) + ".")
+    return lines

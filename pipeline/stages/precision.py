@@ -1,0 +1,77 @@
+"""precision: the FP32 graph -> typed.onnx with its precision in the graph (pipeline/precision).
+
+Runs only when the recipe asks for a precision other than fp32. After the mode's own work
+the typed graph is checked against its input graph on calibration-split feeds (parity: it
+must stay finite; its cosine and top-1 agreement go into the report, the gates judge the
+engine against PyTorch later).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pipeline import data
+from pipeline.errors import PipelineError, StageFailed
+from pipeline.recipe import Recipe
+
+NAME, VERSION = "precision", 1
+SECTIONS = ("precision", "data", "inputs", "outputs")
+
+
+def enabled(recipe: Recipe) -> bool:
+    return recipe.precision.mode != "fp32"
+
+
+def check(recipe: Recipe) -> None:
+    """Before any stage runs: calibration data loads and fits the recipe's inputs."""
+    if enabled(recipe) and recipe.precision.mode in ("int8", "fp8"):
+        data.calibration_feeds(recipe)
+
+
+def spec(recipe: Recipe) -> dict:
+    """The cache key's recipe part: the calibration data (not the validation split), and a
+    calibration file by its content."""
+    from pipeline.store import sha256_file
+
+    key = recipe.section("precision", "inputs", "outputs")
+    data_spec = recipe.section("data")["data"]
+    key["calibration"] = {"seed": data_spec["seed"], "calibration": data_spec["calibration"]}
+    file = recipe.data.calibration.file if recipe.data.calibration else None
+    if file is not None and Path(file).is_file():
+        key["calibration_file_sha256"] = sha256_file(Path(file))
+    return key
+
+
+def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+    from pipeline import precision
+    from pipeline.precision import evaluate
+
+    workdir = workdir.resolve()  # ORT's tools run with the workdir as CWD
+    try:
+        out, meta = precision.apply(recipe, graph.path.resolve(), workdir, verbose)
+    except PipelineError:
+        shutil.rmtree(workdir, ignore_errors=True)  # a user error leaves nothing behind
+        raise
+    # Parity of the typed graph with its FP32 input (calibration feeds, not validation ones).
+    feeds = (data.calibration_feeds(recipe) or data.feeds(recipe, "export"))[:2]
+    fp8 = recipe.precision.mode == "fp8"
+    try:
+        reference = evaluate.run(graph.path, feeds, recipe.outputs)
+        typed = evaluate.run(out, feeds, recipe.outputs, fp8)
+    except Exception as e:  # e.g. no CPU kernel for bf16
+        parity = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+    else:
+        parity = evaluate.compare(reference, typed, recipe.top1_outputs())
+        if parity["nonfinite"]:
+            raise StageFailed(
+                f"precision {recipe.precision.mode}: the typed graph produces {parity['nonfinite']} "
+                "NaN/Inf values", "keep more op types in FP32 (precision.block_list / exclude)")
+    for leftover in workdir.iterdir():  # keep only the typed graph
+        if leftover != out:
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+    return {"typed.onnx": out}, {
+        "mode": recipe.precision.mode, **meta,
+        "parity_vs_fp32_graph": parity,
+        "cpu_latency_meaningful": recipe.precision.mode not in precision.EMULATED_ON_CPU,
+    }

@@ -1,0 +1,256 @@
+"""Precision in the graph: real quantization of the tiny GLM with ONNX Runtime's tools, real
+sessions, and the CLI as a subprocess. One quantized run is shared (session fixture)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import FAST, Project
+
+INT8 = ("--set", "precision.mode=int8", "--set", "precision.require_effective_precision=0.9",
+        "--set", "validate.tolerance.cosine_min=0.99", "--set", "validate.tolerance.top1_min=0.8")
+
+
+@pytest.fixture(scope="session")
+def int8_flash(tmp_path_factory) -> Project:
+    """`pipeline run flash` with INT8 Q/DQ and an effective-precision gate."""
+    proj = Project(tmp_path_factory.mktemp("int8"))
+    result = proj.run("run", "flash", *INT8, *FAST)
+    assert result.code == 0, result.err
+    return proj
+
+
+def _report(proj: Project, name: str = "flash") -> dict:
+    return json.loads((proj.engines / name / "report.json").read_text())
+
+
+def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
+    report = _report(int8_flash)
+    p = report["precision"]
+    assert p["mode"] == "int8" and p["symmetric"] and p["per_channel"]
+    assert p["quantized_nodes"] == p["quantizable_nodes"] > 0
+    assert p["calibration"]["method"] == "minmax" and p["calibration"]["samples"] == 16
+    assert p["calibration"]["seconds"] < 30  # tiny model: calibration + quantization
+    assert p["parity_vs_fp32_graph"]["cosine"] > 0.99
+    (engine,) = report["engines"]
+    assert engine["precision"] == "int8"
+    eff = engine["effective_precision"]
+    # every quantized MatMul runs as an integer kernel (cpu_pairs.py makes ORT fuse them all)
+    assert eff["integer_share"] == 1.0 and eff["mflops"]["integer"] > 0
+    assert set(eff["by_op_mflops"]) == {"QLinearMatMul"}
+    gate = next(g for g in engine["gates"] if g["name"] == "effective_precision")
+    assert gate["passed"] and ">= 0.9" in gate["detail"]
+    md = (int8_flash.engines / "flash" / "report.md").read_text()
+    assert "## Precision" in md and "Effective precision" in md
+
+
+def test_int8_graph_is_symmetric_qdq_for_tensorrt(int8_flash):
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(int8_flash.engines / "flash" / "typed.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert qdq
+    for node in qdq:
+        zero_point = inits[node.input[2]]
+        assert zero_point.dtype == np.int8 and not zero_point.any(), node.name
+
+
+def test_auto_exclude_meets_a_tight_budget(int8_flash, tmp_path, monkeypatch):
+    from pipeline import recipe as recipe_mod
+    from pipeline.precision import qdq
+
+    monkeypatch.chdir(int8_flash.path)
+    tight = ("precision.mode=int8", "precision.sensitivity.enabled=true",
+             "precision.sensitivity.auto_exclude=true", "precision.sensitivity.samples=2",
+             "precision.sensitivity.budget.cosine_min=0.9995")
+    recipe = recipe_mod.load("flash", tight)
+    out, meta = qdq.apply(recipe, int8_flash.engines / "flash" / "model.onnx", tmp_path)
+    sens = meta["sensitivity"]
+    # every quantizable node is ranked, most harmful (lowest cosine) first
+    cosines = [r["cosine"] for r in sens["ranking"]]
+    assert len(cosines) == meta["quantizable_nodes"] and cosines == sorted(cosines) and cosines[0] < 1
+    assert sens["fully_quantized"]["cosine"] < 0.9995  # the budget is tight: full INT8 misses it
+    assert sens["auto_excluded"] and sens["met"] and sens["reached"]["cosine"] >= 0.9995
+    # the most sensitive nodes are the ones kept in float, in ranking order
+    ranked = [r["node"] for r in sens["ranking"]]
+    assert sens["auto_excluded"] == ranked[: len(sens["auto_excluded"])]
+    assert {e["node"] for e in meta["excluded"]} == set(sens["auto_excluded"])
+    assert meta["quantized_nodes"] == meta["quantizable_nodes"] - len(sens["auto_excluded"])
+    from pipeline.precision.report import markdown
+
+    md = "\n".join(markdown({"mode": "int8", **meta}))
+    assert "### Sensitivity" in md and "meets the budget" in md and sens["auto_excluded"][0] in md
+
+
+def test_fp8_is_e4m3_qdq_and_runs_emulated(int8_flash, tmp_path, monkeypatch):
+    import onnx
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.precision import evaluate, qdq
+
+    monkeypatch.chdir(int8_flash.path)
+    recipe = recipe_mod.load("flash-fp8")
+    assert recipe.precision.method == "distribution"
+    src = int8_flash.engines / "flash" / "model.onnx"
+    out, meta = qdq.apply(recipe, src, tmp_path)
+    model = onnx.load(str(out))
+    inits = {i.name: i for i in model.graph.initializer}
+    zero_points = [inits[n.input[2]] for n in model.graph.node if n.op_type == "QuantizeLinear"]
+    assert zero_points and all(z.data_type == onnx.TensorProto.FLOAT8E4M3FN for z in zero_points)
+    feed = [{"input_ids": np.arange(128, dtype=np.int64).reshape(2, 64)}]
+    result = evaluate.compare(evaluate.run(src, feed, ["logits"]),
+                              evaluate.run(out, feed, ["logits"], fp8=True), ["logits"])
+    assert result["nonfinite"] == 0 and 0.9 < result["cosine"] < 1.0
+
+
+def test_effective_precision_gate_fails_with_an_explanation(int8_flash):
+    # Keep the FFN and head MatMuls in float: most FLOPs then run in float kernels.
+    result = int8_flash.run("run", "flash", *INT8, *FAST, "--set",
+                            "precision.exclude=['node_linear_([4-9]|1[1-4])']")
+    assert result.code == 3, result.err
+    assert "effective_precision" in result.err and "run in float, largest: node_linear" in result.err
+
+
+def test_cast_fp16_keeps_io_and_block_list_and_bf16_retypes(int8_flash, tmp_path, monkeypatch):
+    import onnx
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.precision import cast, evaluate
+
+    monkeypatch.chdir(int8_flash.path)
+    src = int8_flash.engines / "flash" / "model.onnx"
+    recipe = recipe_mod.load("flash", ("precision.mode=fp16",))
+    out, meta = cast.apply(recipe, src, tmp_path)
+    model = onnx.load(str(out))
+    assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.INT64
+    assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    assert meta["fp32_nodes"] > 0 and meta["cast_nodes"] > 0
+    feed = [{"input_ids": np.arange(64, dtype=np.int64).reshape(1, 64)}]
+    ref, got = evaluate.run(src, feed, ["logits"]), evaluate.run(out, feed, ["logits"])
+    assert evaluate.compare(ref, got, ["logits"])["cosine"] > 0.9999
+
+    recipe = recipe_mod.load("flash", ("precision.mode=bf16",))
+    bf16_dir = tmp_path / "bf16"
+    bf16_dir.mkdir()
+    out, _ = cast.apply(recipe, src, bf16_dir)
+    model = onnx.load(str(out))
+    onnx.checker.check_model(model)
+    types = {i.data_type for i in model.graph.initializer}
+    assert onnx.TensorProto.BFLOAT16 in types and onnx.TensorProto.FLOAT16 not in types
+
+
+def test_int4_is_blockwise_dq_that_ort_runs_as_matmulnbits(int8_flash, tmp_path, monkeypatch):
+    import onnx
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.backends.onnxruntime import build
+    from pipeline.precision import effective, int4
+
+    monkeypatch.chdir(int8_flash.path)
+    recipe = recipe_mod.load("flash", ("precision.mode=int4", "precision.block_size=32"))
+    out, meta = int4.apply(recipe, int8_flash.engines / "flash" / "model.onnx", tmp_path)
+    model = onnx.load(str(out))
+    dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dqs) == meta["quantized_nodes"] == meta["quantizable_nodes"] > 0
+    inits = {i.name: i for i in model.graph.initializer}
+    for dq in dqs:
+        assert inits[dq.input[0]].data_type == onnx.TensorProto.INT4
+        assert {a.name: a.i for a in dq.attribute}["block_size"] == 32
+    engine, _ = build(out, recipe.targets[0], recipe, tmp_path)
+    feed = {"input_ids": np.arange(128, dtype=np.int64).reshape(2, 64) % 512}
+    eff = effective.measure(engine, feed, tmp_path)
+    assert "MatMulNBits" in eff["by_op_mflops"] and eff["mflops"]["integer"] > 0
+    # attention's activation x activation MatMuls stay float in weight-only INT4
+    assert 0.5 < eff["integer_share"] < 1.0
+
+
+# ------------------------------------------------------------------ bad input: exit 2, nothing written
+def _calibration_file(proj: Project, arrays: dict) -> str:
+    path = proj.path / "cal.npz"
+    np.savez(path, **arrays)
+    return "data.calibration.file=cal.npz"
+
+
+BAD_CALIBRATION = [
+    ({"tokens": np.zeros((4, 2, 64), np.int64)}, "has inputs ['tokens'], the recipe declares ['input_ids']"),
+    ({"input_ids": np.zeros((4, 2, 999), np.int64)}, "has shape [2, 999], outside the recipe's [1..8, 1..128]"),
+    ({"input_ids": np.zeros((4, 2, 64), np.float32)}, "is float32, the recipe declares int64"),
+]
+
+
+@pytest.mark.parametrize("arrays, expected", BAD_CALIBRATION)
+def test_bad_calibration_file_is_exit_2_and_nothing_written(project, arrays, expected):
+    setting = _calibration_file(project, arrays)
+    result = project.run("quantize", "flash", "--set", "precision.mode=int8", "--set", setting)
+    assert result.code == 2, result.err
+    assert len(result.error_lines) == 1 and "Traceback" not in result.err
+    assert "data.calibration.file cal.npz: feed 0" in result.err and expected in result.err
+    assert project.snapshot() == {}
+
+
+def test_int8_without_calibration_data_is_exit_2(project):
+    result = project.run("quantize", "flash", "--set", "precision.mode=int8",
+                         "--set", "data.calibration=null")
+    assert result.code == 2, result.err
+    assert "precision.mode int8 needs calibration data" in result.error_lines[0]
+    assert project.snapshot() == {}
+
+
+def test_exclusion_matching_nothing_is_exit_2_and_changes_nothing(int8_flash):
+    before = int8_flash.snapshot()
+    result = int8_flash.run("quantize", "flash", *INT8, *FAST, "--set", "precision.exclude=['no_such_node.*']")
+    assert result.code == 2, result.err
+    assert len(result.error_lines) == 1 and "Traceback" not in result.err
+    assert "precision.exclude: `no_such_node.*` matches no quantizable node" in result.err
+    assert "node_linear" in result.err  # it shows what node names look like
+    assert int8_flash.snapshot() == before
+
+
+def test_calibration_from_a_loader_and_a_good_npz(project, monkeypatch):
+    from pipeline import data
+    from pipeline import recipe as recipe_mod
+
+    project.write("calib_data.py", "import numpy as np\n"
+                  "def feeds():\n    return [{'input_ids': np.full((1, 16), i, np.int64)} for i in range(3)]\n")
+    monkeypatch.chdir(project.path)
+    monkeypatch.syspath_prepend(str(project.path))
+    recipe = recipe_mod.load("flash", ("precision.mode=int8", "data.calibration.loader=calib_data:feeds"))
+    got = data.calibration_feeds(recipe)
+    assert len(got) == 3 and got[2]["input_ids"][0, 0] == 2
+    np.savez(project.path / "good.npz", input_ids=np.ones((5, 2, 32), np.int64))
+    recipe = recipe_mod.load("flash", ("precision.mode=int8", "data.calibration.file=good.npz",
+                                        "data.calibration.samples=4"))
+    got = data.calibration_feeds(recipe)
+    assert len(got) == 4 and got[0]["input_ids"].shape == (2, 32)
+    # validation feeds never equal a calibration feed, whatever the source
+    taken = {f["input_ids"].tobytes() for f in got}
+    assert all(f["input_ids"].tobytes() not in taken for f in data.feeds(recipe, "validation"))
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (("precision.mode=fp8", "precision.calibration=minmax"), "fp8 needs calibration: distribution"),
+    (("precision.mode=fp16", "precision.require_effective_precision=0.9"), "integer modes"),
+    (("precision.mode=int8", "precision.exclude=['(']"), "not a valid regex"),
+    (("precision.mode=int4", "precision.block_size=48"), "power of two"),
+])
+def test_precision_cross_checks_fail_at_load(project, overrides, expected):
+    args = [a for o in overrides for a in ("--set", o)]
+    result = project.run("quantize", "flash", *args)
+    assert result.code == 2 and expected in result.err and project.snapshot() == {}
+
+
+def test_quantize_command_is_listed():
+    import subprocess
+
+    from tests.conftest import ROOT
+
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert "quantize" in proc.stdout and "precision" in proc.stdout
