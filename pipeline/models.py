@@ -55,6 +55,35 @@ def check(recipe: Recipe) -> None:
         raise InputError(f"{_where(recipe)}: model.weights: no such file {weights}")
 
 
+def code_digest(recipe: Recipe) -> str | None:
+    """sha256 of the Python source that builds the model, for the stage cache keys: editing
+    a zoo model or the user's factory module must rebuild, not reuse stale engines.
+
+    Zoo models: every .py file of the zoo package; factories: the factory's module file
+    (found without importing it). Transformers models are pinned by library version instead.
+    """
+    import hashlib
+    import importlib.util
+
+    if recipe.model.zoo is not None:
+        files = sorted(Path(__file__).parent.joinpath("zoo").glob("*.py"))
+    elif recipe.model.factory is not None:
+        try:
+            spec = importlib.util.find_spec(recipe.model.factory.partition(":")[0])
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            return None
+        files = [Path(spec.origin)]
+    else:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def load(recipe: Recipe):
     """Build the model (and load its weights), in eval mode, on the CPU."""
     import torch

@@ -5,13 +5,13 @@
 Graph stages each turn the previous ONNX graph into the next (export makes the first); the
 last graph is what every target builds from. A graph stage is a module under
 pipeline/stages with NAME, VERSION, SECTIONS (the recipe sections in its cache key),
-`enabled(recipe)` and `run(recipe, graph, workdir, verbose) -> ({file: path}, meta)`, whose
-first output file is the next graph. Optional: `check(recipe)` (user errors, run before any
+`enabled(recipe)`, `run(recipe, graph, workdir, verbose)` -> ({file: path}, meta)`, whose
+first output file is the next graph. Optional: `preflight(recipe)` (user errors, run before any
 stage works) and `spec(recipe)` (the cache key's recipe part, when SECTIONS is not enough).
 Adding one is a module plus a line in GRAPH_STAGES.
 
 A stage's cache key hashes its name and version, the recipe sections it reads, the sha256
-of its input artifacts, the tool versions and the device. When the key matches the
+of its input artifacts, the model's source code, the tool versions and the device. When the key matches the
 manifest's record and the outputs still have their recorded sha256, the stage is skipped;
 when an output was changed by hand, the run refuses (IntegrityError) rather than use it.
 """
@@ -73,13 +73,14 @@ class Run:
         self.verbose = verbose
         self.progress = progress or Progress()
         self.work_done = False
+        self.model_code = models.code_digest(recipe)  # model source edits invalidate every stage
         self.graph_meta: dict[str, dict] = {}  # graph stage name -> its meta, for the report
 
     # ------------------------------------------------------------------ one stage
     def stage(self, stage_id: str, version: int, spec: object, inputs: list[Artifact],
               produce: Produce) -> Result:
         key = sha256_json({
-            "stage": stage_id, "version": version, "spec": spec,
+            "stage": stage_id, "version": version, "spec": spec, "model_code": self.model_code,
             "inputs": {a.name: a.sha256 for a in inputs},
             "versions": deps.versions(), "device": deps.device(),
         })
@@ -183,13 +184,13 @@ class Run:
                 del stages[stage_id]
 
     def _check_graph_stages(self) -> None:
-        """A graph stage's optional `check(recipe)`: user errors before any work starts."""
+        """A graph stage's optional `preflight(recipe)`: user errors before any work starts."""
         import importlib
 
         for name in GRAPH_STAGES:
             module = importlib.import_module(f"pipeline.stages.{name}")
-            if hasattr(module, "check"):
-                module.check(self.recipe)
+            if hasattr(module, "preflight"):
+                module.preflight(self.recipe)
 
     def _graph_stage(self, name: str, graph: Artifact | None) -> Artifact | None:
         """Run one graph stage (if the recipe enables it); returns the graph to go on with."""

@@ -23,7 +23,7 @@ def enabled(recipe: Recipe) -> bool:
     return recipe.precision.mode != "fp32"
 
 
-def check(recipe: Recipe) -> None:
+def preflight(recipe: Recipe) -> None:
     """Before any stage runs: calibration data loads and fits the recipe's inputs."""
     if enabled(recipe) and recipe.precision.mode in ("int8", "fp8"):
         data.calibration_feeds(recipe)

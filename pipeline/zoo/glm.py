@@ -142,18 +142,21 @@ class GLM(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """Seeded, order-stable init: N(0, 1) embeddings and head, N(0, 1/fan_in) projections.
+        """Seeded, order-stable init: N(0, 1) embeddings and head, N(0, 1/fan_in) projections,
+        the residual branches' output projections scaled down by sqrt(2 * layers) (GPT-2's
+        scaled init) so the residual stream keeps unit scale through the depth.
 
-        Projections keep each layer's contribution to the residual stream of order one; an
-        N(0, 1) head (as if tied to the embeddings) gives logits of std sqrt(d), peaked like a
-        trained model's, so top-1 agreement measures something on random weights.
+        An N(0, 1) head (as if tied to the embeddings) gives logits of std sqrt(d), peaked like
+        a trained model's, so top-1 agreement measures something on random weights.
         """
         gen = torch.Generator().manual_seed(seed)
+        residual_scale = 1.0 / math.sqrt(2 * len(self.blocks))
         for name, p in sorted(self.named_parameters()):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             elif p.dim() == 2 and not name.startswith(("embed", "head")):
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
+                scale = residual_scale if name.endswith(("attn.o.weight", "ffn.down.weight")) else 1.0
+                p.copy_(torch.randn(p.shape, generator=gen) * (scale / math.sqrt(p.shape[1])))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen))
 
