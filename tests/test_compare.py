@@ -12,9 +12,12 @@ import pytest
 
 from tests.conftest import Project
 
-# The shipped inversion: a "flash" variant (INT8, pruned, block-sparse) that is slower than
-# the standard model on CPU, because at this size Q/DQ overhead outweighs the INT8 kernels.
-INVERSION = ("standard", "flash-int8-tiny")
+# The shipped inversion: `flash-int4` (4-bit weights, 50% of the FFN pruned, block-sparse
+# attention) is slower than `standard` on CPU: at d=64 dequantizing the weights inside every
+# matrix multiply costs more than the pruning saves (measured 1.23x the time, CI 1.22-1.25).
+# `standard-int8` rides along for the accuracy explanation of an INT8 graph.
+INVERSION = ("standard", "flash-int4")
+INT8 = "standard-int8"
 SETTINGS = (
     "--set", "validate.latency.warmup=20",
     "--set", "validate.latency.iterations=400",
@@ -27,9 +30,9 @@ SETTINGS = (
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> tuple[Project, dict]:
     proj = Project(tmp_path_factory.mktemp("compare"))
-    result = proj.run("compare", *INVERSION, *SETTINGS)
+    result = proj.run("compare", *INVERSION, INT8, *SETTINGS)
     assert result.code == 0, result.err
-    folder = proj.engines / "compare" / "-vs-".join(INVERSION)
+    folder = proj.engines / "compare" / "-vs-".join((*INVERSION, INT8))
     data = json.loads((folder / "compare.json").read_text())
     data["_stdout"] = result.out
     return proj, data
@@ -52,15 +55,16 @@ def test_the_explanation_names_the_cause_with_category_deltas(compared):
     deltas = {d["category"]: d for d in versus["deltas"]}
     assert set(deltas) >= {"matmul/conv", "attention", "quantize/dequantize", "cast/reformat",
                            "gather/scatter/where", "elementwise", "total"}
-    assert deltas["quantize/dequantize"]["a_nodes"] == 0 < deltas["quantize/dequantize"]["b_nodes"]
-    tags = [t["tag"] for t in versus["tags"]]
+    assert deltas["total"]["delta_us"] > 0  # the profile agrees with the timing
+    tags = {t["tag"]: t["evidence"] for t in versus["tags"]}
     assert "Q/DQ or dequantization overhead" in tags, tags
+    assert "MatMulNBits" in tags["Q/DQ or dequantization overhead"]
     assert "where the time went" in data["_stdout"] and "likely causes" in data["_stdout"]
 
 
 def test_the_accuracy_explanation_names_the_first_diverging_layers(compared):
     _, data = compared
-    explained = data["error_explained"][INVERSION[1]]
+    explained = data["error_explained"][INT8]
     jumps = explained["jumps"]
     assert jumps, "an INT8 graph must show where its error appears"
     first = jumps[0]
@@ -71,7 +75,7 @@ def test_the_accuracy_explanation_names_the_first_diverging_layers(compared):
 
 def test_reports_are_written_and_the_html_renders_in_a_headless_browser(compared, tmp_path):
     proj, _ = compared
-    folder = proj.engines / "compare" / "-vs-".join(INVERSION)
+    folder = proj.engines / "compare" / "-vs-".join((*INVERSION, INT8))
     md = (folder / "compare.md").read_text()
     assert "## Where the time went" in md and "## Where the error came from" in md
     assert "![latency distributions](latency.png)" in md
@@ -88,7 +92,7 @@ def test_reports_are_written_and_the_html_renders_in_a_headless_browser(compared
                    check=True, capture_output=True, timeout=120)
     dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], check=True, capture_output=True,
                          text=True, timeout=120).stdout
-    for table_id in ("engines", "verdicts", f"delta-{INVERSION[1]}", f"layers-{INVERSION[1]}"):
+    for table_id in ("engines", "verdicts", f"delta-{INVERSION[1]}", f"layers-{INT8}"):
         assert f'<table id="{table_id}"' in dom, table_id
     assert '<img id="latency-plot"' in dom and '<img id="categories-plot"' in dom
     import matplotlib.image

@@ -57,6 +57,12 @@ def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
 
     if grew("quantize/dequantize"):
         out.append({"tag": "Q/DQ or dequantization overhead", "evidence": evidence("quantize/dequantize")})
+    elif ops_b["MatMulNBits"] > ops_a["MatMulNBits"] and grew("matmul/conv"):
+        # weight-only low-bit MatMuls dequantize their weights inside the kernel: the cost
+        # shows up as matrix-multiply time, not as separate DequantizeLinear nodes
+        out.append({"tag": "Q/DQ or dequantization overhead",
+                    "evidence": f"{ops_b['MatMulNBits']} MatMulNBits (low-bit weights dequantized "
+                                "inside every matrix multiply); " + evidence("matmul/conv")})
     fused_a = sum(ops_a[o] for o in FUSED_ATTENTION)
     fused_b = sum(ops_b[o] for o in FUSED_ATTENTION)
     if fused_b < fused_a:
