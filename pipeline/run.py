@@ -88,12 +88,10 @@ class Run:
         with self.progress.stage(stage_id):
             produced, meta = produce(workdir)
         seconds = time.perf_counter() - t0
-        outputs = {name: self.store.commit(path, name, stage_id) for name, path in produced.items()}
-        self.store.manifest["stages"][stage_id] = {
-            "key": key, "outputs": list(outputs), "meta": meta,
-            "seconds": round(seconds, 3), "finished": now(),
-        }
-        self.store.save_manifest(recipe=self.recipe.name, recipe_sha256=self.recipe.digest)
+        record = {"key": key, "outputs": list(produced), "meta": meta,
+                  "seconds": round(seconds, 3), "finished": now()}
+        outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
+                                          recipe_sha256=self.recipe.digest)
         self.work_done = True
         self.progress.done(stage_id, seconds)
         return Result(outputs, meta, cached=False)

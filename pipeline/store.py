@@ -10,6 +10,12 @@
 Nothing ever appears under a final name half-written: stages write into `.tmp/`, and
 `commit()` renames the finished file into place (rename is atomic within a filesystem).
 The manifest itself is written the same way, after the files it describes.
+
+A run can be killed at any instant (SIGKILL, power, CI cancel). `commit_stage()` therefore
+first records the new digests as `pending` (and drops the stage's record), then renames the
+files, then records them as done. Killed in between, every file has either its old digest
+or its pending one: that is an interrupted commit, not tampering, and the stage (with no
+record) simply reruns. Any other digest is a file changed by hand: IntegrityError.
 """
 
 from __future__ import annotations
@@ -63,6 +69,23 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable (the directory entry itself lives in the folder)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock_wait() -> float:
+    """Seconds a run waits for another run's lock (env PIPELINE_LOCK_WAIT, default 600)."""
+    try:
+        return max(0.0, float(os.environ.get("PIPELINE_LOCK_WAIT", "600")))
+    except ValueError:
+        return 600.0
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 
@@ -79,11 +102,12 @@ class Store:
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
-    def lock(self, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    def lock(self, wait: float | None = None,
+             on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
         self.dir.mkdir(parents=True, exist_ok=True)
         with open(self.dir / ".lock", "a+") as f:
-            deadline = time.monotonic() + wait
+            deadline = time.monotonic() + (lock_wait() if wait is None else wait)
             told = False
             while True:
                 try:
@@ -106,12 +130,19 @@ class Store:
             f.write(f"pid {os.getpid()}")
             f.flush()
             try:
-                shutil.rmtree(self.tmp, ignore_errors=True)  # leftovers of a killed run
+                self._sweep()
                 yield
             finally:
                 f.seek(0)
                 f.truncate()
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _sweep(self) -> None:
+        """Remove what a killed run left behind: .tmp/ and write_atomic's `.NAME.PID.tmp`."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        for stray in self.dir.glob(".*.tmp"):
+            if stray.is_file():
+                stray.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ manifest
     @property
@@ -126,10 +157,16 @@ class Store:
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(
                 f"{path}: unreadable manifest ({e})", "delete the folder or rerun with --force"
             ) from None
+        problem = _manifest_problem(data)
+        if problem:
+            raise IntegrityError(
+                f"{path}: not a manifest this pipeline wrote ({problem})",
+                "delete the folder or rerun with --force",
+            )
         data.setdefault("files", {})
         data.setdefault("stages", {})
         return data
@@ -159,8 +196,23 @@ class Store:
         digest = sha256_file(produced)
         size = produced.stat().st_size
         os.replace(produced, final)
+        _fsync_dir(self.dir)
         self.manifest["files"][name] = {"sha256": digest, "bytes": size, "stage": stage_id}
         return Artifact(name, final, digest, size)
+
+    def commit_stage(self, stage_id: str, produced: dict[str, Path], record: dict,
+                     **fields: Any) -> dict[str, Artifact]:
+        """Commit all files of one stage and its record, safe against a kill at any point."""
+        files, stages = self.manifest["files"], self.manifest["stages"]
+        stages.pop(stage_id, None)  # until step 3 the stage counts as not done
+        for name, path in produced.items():
+            entry = files.setdefault(name, {"sha256": None, "bytes": None, "stage": stage_id})
+            entry["pending"] = sha256_file(path)
+        self.save_manifest(**fields)  # step 1: what is about to appear
+        outputs = {name: self.commit(path, name, stage_id) for name, path in produced.items()}
+        stages[stage_id] = record  # step 2 done (commit() replaced the entries): step 3
+        self.save_manifest(**fields)
+        return outputs
 
     def artifact(self, name: str) -> Artifact:
         entry = self.manifest["files"][name]
@@ -175,10 +227,13 @@ class Store:
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
+        if actual == entry.get("pending"):  # renamed in by a commit that was interrupted
+            return Artifact(name, path, actual, path.stat().st_size)
         if actual != entry["sha256"]:
+            recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], entry.get("pending")) if d)
             raise IntegrityError(
                 f"{path}: sha256 {actual[:12]}… does not match the manifest's "
-                f"{entry['sha256'][:12]}…; the file changed after it was built",
+                f"{recorded}; the file changed after it was built",
                 "rebuild with --force",
             )
         return Artifact(name, path, actual, entry["bytes"])
@@ -188,3 +243,22 @@ class Store:
         for name in list(self.manifest["files"]):
             if (self.dir / name).is_file():
                 self.verify(name)
+
+
+def _manifest_problem(data: Any) -> str | None:
+    """What makes `data` not a manifest (the run would trip over it later), or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    files, stages = data.get("files", {}), data.get("stages", {})
+    if not isinstance(files, dict) or not isinstance(stages, dict):
+        return "`files` and `stages` must be objects"
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256", ""), (str, type(None)))
+                and "sha256" in entry and "/" not in name and name not in ("", ".", "..")):
+            return f"bad entry for file {name!r}"
+    for stage_id, record in stages.items():
+        if not (isinstance(record, dict) and isinstance(record.get("key"), str)
+                and isinstance(record.get("outputs"), list) and isinstance(record.get("meta", {}), dict)
+                and all(isinstance(o, str) and o in files for o in record["outputs"])):
+            return f"bad record for stage {stage_id!r}"
+    return None
