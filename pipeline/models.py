@@ -97,6 +97,19 @@ def _load_weights(model, path: Path, where: str) -> None:
     except (SafetensorError, OSError) as e:
         raise InputError(f"{where}: model.weights: {path} is not a readable safetensors file ({e})") from None
     expected = model.state_dict()
+    # Checked here, not left to load_state_dict: it raises a bare RuntimeError on a shape and
+    # silently casts integer tensors into float parameters. Shapes first: a checkpoint of
+    # another model size is best explained by its first tensor that does not fit.
+    for name, want in expected.items():
+        got = state.get(name)
+        if got is None:
+            continue
+        if tuple(got.shape) != tuple(want.shape):
+            raise InputError(f"{where}: model.weights: {path}: `{name}` has shape {list(got.shape)}, "
+                             f"the model's is {list(want.shape)}")
+        if _kind(got) != _kind(want):
+            raise InputError(f"{where}: model.weights: {path}: `{name}` is {got.dtype}, the model's "
+                             f"is {want.dtype} ({_kind(want)} values needed)")
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
@@ -104,14 +117,4 @@ def _load_weights(model, path: Path, where: str) -> None:
             f"{where}: model.weights: {path} does not fit the model "
             f"(missing: {', '.join(missing[:3]) or 'none'}; unexpected: {', '.join(unexpected[:3]) or 'none'})"
         )
-    # Checked here, not left to load_state_dict: it raises a bare RuntimeError on a shape and
-    # silently casts integer tensors into float parameters.
-    for name, want in expected.items():
-        got = state[name]
-        if tuple(got.shape) != tuple(want.shape):
-            raise InputError(f"{where}: model.weights: {path}: `{name}` has shape {list(got.shape)}, "
-                             f"the model's is {list(want.shape)}")
-        if _kind(got) != _kind(want):
-            raise InputError(f"{where}: model.weights: {path}: `{name}` is {got.dtype}, the model's "
-                             f"is {want.dtype} ({_kind(want)} values needed)")
     model.load_state_dict(state, strict=True)

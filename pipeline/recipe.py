@@ -262,6 +262,14 @@ class Recipe(Strict):
             raise ValueError(f"input names must be unique (repeated: {', '.join(dupes)})")
         return inputs
 
+    @field_validator("outputs")
+    @classmethod
+    def _unique_outputs(cls, outputs: list[str]) -> list[str]:
+        repeated = sorted({o for o in outputs if outputs.count(o) > 1})
+        if repeated:
+            raise ValueError(f"output names must be unique (repeated: {', '.join(repeated)})")
+        return outputs
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
         ids = [t.id for t in self.targets]
@@ -276,9 +284,6 @@ class Recipe(Strict):
                     other = seen.setdefault(dim.name, dim)
                     if (other.min, other.opt, other.max) != (dim.min, dim.opt, dim.max):
                         raise ValueError(f"dim `{dim.name}` is declared with different ranges")
-        repeated = sorted({o for o in self.outputs if self.outputs.count(o) > 1})
-        if repeated:
-            raise ValueError(f"output names must be unique (repeated: {', '.join(repeated)})")
         clash = sorted(set(self.outputs) & {i.name for i in self.inputs})
         if clash:
             raise ValueError(f"outputs and inputs share names ({', '.join(clash)}); "
@@ -441,10 +446,6 @@ def _check_tree(data: Any, where: str) -> None:
 
 def _load_merged(path: Path, chain: tuple[Path, ...]) -> tuple[dict, Origin]:
     resolved = path.resolve()
-    if chain:  # a base file: inside the project, the first recipe's folder or a data folder
-        problem = paths.escape(path, paths.allowed_roots(chain[0].parent))
-        if problem:
-            raise RecipeError(f"{_display(chain[-1])}: extends: {problem}")
     if resolved in chain:
         cycle = " -> ".join(_display(p) for p in (*chain, resolved))
         raise RecipeError(f"{_display(path)}: extends: cycle {cycle}")
@@ -460,6 +461,10 @@ def _load_merged(path: Path, chain: tuple[Path, ...]) -> tuple[dict, Origin]:
         raise RecipeError(f"{_display(path)}: extends: must be a file name (got {base_ref!r})")
     if base_path.suffix not in (".yaml", ".yml"):
         base_path = base_path.with_name(base_path.name + ".yaml")
+    # A base stays inside the project, the first recipe's folder or a data folder.
+    problem = paths.escape(base_path, paths.allowed_roots((chain[0] if chain else resolved).parent))
+    if problem:
+        raise RecipeError(f"{_display(path)}: extends: {problem}")
     if not base_path.is_file():
         raise RecipeError(
             f"{_display(path)}: extends: {base_ref}: no such file {_display(base_path)}",
