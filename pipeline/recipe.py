@@ -545,7 +545,8 @@ def _format_validation_error(error: ValidationError, path: Path, origin: Origin)
     errors = _flatten(error)
     loc, message = errors[0]
     source = _source_of(loc, origin) or _display(path)
-    key = ".".join(str(p) for p in loc) or "(top level)"
+    key = ".".join(p if isinstance(p, str) and re.fullmatch(r"[\w-]+", p) else
+                   str(p) if isinstance(p, int) else repr(p) for p in loc) or "(top level)"
     more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
     return f"{source}: {key}: {message}{more}"
 

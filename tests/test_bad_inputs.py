@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -29,6 +30,11 @@ def artifacts(project: Project) -> dict[str, str]:
     }
 
 
+class _Payload:
+    def __reduce__(self):
+        return (open, ("PWNED", "w"))
+
+
 def tamper(folder: Path, change: dict) -> None:
     path = folder / change["file"]
     data = bytearray(path.read_bytes())
@@ -39,6 +45,8 @@ def tamper(folder: Path, change: dict) -> None:
         path.write_bytes(bytes(data[: len(data) // 2]))
     elif change["do"] == "write":
         path.write_text(change["text"])
+    elif change["do"] == "pickle":  # loading this with pickle allowed would create ./PWNED
+        np.savez(path, **{"in/0/input_ids": np.array([_Payload()], dtype=object)})
     elif change["do"] == "rehash":  # the manifest agrees with the broken file
         manifest = json.loads((folder / "manifest.json").read_text())
         manifest["files"][change["file"]].update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
@@ -85,3 +93,4 @@ def test_bad_input(case, tmp_path, request):
     assert case["error"] in result.error_lines[0], result.error_lines[0]
     assert result.code == case["code"], result.err
     assert artifacts(project) == before
+    assert not (project.path / "PWNED").exists()  # nothing in the input was executed
