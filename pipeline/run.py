@@ -16,6 +16,7 @@ when an output was changed by hand, the run refuses (IntegrityError) rather than
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,8 +86,12 @@ class Run:
 
         workdir = self.store.workdir(stage_id)
         t0 = time.perf_counter()
-        with self.progress.stage(stage_id):
-            produced, meta = produce(workdir)
+        try:
+            with self.progress.stage(stage_id):
+                produced, meta = produce(workdir)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)  # no half-written leftovers (full disk)
+            raise
         seconds = time.perf_counter() - t0
         record = {"key": key, "outputs": list(produced), "meta": meta,
                   "seconds": round(seconds, 3), "finished": now()}

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import deps
-from pipeline.errors import IntegrityError, LockError
+from pipeline.errors import InputError, IntegrityError, LockError
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
@@ -105,8 +105,13 @@ class Store:
     def lock(self, wait: float | None = None,
              on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a+") as f:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            f = open(self.dir / ".lock", "a+")  # noqa: SIM115 - closed by the `with` below
+        except OSError as e:
+            raise InputError(f"{self.dir}: cannot create the output folder ({e.strerror})",
+                             "check --engines-dir / PIPELINE_ENGINES") from None
+        with f:
             deadline = time.monotonic() + (lock_wait() if wait is None else wait)
             told = False
             while True:
@@ -139,6 +144,8 @@ class Store:
 
     def _sweep(self) -> None:
         """Remove what a killed run left behind: .tmp/ and write_atomic's `.NAME.PID.tmp`."""
+        if self.tmp.is_symlink() or self.tmp.is_file():  # never work (or delete) through a link
+            self.tmp.unlink()
         shutil.rmtree(self.tmp, ignore_errors=True)
         for stray in self.dir.glob(".*.tmp"):
             if stray.is_file():

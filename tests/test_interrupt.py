@@ -237,8 +237,8 @@ def test_two_runs_of_one_recipe_take_turns(built_standard, tmp_path):
     reference = {n: sha(folder / n) for n in DETERMINISTIC}
     watcher = Watcher(folder, reference)
     watcher.start()
-    # A changed protocol: baseline, validate and report have work to do.
-    args = ("run", "standard", *FAST, "--set", "validate.latency.iterations=30")
+    # A protocol no other test uses: baseline, validate and report have work to do.
+    args = ("run", "standard", *FAST, "--set", "validate.latency.iterations=33")
     held = _hold_lock(folder)  # both runs start while the folder is busy
     try:
         runs = [popen(project, *args, log=f"run{i}.log") for i in (1, 2)]
@@ -256,10 +256,11 @@ def test_two_runs_of_one_recipe_take_turns(built_standard, tmp_path):
     idle = [e for e in errs if "nothing to do" in e]
     assert len(worked) == 1 and len(idle) == 1, errs
     assert "✓" not in idle[0] and idle[0].count("cached") == 5
+    assert "✓ baseline" in worked[0] and "✓ report" in worked[0]
     assert watcher.problems == []
     Store(project.engines, "standard").verify_all()
     report = json.loads((folder / "report.json").read_text())
-    assert report["engines"][0]["latency_ms"]["n"] >= 30
+    assert report["engines"][0]["latency_ms"]["n"] >= 33
 
 
 def test_a_run_that_cannot_get_the_lock_fails_cleanly(built_standard, tmp_path):
@@ -278,4 +279,39 @@ def test_a_run_that_cannot_get_the_lock_fails_cleanly(built_standard, tmp_path):
     assert f"is locked by pid {os.getpid()}" in result.error_lines[0]
     assert "waiting for pid" in result.err
     (folder / ".lock").write_text("")  # the holder's pid, written by this test
+    assert project.snapshot() == before
+
+
+def test_a_tmp_link_is_removed_not_followed(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "export").mkdir(parents=True)
+    (outside / "export" / "keep.txt").write_text("not the pipeline's")
+    s = Store(tmp_path / "engines", "r")
+    s.dir.mkdir(parents=True)
+    s.tmp.symlink_to(outside, target_is_directory=True)
+    with s.lock():
+        s.workdir("export")
+    assert (outside / "export" / "keep.txt").read_text() == "not the pipeline's"
+    assert s.tmp.is_dir() and not s.tmp.is_symlink()
+
+
+def test_a_full_disk_is_one_error_line_and_changes_nothing(built_standard, tmp_path):
+    """RLIMIT_FSIZE makes the kernel refuse writes past 64 KiB (EFBIG), as a full disk or a
+    quota would: the baseline (~0.4 MB) cannot be written."""
+    import resource
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get the error, not the signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
+
+    project = Project(tmp_path)
+    shutil.copytree(built_standard.engines, project.engines)
+    before = project.snapshot()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard", *FAST,
+                           "--set", "validate.latency.iterations=34"], cwd=project.path, env=env,
+                          capture_output=True, text=True, preexec_fn=limit, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
+    assert proc.returncode == 4, proc.stderr
+    assert len(errors) == 1 and "File too large" in errors[0] and "Traceback" not in proc.stderr
     assert project.snapshot() == before
