@@ -352,6 +352,9 @@ def resolve_path(ref: str) -> Path:
 def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
     """Load, merge (`extends:`), override (`--set`) and validate a recipe."""
     path = resolve_path(str(ref))
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", path.stem):  # it names engines/<stem>/
+        raise RecipeError(f"{_display(path)}: a recipe file name must start with a letter or "
+                          f"digit and hold only letters, digits, `.`, `_`, `-` (got {path.stem!r})")
     raw, origin = _load_merged(path, chain=())
     for item in overrides:
         _apply_override(raw, origin, item)
