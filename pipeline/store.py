@@ -12,10 +12,12 @@ Nothing ever appears under a final name half-written: stages write into `.tmp/`,
 The manifest itself is written the same way, after the files it describes.
 
 A run can be killed at any instant (SIGKILL, power, CI cancel). `commit_stage()` therefore
-first records the new digests as `pending` (and drops the stage's record), then renames the
-files, then records them as done. Killed in between, every file has either its old digest
-or its pending one: that is an interrupted commit, not tampering, and the stage (with no
-record) simply reruns. Any other digest is a file changed by hand: IntegrityError.
+first records the new digests under the manifest's `pending` (and drops the stage's record),
+then renames the files, then records them in `files` and empties `pending`. Killed in
+between, every file has either its recorded digest or its pending one: that is an
+interrupted commit, not tampering, and the stage (with no record) simply reruns. Any other
+digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
+{sha256, bytes, stage}.)
 """
 
 from __future__ import annotations
@@ -210,14 +212,12 @@ class Store:
     def commit_stage(self, stage_id: str, produced: dict[str, Path], record: dict,
                      **fields: Any) -> dict[str, Artifact]:
         """Commit all files of one stage and its record, safe against a kill at any point."""
-        files, stages = self.manifest["files"], self.manifest["stages"]
-        stages.pop(stage_id, None)  # until step 3 the stage counts as not done
-        for name, path in produced.items():
-            entry = files.setdefault(name, {"sha256": None, "bytes": None, "stage": stage_id})
-            entry["pending"] = sha256_file(path)
+        self.manifest["stages"].pop(stage_id, None)  # until step 3 the stage counts as not done
+        self.manifest["pending"] = {name: sha256_file(path) for name, path in produced.items()}
         self.save_manifest(**fields)  # step 1: what is about to appear
         outputs = {name: self.commit(path, name, stage_id) for name, path in produced.items()}
-        stages[stage_id] = record  # step 2 done (commit() replaced the entries): step 3
+        self.manifest["stages"][stage_id] = record  # step 2 done: step 3
+        self.manifest["pending"] = {}
         self.save_manifest(**fields)
         return outputs
 
@@ -234,10 +234,11 @@ class Store:
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
-        if actual == entry.get("pending"):  # renamed in by a commit that was interrupted
+        pending = self.manifest.get("pending", {}).get(name)
+        if actual == pending:  # renamed in by a commit that was interrupted
             return Artifact(name, path, actual, path.stat().st_size)
         if actual != entry["sha256"]:
-            recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], entry.get("pending")) if d)
+            recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], pending) if d)
             raise IntegrityError(
                 f"{path}: sha256 {actual[:12]}… does not match the manifest's "
                 f"{recorded}; the file changed after it was built",
@@ -256,13 +257,15 @@ def _manifest_problem(data: Any) -> str | None:
     """What makes `data` not a manifest (the run would trip over it later), or None."""
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not an object"
-    files, stages = data.get("files", {}), data.get("stages", {})
-    if not isinstance(files, dict) or not isinstance(stages, dict):
-        return "`files` and `stages` must be objects"
+    files, stages, pending = data.get("files", {}), data.get("stages", {}), data.get("pending", {})
+    if not all(isinstance(x, dict) for x in (files, stages, pending)):
+        return "`files`, `stages` and `pending` must be objects"
     for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256", ""), (str, type(None)))
-                and "sha256" in entry and "/" not in name and name not in ("", ".", "..")):
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and "/" not in name and name not in ("", ".", "..")):
             return f"bad entry for file {name!r}"
+    if not all(isinstance(d, str) for d in pending.values()):
+        return "bad `pending` digests"
     for stage_id, record in stages.items():
         if not (isinstance(record, dict) and isinstance(record.get("key"), str)
                 and isinstance(record.get("outputs"), list) and isinstance(record.get("meta", {}), dict)
