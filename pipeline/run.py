@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import backends, deps, models
-from pipeline.errors import DependencyError, GateFailed, IntegrityError, StageFailed
+from pipeline.errors import DependencyError, GateFailed, IntegrityError, PipelineError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
@@ -89,8 +89,15 @@ class Run:
         try:
             with self.progress.stage(stage_id):
                 produced, meta = produce(workdir)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(workdir, ignore_errors=True)  # no half-written leftovers (full disk)
+            if isinstance(e, Exception) and not isinstance(e, PipelineError):
+                # A library failing on this stage's input (a corrupt graph, memory, a full disk)
+                # is a failed stage for the user; --debug still shows the original trace.
+                text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                used = f" on {', '.join(a.name for a in inputs)}" if inputs else ""
+                raise StageFailed(f"{stage_id} failed{used}: {type(e).__name__}: {text}".rstrip(": "),
+                                  "rerun with --debug for the trace") from e
             raise
         seconds = time.perf_counter() - t0
         record = {"key": key, "outputs": list(produced), "meta": meta,
