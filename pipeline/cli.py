@@ -246,6 +246,11 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except OSError as e:  # the machine's to fix (disk full, read-only, permissions): no trace
+        if _debug:
+            raise
+        click.echo(f"Error: {e} (rerun with --debug for the trace)".replace("\n", " "), err=True)
+        sys.exit(4)
     except KeyboardInterrupt:
         click.echo("Interrupted; finished artifacts are kept, a rerun resumes.", err=True)
         sys.exit(130)

@@ -19,7 +19,9 @@ class PipelineError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message} ({self.hint})"
+        text = self.message if not self.hint else f"{self.message} ({self.hint})"
+        # One line, always: user text (a key, a path, a --set value) may hold line breaks.
+        return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
 class RecipeError(PipelineError):

@@ -37,22 +37,24 @@ def _factory(spec: ModelSpec, where: str) -> Callable[..., Any]:
 
 
 def _where(recipe: Recipe) -> str:
-    return str(recipe.source) if recipe.source else recipe.name
+    return recipe.where
 
 
 def check(recipe: Recipe) -> None:
-    """Fail early: the factory imports (or transformers fits) and the weights file exists.
-
-    Zoo models are ours and import torch: they are not imported here, so a fully cached
-    rerun never pays for `import torch`.
-    """
+    """Fail early, before any work and without importing torch for a zoo model: a factory
+    imports (or transformers fits), and the weights file exists and is a readable safetensors
+    file. Zoo builders are ours: not importing them keeps a fully cached rerun torch-free."""
     if recipe.model.transformers is not None:
         _check_transformers(recipe)
     elif recipe.model.factory is not None:
         _factory(recipe.model, _where(recipe))
     weights = recipe.model.weights
-    if weights is not None and not Path(weights).is_file():
-        raise InputError(f"{_where(recipe)}: model.weights: no such file {weights}")
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            what = "is a folder, not a file" if path.is_dir() else "no such file"
+            raise InputError(f"{_where(recipe)}: model.weights: {weights}: {what}")
+        _weights_header(path, _where(recipe))
 
 
 def code_digest(recipe: Recipe) -> str | None:
@@ -101,11 +103,32 @@ def load(recipe: Recipe):
             f"{_where(recipe)}: model.factory returned {type(model).__name__}, not a torch.nn.Module"
         )
     if recipe.model.weights is not None:
-        _load_weights(model, Path(recipe.model.weights))
+        _load_weights(model, Path(recipe.model.weights), _where(recipe))
     return model.eval()
 
 
-def _load_weights(model, path: Path) -> None:
+def _weights_header(path: Path, where: str) -> dict[str, tuple]:
+    """name -> (dtype, shape) from the safetensors header, reading no tensor data."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            return {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise InputError(f"{where}: model.weights: {path} is not a readable safetensors file "
+                         f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})",
+                         "save it with safetensors.torch.save_file(model.state_dict(), path)") from None
+
+
+def _kind(t) -> str:
+    import torch
+
+    if t.dtype == torch.bool:
+        return "bool"
+    return "float" if t.is_floating_point() else "complex" if t.is_complex() else "integer"
+
+
+def _load_weights(model, path: Path, where: str) -> None:
     # safetensors holds plain tensors: no pickle, nothing executed while loading.
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -113,13 +136,29 @@ def _load_weights(model, path: Path) -> None:
     try:
         state = load_file(str(path))
     except (SafetensorError, OSError) as e:
-        raise InputError(f"model.weights: {path} is not a readable safetensors file ({e})") from None
-    missing, unexpected = model.load_state_dict(state, strict=False)
+        raise InputError(f"{where}: model.weights: {path} is not a readable safetensors file ({e})") from None
+    expected = model.state_dict()
+    # Checked here, not left to load_state_dict: it raises a bare RuntimeError on a shape and
+    # silently casts integer tensors into float parameters. Shapes first: a checkpoint of
+    # another model size is best explained by its first tensor that does not fit.
+    for name, want in expected.items():
+        got = state.get(name)
+        if got is None:
+            continue
+        if tuple(got.shape) != tuple(want.shape):
+            raise InputError(f"{where}: model.weights: {path}: `{name}` has shape {list(got.shape)}, "
+                             f"the model's is {list(want.shape)}")
+        if _kind(got) != _kind(want):
+            raise InputError(f"{where}: model.weights: {path}: `{name}` is {got.dtype}, the model's "
+                             f"is {want.dtype} ({_kind(want)} values needed)")
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
     if missing or unexpected:
         raise InputError(
-            f"model.weights: {path} does not fit the model "
+            f"{where}: model.weights: {path} does not fit the model "
             f"(missing: {', '.join(missing[:3]) or 'none'}; unexpected: {', '.join(unexpected[:3]) or 'none'})"
         )
+    model.load_state_dict(state, strict=True)
 
 
 # ------------------------------------------------------------------ transformers (light checks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -16,6 +17,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline import paths
 from pipeline.errors import RecipeError
 from pipeline.passes import names as _pass_names
 from pipeline.zoo import ZOO
@@ -23,6 +25,11 @@ from pipeline.zoo import ZOO
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 INTEGER_DTYPES = ("int64", "int32")
 PASS_NAMES = _pass_names()
+# Values an input of each dtype can hold: integer ranges are [low, high), floats |x| <= limit.
+_INT_LIMITS = {"int64": (-(2**63), 2**63), "int32": (-(2**31), 2**31)}
+_FLOAT_LIMITS = {"float16": 65504.0, "bfloat16": 3.38e38, "float32": 3.4028234e38}
+MAX_ELEMENTS = 2**31 - 1  # per tensor: engines (TensorRT, ORT kernels) index with int32
+SEED_MAX = 2**63 - 1
 
 
 class Strict(BaseModel):
@@ -117,7 +124,7 @@ class Dim(Strict):
 
 
 class InputSpec(Strict):
-    name: str = Field(description="Input name, as in the model's forward() and the ONNX graph.")
+    name: str = Field(min_length=1, description="Input name, as in forward() and the ONNX graph.")
     dtype: DType = Field(description="Element type.")
     shape: list[Annotated[int, Field(ge=1)] | Dim] = Field(
         min_length=0, description="Each dim a fixed int or a {min, opt, max} range."
@@ -130,10 +137,25 @@ class InputSpec(Strict):
 
     @model_validator(mode="after")
     def _range(self) -> InputSpec:
-        if self.range is not None and not self.range[0] < self.range[1]:
-            raise ValueError(f"range needs low < high (got {list(self.range)})")
+        if self.range is not None:
+            low, high = self.range
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
+                raise ValueError(f"range needs finite low < high (got {list(self.range)})")
+            if self.dtype in _INT_LIMITS:
+                lo, hi = _INT_LIMITS[self.dtype]
+                if low != int(low) or high != int(high) or not lo <= low < high <= hi:
+                    bits = 63 if self.dtype == "int64" else 31
+                    raise ValueError(f"range of {self.dtype} input `{self.name}` needs whole numbers "
+                                     f"within [-2**{bits}, 2**{bits}] (got {list(self.range)})")
+            elif self.dtype in _FLOAT_LIMITS and max(-low, high) > _FLOAT_LIMITS[self.dtype]:
+                raise ValueError(f"range {list(self.range)} overflows {self.dtype} "
+                                 f"(largest value {_FLOAT_LIMITS[self.dtype]:g})")
         if self.dtype in INTEGER_DTYPES and self.range is None:
             raise ValueError(f"integer input `{self.name}` needs `range: [low, high]`")
+        elements = math.prod(self.dims("max"))
+        if elements > MAX_ELEMENTS:
+            raise ValueError(f"input `{self.name}` has {elements:,} elements at the max point; "
+                             f"an engine tensor holds at most {MAX_ELEMENTS:,} (2**31-1)")
         return self
 
     def dims(self, which: Literal["min", "opt", "max"]) -> tuple[int, ...]:
@@ -167,7 +189,8 @@ class CalibrationSpec(SplitSpec):
 
 
 class DataSpec(Strict):
-    seed: int = Field(0, description="Seed of the random feeds; splits use disjoint streams.")
+    seed: int = Field(0, ge=0, le=SEED_MAX,
+                      description="Seed of the random feeds; splits use disjoint streams.")
     validation: SplitSpec = Field(
         SplitSpec(samples=8), description="Held-out feeds for accuracy (never used to calibrate)."
     )
@@ -500,7 +523,7 @@ class Recipe(Strict):
     description: str = Field("", description="One line on what this variant is.")
     model: ModelSpec = Field(description="The PyTorch model.")
     inputs: list[InputSpec] = Field(min_length=1, description="Model inputs, in forward() order.")
-    outputs: list[str] = Field(
+    outputs: list[Annotated[str, Field(min_length=1)]] = Field(
         ["output"], min_length=1, description="Names given to the model's outputs, in order."
     )
     data: DataSpec = Field(DataSpec(), description="Input feeds for calibration and validation.")
@@ -529,6 +552,14 @@ class Recipe(Strict):
             raise ValueError(f"input names must be unique (repeated: {', '.join(dupes)})")
         return inputs
 
+    @field_validator("outputs")
+    @classmethod
+    def _unique_outputs(cls, outputs: list[str]) -> list[str]:
+        repeated = sorted({o for o in outputs if outputs.count(o) > 1})
+        if repeated:
+            raise ValueError(f"output names must be unique (repeated: {', '.join(repeated)})")
+        return outputs
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
         ids = [t.id for t in self.targets]
@@ -548,6 +579,10 @@ class Recipe(Strict):
         if self.precision.mode in ("int8", "fp8") and self.data.calibration is None:
             raise ValueError(f"precision.mode {self.precision.mode} needs calibration data: set "
                              "data.calibration (random samples, a .npz `file` or a `loader`)")
+        clash = sorted(set(self.outputs) & {i.name for i in self.inputs})
+        if clash:
+            raise ValueError(f"outputs and inputs share names ({', '.join(clash)}); "
+                             "an ONNX graph names each value once")
         for name in self.validate_.top1_outputs or []:
             if name not in self.outputs:
                 raise ValueError(f"validate.top1_outputs names `{name}`, not one of outputs {self.outputs}")
@@ -572,6 +607,11 @@ class Recipe(Strict):
         """JSON-able dump of the named top-level sections (the input of a cache key)."""
         dump = self.model_dump(mode="json", by_alias=True)
         return {k: dump[k] for k in keys}
+
+    @property
+    def where(self) -> str:
+        """The recipe file as messages show it (relative to the project when inside it)."""
+        return _display(self.source) if self.source else self.name
 
     @property
     def digest(self) -> str:
@@ -618,6 +658,9 @@ def resolve_path(ref: str) -> Path:
 def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
     """Load, merge (`extends:`), override (`--set`) and validate a recipe."""
     path = resolve_path(str(ref))
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", path.stem):  # it names engines/<stem>/
+        raise RecipeError(f"{_display(path)}: a recipe file name must start with a letter or "
+                          f"digit and hold only letters, digits, `.`, `_`, `-` (got {path.stem!r})")
     raw, origin = _load_merged(path, chain=())
     for item in overrides:
         _apply_override(raw, origin, item)
@@ -625,9 +668,34 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
         raise RecipeError(_format_validation_error(e, path, origin)) from None
+    except RecursionError:  # a list/dict that contains itself, e.g. from --set
+        raise RecipeError(f"{_display(path)}: the recipe nests too deeply") from None
+    _confine_paths(recipe, path, origin)
     recipe.name = path.stem
     recipe.source = path
     return recipe
+
+
+def _confine_paths(recipe: Recipe, path: Path, origin: Origin) -> None:
+    """Every file a recipe names (any Path field) stays in the project or a data folder."""
+    roots = paths.allowed_roots()
+    for loc, value in _path_fields(recipe, ()):
+        problem = paths.escape(value, roots)
+        if problem:
+            source = _source_of(loc, origin) or _display(path)
+            raise RecipeError(f"{source}: {'.'.join(map(str, loc))}: {problem}")
+
+
+def _path_fields(node: Any, loc: tuple):
+    if isinstance(node, Path):
+        yield loc, node
+    elif isinstance(node, BaseModel):
+        for name, field in type(node).model_fields.items():
+            if not field.exclude:
+                yield from _path_fields(getattr(node, name), (*loc, field.alias or name))
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            yield from _path_fields(item, (*loc, i))
 
 
 def _display(path: Path) -> str:
@@ -639,16 +707,21 @@ def _display(path: Path) -> str:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"{_display(path)}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"{_display(path)}: not UTF-8 text (byte {e.start}); a recipe is YAML") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.safe_load(text)  # safe: plain data only, never Python objects
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise RecipeError(f"{_display(path)}:{where}: malformed YAML: {problem}") from None
+    except RecursionError:
+        raise RecipeError(f"{_display(path)}: malformed YAML: nested too deeply") from None
+    _check_tree(data, _display(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -659,6 +732,25 @@ def _read_yaml(path: Path) -> dict:
 
 
 Origin = dict[tuple, str]  # key path -> file (or --set) that set it
+
+MAX_DEPTH, MAX_VALUES = 32, 100_000
+
+
+def _check_tree(data: Any, where: str) -> None:
+    """A recipe is a small tree. YAML anchors and aliases (`&a`, `*a`) can make it contain
+    itself or expand exponentially ("billion laughs"); refuse both before anything walks it."""
+    stack, seen = [(data, 0)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if depth > MAX_DEPTH or seen > MAX_VALUES:
+            raise RecipeError(
+                f"{where}: the YAML nests deeper than {MAX_DEPTH} levels or expands to more than "
+                f"{MAX_VALUES:,} values", "does an `&anchor` refer to itself through a `*alias`?")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
 
 
 def _load_merged(path: Path, chain: tuple[Path, ...]) -> tuple[dict, Origin]:
@@ -673,9 +765,15 @@ def _load_merged(path: Path, chain: tuple[Path, ...]) -> tuple[dict, Origin]:
         return data, own_origin
     if not isinstance(base_ref, str):
         raise RecipeError(f"{_display(path)}: extends: must be a file name (got {base_ref!r})")
-    base_path = (path.parent / base_ref)
+    base_path = path.parent / base_ref
+    if not base_ref.strip() or "\0" in base_ref or not base_path.name:
+        raise RecipeError(f"{_display(path)}: extends: must be a file name (got {base_ref!r})")
     if base_path.suffix not in (".yaml", ".yml"):
-        base_path = base_path.with_suffix(".yaml")
+        base_path = base_path.with_name(base_path.name + ".yaml")
+    # A base stays inside the project, the first recipe's folder or a data folder.
+    problem = paths.escape(base_path, paths.allowed_roots((chain[0] if chain else resolved).parent))
+    if problem:
+        raise RecipeError(f"{_display(path)}: extends: {problem}")
     if not base_path.is_file():
         raise RecipeError(
             f"{_display(path)}: extends: {base_ref}: no such file {_display(base_path)}",
@@ -712,6 +810,9 @@ def _apply_override(raw: dict, origin: Origin, item: str) -> None:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = text
+    except RecursionError:
+        raise RecipeError(f"--set {item}: the value nests too deeply") from None
+    _check_tree(value, f"--set {item}")
     parts = key.strip().split(".")
     node: Any = raw
     for part in parts[:-1]:
@@ -753,7 +854,8 @@ def _format_validation_error(error: ValidationError, path: Path, origin: Origin)
     errors = _flatten(error)
     loc, message = errors[0]
     source = _source_of(loc, origin) or _display(path)
-    key = ".".join(str(p) for p in loc) or "(top level)"
+    key = ".".join(p if isinstance(p, str) and re.fullmatch(r"[\w-]+", p) else
+                   str(p) if isinstance(p, int) else repr(p) for p in loc) or "(top level)"
     more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
     return f"{source}: {key}: {message}{more}"
 

@@ -18,13 +18,21 @@ when an output was changed by hand, the run refuses (IntegrityError) rather than
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import backends, deps, models
-from pipeline.errors import DependencyError, GateFailed, IntegrityError, RecipeError, StageFailed
+from pipeline.errors import (
+    DependencyError,
+    GateFailed,
+    IntegrityError,
+    PipelineError,
+    RecipeError,
+    StageFailed,
+)
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.store import Artifact, Store, now
 from pipeline.ui import Progress
@@ -93,15 +101,24 @@ class Run:
 
         workdir = self.store.workdir(stage_id)
         t0 = time.perf_counter()
-        with self.progress.stage(stage_id):
-            produced, meta = produce(workdir)
+        try:
+            with self.progress.stage(stage_id):
+                produced, meta = produce(workdir)
+        except BaseException as e:
+            shutil.rmtree(workdir, ignore_errors=True)  # no half-written leftovers (full disk)
+            if isinstance(e, Exception) and not isinstance(e, PipelineError):
+                # A library failing on this stage's input (a corrupt graph, memory, a full disk)
+                # is a failed stage for the user; --debug still shows the original trace.
+                text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+                used = f" on {', '.join(a.name for a in inputs)}" if inputs else ""
+                raise StageFailed(f"{stage_id} failed{used}: {type(e).__name__}: {text}".rstrip(": "),
+                                  "rerun with --debug for the trace") from e
+            raise
         seconds = time.perf_counter() - t0
-        outputs = {name: self.store.commit(path, name, stage_id) for name, path in produced.items()}
-        self.store.manifest["stages"][stage_id] = {
-            "key": key, "outputs": list(outputs), "meta": meta,
-            "seconds": round(seconds, 3), "finished": now(),
-        }
-        self.store.save_manifest(recipe=self.recipe.name, recipe_sha256=self.recipe.digest)
+        record = {"key": key, "outputs": list(produced), "meta": meta,
+                  "seconds": round(seconds, 3), "finished": now()}
+        outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
+                                          recipe_sha256=self.recipe.digest)
         self.work_done = True
         self.progress.done(stage_id, seconds)
         return Result(outputs, meta, cached=False)

@@ -10,6 +10,14 @@
 Nothing ever appears under a final name half-written: stages write into `.tmp/`, and
 `commit()` renames the finished file into place (rename is atomic within a filesystem).
 The manifest itself is written the same way, after the files it describes.
+
+A run can be killed at any instant (SIGKILL, power, CI cancel). `commit_stage()` therefore
+first records the new digests under the manifest's `pending` (and drops the stage's record),
+then renames the files, then records them in `files` and empties `pending`. Killed in
+between, every file has either its recorded digest or its pending one: that is an
+interrupted commit, not tampering, and the stage (with no record) simply reruns. Any other
+digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
+{sha256, bytes, stage}.)
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import deps
-from pipeline.errors import IntegrityError, LockError
+from pipeline.errors import InputError, IntegrityError, LockError
 
 MANIFEST = "manifest.json"
 SCHEMA = 1
@@ -63,6 +71,23 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable (the directory entry itself lives in the folder)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def lock_wait() -> float:
+    """Seconds a run waits for another run's lock (env PIPELINE_LOCK_WAIT, default 600)."""
+    try:
+        return max(0.0, float(os.environ.get("PIPELINE_LOCK_WAIT", "600")))
+    except ValueError:
+        return 600.0
+
+
 def dumps(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n"
 
@@ -79,11 +104,17 @@ class Store:
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
-    def lock(self, wait: float = 600.0, on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
+    def lock(self, wait: float | None = None,
+             on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / ".lock", "a+") as f:
-            deadline = time.monotonic() + wait
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            f = open(self.dir / ".lock", "a+")  # noqa: SIM115 - closed by the `with` below
+        except OSError as e:
+            raise InputError(f"{self.dir}: cannot create the output folder ({e.strerror})",
+                             "check --engines-dir / PIPELINE_ENGINES") from None
+        with f:
+            deadline = time.monotonic() + (lock_wait() if wait is None else wait)
             told = False
             while True:
                 try:
@@ -106,12 +137,21 @@ class Store:
             f.write(f"pid {os.getpid()}")
             f.flush()
             try:
-                shutil.rmtree(self.tmp, ignore_errors=True)  # leftovers of a killed run
+                self._sweep()
                 yield
             finally:
                 f.seek(0)
                 f.truncate()
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def _sweep(self) -> None:
+        """Remove what a killed run left behind: .tmp/ and write_atomic's `.NAME.PID.tmp`."""
+        if self.tmp.is_symlink() or self.tmp.is_file():  # never work (or delete) through a link
+            self.tmp.unlink()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        for stray in self.dir.glob(".*.tmp"):
+            if stray.is_file():
+                stray.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ manifest
     @property
@@ -126,10 +166,16 @@ class Store:
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(
                 f"{path}: unreadable manifest ({e})", "delete the folder or rerun with --force"
             ) from None
+        problem = _manifest_problem(data)
+        if problem:
+            raise IntegrityError(
+                f"{path}: not a manifest this pipeline wrote ({problem})",
+                "delete the folder or rerun with --force",
+            )
         data.setdefault("files", {})
         data.setdefault("stages", {})
         return data
@@ -159,8 +205,21 @@ class Store:
         digest = sha256_file(produced)
         size = produced.stat().st_size
         os.replace(produced, final)
+        _fsync_dir(self.dir)
         self.manifest["files"][name] = {"sha256": digest, "bytes": size, "stage": stage_id}
         return Artifact(name, final, digest, size)
+
+    def commit_stage(self, stage_id: str, produced: dict[str, Path], record: dict,
+                     **fields: Any) -> dict[str, Artifact]:
+        """Commit all files of one stage and its record, safe against a kill at any point."""
+        self.manifest["stages"].pop(stage_id, None)  # until step 3 the stage counts as not done
+        self.manifest["pending"] = {name: sha256_file(path) for name, path in produced.items()}
+        self.save_manifest(**fields)  # step 1: what is about to appear
+        outputs = {name: self.commit(path, name, stage_id) for name, path in produced.items()}
+        self.manifest["stages"][stage_id] = record  # step 2 done: step 3
+        self.manifest["pending"] = {}
+        self.save_manifest(**fields)
+        return outputs
 
     def artifact(self, name: str) -> Artifact:
         entry = self.manifest["files"][name]
@@ -175,10 +234,14 @@ class Store:
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
+        pending = self.manifest.get("pending", {}).get(name)
+        if actual == pending:  # renamed in by a commit that was interrupted
+            return Artifact(name, path, actual, path.stat().st_size)
         if actual != entry["sha256"]:
+            recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], pending) if d)
             raise IntegrityError(
                 f"{path}: sha256 {actual[:12]}… does not match the manifest's "
-                f"{entry['sha256'][:12]}…; the file changed after it was built",
+                f"{recorded}; the file changed after it was built",
                 "rebuild with --force",
             )
         return Artifact(name, path, actual, entry["bytes"])
@@ -188,3 +251,24 @@ class Store:
         for name in list(self.manifest["files"]):
             if (self.dir / name).is_file():
                 self.verify(name)
+
+
+def _manifest_problem(data: Any) -> str | None:
+    """What makes `data` not a manifest (the run would trip over it later), or None."""
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not an object"
+    files, stages, pending = data.get("files", {}), data.get("stages", {}), data.get("pending", {})
+    if not all(isinstance(x, dict) for x in (files, stages, pending)):
+        return "`files`, `stages` and `pending` must be objects"
+    for name, entry in files.items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+                and "/" not in name and name not in ("", ".", "..")):
+            return f"bad entry for file {name!r}"
+    if not all(isinstance(d, str) for d in pending.values()):
+        return "bad `pending` digests"
+    for stage_id, record in stages.items():
+        if not (isinstance(record, dict) and isinstance(record.get("key"), str)
+                and isinstance(record.get("outputs"), list) and isinstance(record.get("meta", {}), dict)
+                and all(isinstance(o, str) and o in files for o in record["outputs"])):
+            return f"bad record for stage {stage_id!r}"
+    return None

@@ -65,7 +65,12 @@ def _session(path: Path, target: OnnxRuntimeTarget, level, threads: int | None,
     if save_to is not None:
         options.optimized_model_filepath = str(save_to)
     wanted = providers(target)
-    session = ort.InferenceSession(str(path), options, providers=wanted)
+    try:
+        session = ort.InferenceSession(str(path), options, providers=wanted)
+    except Exception as e:  # ORT raises its own classes: a truncated or corrupt graph lands here
+        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise StageFailed(f"onnxruntime cannot load {path.name}: {detail}",
+                          "the file is damaged; rebuild with --force") from e
     # No silent fallback: onnxruntime-gpu quietly drops to CPU when CUDA cannot load.
     if session.get_providers()[0] != wanted[0]:
         raise StageFailed(

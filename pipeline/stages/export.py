@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 
 from pipeline import data, metrics, models
-from pipeline.errors import StageFailed
+from pipeline.errors import PipelineError, RecipeError, StageFailed
 from pipeline.recipe import Dim, Recipe
 
 NAME, VERSION = "export", 1
@@ -87,6 +87,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
     model = models.load(recipe)
     example = data.feeds(recipe, "export")[0]
     args = tuple(torch.from_numpy(example[i.name]) for i in recipe.inputs)
+    _check_outputs(recipe, model, args)
     out_path = workdir / "model.onnx"
     kwargs = dict(
         input_names=[i.name for i in recipe.inputs],
@@ -114,9 +115,20 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
     if verbose:
         print(log.getvalue())
 
-    proto = onnx.load(str(out_path), load_external_data=False)
-    onnx.checker.check_model(proto)
-    parity = check_parity(recipe, model, out_path)
+    try:
+        proto = onnx.load(str(out_path), load_external_data=False)
+        onnx.checker.check_model(proto)
+    except Exception as e:  # the exporter wrote a graph ONNX itself rejects
+        raise StageFailed(f"export ({recipe.export.exporter}) wrote an invalid ONNX graph: "
+                          f"{_first_line(e)}", "try export.exporter: torchscript") from e
+    try:
+        parity = check_parity(recipe, model, out_path)
+    except PipelineError:
+        raise
+    except Exception as e:  # e.g. out of memory at the max shape
+        raise StageFailed(
+            f"export parity check failed to run the graph at the opt/max shapes: {_first_line(e)}",
+            "lower the inputs' max dims if memory ran out") from e
     return {"model.onnx": out_path}, {
         "exporter": recipe.export.exporter,
         "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
@@ -124,6 +136,29 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         "export_seconds": seconds,
         "parity": parity,
     }
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
+
+
+def _check_outputs(recipe: Recipe, model, args: tuple) -> None:
+    """One eager forward before the (slow) export: the model runs on the recipe's inputs and
+    returns exactly one tensor per name in `outputs`."""
+    import torch
+
+    try:
+        with torch.no_grad():
+            out = model(*args)
+    except Exception as e:
+        raise StageFailed(f"the model fails on a feed of the recipe's inputs ({_first_line(e)})",
+                          "check the inputs' dtype, shape and range against forward()") from e
+    count = 1 if isinstance(out, torch.Tensor) else len(out) if isinstance(out, (tuple, list, dict)) else 0
+    if count != len(recipe.outputs):
+        raise RecipeError(f"{recipe.where}: outputs: the model returns {count} output(s), the recipe names "
+                          f"{len(recipe.outputs)} ({', '.join(recipe.outputs)})",
+                          "give one name per output, in order")
 
 
 def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:

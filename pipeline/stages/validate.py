@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import zipfile
 from pathlib import Path
 
 from pipeline import backends, data, metrics, models
 from pipeline.backends.torch import TorchRunner
 from pipeline.bench import plots, protocol, stats, sweep, timing
+from pipeline.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
@@ -121,7 +123,11 @@ def _gate(name: str, passed: bool, detail: str) -> dict:
 
 def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
              workdir: Path) -> tuple[dict[str, Path], dict]:
-    feeds, references = data.load_feeds(base.path)
+    try:
+        feeds, references = data.load_feeds(base.path)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # pickled arrays: ValueError
+        raise StageFailed(f"{base.name}: cannot read the baseline feeds ({type(e).__name__}: {e})",
+                          "rerun with --force to rebuild it") from e
     backend = backends.get(target.kind)
     spec = recipe.validation.latency
     feed = timing_feed(recipe)

@@ -37,7 +37,7 @@ class GLMConfig(BaseModel):
         description="Share of FFN channels removed by structured pruning (lowest weight norm "
         "first), applied to the standard weights so pruned and standard models stay comparable.",
     )
-    seed: int = Field(0, description="Seed of the random weights.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed of the random weights.")
 
     @model_validator(mode="after")
     def _prune_leaves_channels(self) -> GLMConfig:
