@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from pipeline import recipe as recipe_mod
+from pipeline import recipe_loader
 from pipeline.errors import PipelineError
 
 # A fixed, fast sample in the suite; PIPELINE_FUZZ_EXAMPLES=5000 for a long random hunt.
@@ -83,7 +84,7 @@ def test_random_text_and_bytes(workdir, text):
 @st.composite
 def mutated(draw):
     """The merged `standard` recipe with a few random deletions, replacements and insertions."""
-    raw, _ = recipe_mod._load_merged(recipe_mod.recipes_dir() / "standard.yaml", ())
+    raw, _ = recipe_loader._load_merged(recipe_loader.recipes_dir() / "standard.yaml", ())
     raw = copy.deepcopy(raw)
     for _ in range(draw(st.integers(1, 4))):
         node = raw

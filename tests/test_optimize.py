@@ -243,19 +243,40 @@ def built_gpt2(tmp_path_factory) -> Project:
 FIXTURES = {"standard": "built_standard", "minilm": "built_minilm", "gpt2-tiny": "built_gpt2"}
 
 
+def _recipe_params():
+    for path in sorted((ROOT / "recipes").glob("*.yaml")):
+        text = path.read_text()
+        if "glm-base" in text:  # ~201M parameters: sized for GPUs (`make gpu-check` builds them)
+            yield pytest.param(path.stem, marks=pytest.mark.skip(
+                reason=f"{path.stem} is the ~201M-parameter GLM, sized for `make gpu-check` on a "
+                       "GPU; building it on 2 CPU cores takes longer than the whole suite may"))
+        else:
+            yield path.stem
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml")))
+@pytest.mark.parametrize("name", list(_recipe_params()))
 def test_every_recipe_builds_and_validates(request, tmp_path, name):
+    """Builds and validates: every engine is built (or skipped with its reason, e.g. no
+    TensorRT here) and carries accuracy, latency and gates. A recipe whose gates fail on
+    purpose (flash-int8 misses the issue's accuracy bar on random weights) exits 3 with
+    the report written."""
     if name in FIXTURES:  # built once per session, shared with the tests that read its outputs
         proj = request.getfixturevalue(FIXTURES[name])
+        code = 0
     else:
         proj = Project(tmp_path)
         result = proj.run("run", name, *FAST_OPT)
-        assert result.code == 0, result.err
+        code = result.code
+        assert code in (0, 3), result.err
     report = json.loads((proj.engines / name / "report.json").read_text())
     assert report["optimize"]["nodes_after"] <= report["optimize"]["nodes_before"]
-    assert report["engines"] and all(
-        e["status"] == "built" and all(g["passed"] for g in e["gates"]) for e in report["engines"])
+    built = [e for e in report["engines"] if e["status"] == "built"]
+    assert built and all(e["status"] == "built" or e["reason"] for e in report["engines"])
+    for e in built:
+        assert e["accuracy"] and e["latency_ms"]["n"] > 0 and e["gates"]
+    passed = all(g["passed"] for e in built for g in e["gates"])
+    assert passed == (code == 0)
 
 
 def test_gpt2_tiny_rejects_the_invalid_fusion_and_keeps_going(built_gpt2):

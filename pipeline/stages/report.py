@@ -183,7 +183,9 @@ def markdown(report: dict) -> str:
                          f"{x['mean']:.3f} | {x['cov']:.2f} | {x['n']} |")
         if e.get("latency_note"):
             lines += ["", f"**Latency not meaningful here:** {e['latency_note']}."]
-        if e.get("effective_precision"):
+        # ONNX Runtime's effective precision (FLOP shares); TensorRT's (layer/time shares)
+        # is rendered by _engine_notes
+        if "integer_share" in (e.get("effective_precision") or {}):
             from pipeline.precision.report import effective_markdown
 
             lines += effective_markdown(e["effective_precision"])

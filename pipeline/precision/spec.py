@@ -1,0 +1,96 @@
+"""Recipe schema of the `precision:` section (the precision stage, pipeline/precision)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from pipeline.recipe_base import Strict
+
+
+class BudgetSpec(Strict):
+    cosine_min: float = Field(0.999, ge=-1, le=1, description="Worst-feed cosine vs the FP32 graph.")
+    top1_min: float | None = Field(
+        None, ge=0, le=1, description="Top-1 agreement vs the FP32 graph (logit outputs)."
+    )
+
+
+class SensitivitySpec(Strict):
+    enabled: bool = Field(False, description="Rank quantizable nodes by the error each causes alone.")
+    auto_exclude: bool = Field(
+        False, description="Keep the most sensitive nodes in float until `budget` is met."
+    )
+    budget: BudgetSpec = Field(BudgetSpec(), description="Accuracy the quantized graph must keep.")
+    samples: int = Field(4, ge=1, description="Calibration feeds the accuracy is measured on.")
+
+
+FP32_BLOCK_LIST = ["ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax", "Exp", "Sigmoid",
+                   "ReduceSum", "LayerNormalization", "SimplifiedLayerNormalization", "Cos", "Sin",
+                   "Range", "CumSum"]
+
+
+class PrecisionSpec(Strict):
+    """Precision set in the ONNX graph itself (casts or Q/DQ nodes): see pipeline/precision."""
+
+    mode: Literal["fp32", "fp16", "bf16", "int8", "fp8", "int4"] = Field(
+        "fp32", description="fp16/bf16: cast the graph; int8/fp8: calibrated Q/DQ (weights and "
+        "activations); int4: block-wise weight-only; fp32: no precision stage.",
+    )
+    keep_io_types: bool = Field(True, description="fp16/bf16: keep graph inputs/outputs FP32.")
+    block_list: list[str] = Field(
+        FP32_BLOCK_LIST, description="fp16/bf16: op types kept in FP32 (norms, softmax, reductions).",
+    )
+    calibration: Literal["minmax", "percentile", "entropy", "distribution"] | None = Field(
+        None, description="int8/fp8 calibration method; default minmax (int8), distribution (fp8).",
+    )
+    percentile: float = Field(99.999, gt=50, le=100, description="Percentile kept by `percentile`.")
+    op_types: list[Literal["MatMul", "Gemm", "Conv", "Add"]] = Field(
+        ["MatMul", "Gemm", "Conv"], min_length=1,
+        description="Op types quantized (int8/fp8; int4 takes MatMul/Gemm weights). `Add` adds "
+        "the residual adds.",
+    )
+    per_channel: bool = Field(True, description="int8: one weight scale per output channel.")
+    exclude: list[str] = Field(
+        [], description="Nodes kept in float: exact node names or regexes (full match). A pattern "
+        "that matches no quantizable node is an error.",
+    )
+    block_size: int = Field(32, ge=16, description="int4: weights per scale (a power of two).")
+    sensitivity: SensitivitySpec = Field(SensitivitySpec(), description="Per-node sensitivity.")
+    require_effective_precision: float | None = Field(
+        None, gt=0, le=1, description="Least share of MatMul/Gemm FLOPs that ONNX Runtime must run "
+        "in integer kernels after its graph optimization; below it the engine fails (exit 3).",
+    )
+
+    @field_validator("exclude")
+    @classmethod
+    def _regexes(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"exclude: `{p}` is not a valid regex ({e})") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrecisionSpec:
+        quantized = self.mode in ("int8", "fp8")
+        if self.mode == "fp8" and self.calibration not in (None, "distribution"):
+            raise ValueError("fp8 needs calibration: distribution (ONNX Runtime calibrates FP8 "
+                             "only with it)")
+        if self.calibration is not None and not quantized:
+            raise ValueError(f"calibration applies to int8/fp8, not mode {self.mode}")
+        if self.sensitivity.enabled and not quantized:
+            raise ValueError(f"sensitivity applies to int8/fp8, not mode {self.mode}")
+        if self.sensitivity.auto_exclude and not self.sensitivity.enabled:
+            raise ValueError("sensitivity.auto_exclude needs sensitivity.enabled: true")
+        if self.require_effective_precision is not None and self.mode not in ("int8", "int4"):
+            raise ValueError("require_effective_precision applies to integer modes (int8, int4)")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two (got {self.block_size})")
+        return self
+
+    @property
+    def method(self) -> str:
+        return self.calibration or ("distribution" if self.mode == "fp8" else "minmax")

@@ -1,0 +1,39 @@
+"""Building blocks of the recipe schema: strict models, element types and their limits, and
+the dynamic dimension every input shape and engine profile is made of."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
+INTEGER_DTYPES = ("int64", "int32")
+# Values an input of each dtype can hold: integer ranges are [low, high), floats |x| <= limit.
+_INT_LIMITS = {"int64": (-(2**63), 2**63), "int32": (-(2**31), 2**31)}
+_FLOAT_LIMITS = {"float16": 65504.0, "bfloat16": 3.38e38, "float32": 3.4028234e38}
+MAX_ELEMENTS = 2**31 - 1  # per tensor: engines (TensorRT, ORT kernels) index with int32
+SEED_MAX = 2**63 - 1
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Dim(Strict):
+    """A dynamic dimension: engines accept [min, max] and are tuned for `opt`."""
+
+    min: int = Field(ge=1, description="Smallest size the engine must accept.")
+    opt: int = Field(ge=1, description="Size the engine is tuned and timed for.")
+    max: int = Field(ge=1, description="Largest size the engine must accept.")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z_]\w*$",
+        description="Symbol shared by dims that must be equal (e.g. `batch` across inputs).",
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Dim:
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"needs min <= opt <= max (got {self.min}, {self.opt}, {self.max})")
+        return self

@@ -1,0 +1,107 @@
+"""Recipe schemas of the build targets, one class per kind; `Target` is their union.
+
+Adding a target kind: a class here (with `kind: Literal[...]`), its name in the union and
+in TARGET_KINDS, and a backend module registered in pipeline/backends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Literal, Union
+
+from pydantic import Field
+
+from pipeline.recipe_base import Dim, Strict
+
+if TYPE_CHECKING:
+    from pipeline.recipe import Recipe
+
+class TargetBase(Strict):
+    name: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Engine name; defaults to `kind`."
+    )
+    required: bool = Field(
+        False, description="Fail the run (exit 2) when this target cannot be built here."
+    )
+
+    @property
+    def id(self) -> str:
+        return self.name or self.kind  # type: ignore[attr-defined]
+
+    def check(self, recipe: Recipe) -> None:
+        """Cross-checks against the whole recipe (raise ValueError); none by default."""
+
+
+class OnnxRuntimeTarget(TargetBase):
+    kind: Literal["onnxruntime"] = "onnxruntime"
+    provider: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Execution provider: `auto` takes CUDA where a GPU is present."
+    )
+    optimization_level: Literal["basic", "extended", "all"] = Field(
+        "extended",
+        description="ORT graph optimization baked into the saved engine. `all` adds layout "
+        "changes tied to this CPU's instruction set.",
+    )
+
+
+class TensorRTTarget(TargetBase):
+    """A TensorRT engine built through Polygraphy from the final (strongly typed) ONNX graph."""
+
+    kind: Literal["tensorrt"] = "tensorrt"
+    profiles: list[dict[str, Dim]] = Field(
+        default_factory=list,
+        description="Extra optimization profiles after the first (which is always the inputs' "
+        "min/opt/max); each overrides named dims, e.g. `{batch: {min: 1, opt: 1, max: 1}}`.",
+    )
+    optimization_level: int = Field(
+        3, ge=0, le=5, description="TensorRT builder optimization level (0 fastest build, 5 most search)."
+    )
+    workspace_mib: int | None = Field(
+        None, ge=1, description="Limit of the builder's workspace memory pool, in MiB (default: TensorRT's)."
+    )
+    tactic_shared_memory_kib: int | None = Field(
+        None, ge=1, description="Limit of the tactic shared-memory pool, in KiB (default: TensorRT's)."
+    )
+    hardware_compatibility: Literal["none", "ampere_plus"] = Field(
+        "none", description="`ampere_plus` builds an engine that runs on any Ampere or newer GPU "
+        "(slower); `none` ties it to this GPU's compute capability."
+    )
+    timing_cache: bool = Field(
+        True, description="Load and save TensorRT's tactic timing cache (one file per GPU and "
+        "TensorRT version, under $PIPELINE_CACHE_DIR or ~/.cache/engine-pipeline)."
+    )
+    cuda_graphs: bool = Field(
+        True, description="Run inference as a captured CUDA Graph (recaptured when shapes change; "
+        "plain enqueue, with the reason reported, when capture fails)."
+    )
+    require_effective_precision: Literal["int8", "fp8", "fp16", "bf16"] | None = Field(
+        None, description="Fail the engine unless at least `effective_precision_min_share` of its "
+        "layer time (layer count when untimed) runs at this precision or narrower."
+    )
+    effective_precision_min_share: float = Field(
+        0.5, gt=0, le=1, description="Share required by `require_effective_precision`."
+    )
+
+    def check(self, recipe: Recipe) -> None:
+        symbols = {d.name for i in recipe.inputs for d in i.shape if isinstance(d, Dim) and d.name}
+        for n, profile in enumerate(self.profiles):
+            unknown = sorted(set(profile) - symbols)
+            if unknown:
+                raise ValueError(
+                    f"target `{self.id}`: profiles.{n} names dims {unknown} that no input declares; "
+                    f"named dims: {sorted(symbols) or 'none (give dims a `name:`)'}"
+                )
+
+
+class AOTInductorTarget(TargetBase):
+    kind: Literal["aotinductor"] = "aotinductor"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the package runs: `auto` takes CUDA where a GPU is present."
+    )
+    dtype: Literal["fp32", "fp16", "bf16"] = Field(
+        "fp32", description="Float type the model is cast to before torch.export."
+    )
+
+
+Target = Annotated[Union[OnnxRuntimeTarget, TensorRTTarget, AOTInductorTarget], Field(discriminator="kind")]  # noqa: UP007
+
+TARGET_KINDS = ("onnxruntime", "tensorrt", "aotinductor")
