@@ -3,7 +3,8 @@
     PYTHONPATH=. python benchmarks/int8_vs_fp32.py [RECIPE] [--rounds N] [--threads T]
 
 Builds (or reuses) the recipe's engines with the pipeline (`pipeline build RECIPE`), builds
-the FP32 ONNX Runtime engine of the same variant from its exported model.onnx with the same
+the FP32 ONNX Runtime engine of the same variant from its FP32 graph (optimized.onnx, or
+model.onnx when the recipe skips the optimize stage) with the same
 target settings, then times both on the recipe's timing feed (the profile's opt point),
 interleaved in blocks in this one process (bench.timing), `--rounds` times. Each round
 gives a speedup = median(FP32) / median(INT8) with a paired block bootstrap 95% interval.
@@ -52,9 +53,11 @@ def main() -> None:
     spec = LatencySpec(warmup=20, iterations=args.iterations, min_seconds=1.0, block=20)
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
-        fp32, _ = backend.build(folder / "model.onnx", target, recipe, Path(tmp))
-        with backend.open(fp32, target, args.threads, spin=False) as a, \
-                backend.open(quantized, target, args.threads, spin=False) as b:
+        # the FP32 graph the precision stage started from: same fusions, no Q/DQ
+        fp32_graph = folder / "optimized.onnx" if (folder / "optimized.onnx").is_file() else folder / "model.onnx"
+        fp32, _ = backend.build(fp32_graph, target, recipe, Path(tmp))
+        with backend.open(fp32, target, recipe, threads=args.threads, spin=False) as a, \
+                backend.open(quantized, target, recipe, threads=args.threads, spin=False) as b:
             out_a, out_b = a.infer(feed, check_inputs=False), b.infer(feed, check_inputs=False)
             for i in range(args.rounds):
                 fp32_blocks, int8_blocks = timing.time_interleaved([a, b], feed, spec)
@@ -72,7 +75,7 @@ def main() -> None:
     speedups = [r["speedup"] for r in rounds]
     result = {
         "recipe": recipe.name, "created": now(), "precision": recipe.precision.mode,
-        "engines": {"fp32": "model.onnx built by the same target (session-optimized)",
+        "engines": {"fp32": f"{fp32_graph.name} built by the same target (session-optimized)",
                     recipe.precision.mode: str(quantized)},
         "feed_shapes": {k: list(v.shape) for k, v in feed.items()},
         "protocol": "one process, the two engines interleaved in blocks of 20 (order alternating), "

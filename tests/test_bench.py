@@ -64,8 +64,8 @@ def ort_pair(built_standard, standard_recipe):
 
     path = built_standard.engines / "standard" / "onnxruntime.onnx"
     target = standard_recipe.targets[0]
-    with ort_backend.open(path, target, standard_recipe, 1, spin=False) as a, \
-            ort_backend.open(path, target, standard_recipe, 1, spin=False) as b:
+    with ort_backend.open(path, target, standard_recipe, threads=1, spin=False) as a, \
+            ort_backend.open(path, target, standard_recipe, threads=1, spin=False) as b:
         yield a, b, timing_feed(standard_recipe)
 
 

@@ -5,7 +5,7 @@ A backend module provides:
     unavailable(target) -> str | None            why it cannot build here (None: it can)
     device(target) -> "cpu" | "cuda"             where its engines run (the baseline runs there too)
     build(onnx_path, target, recipe, workdir) -> (engine_path, meta)
-    open(engine_path, target, recipe, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
+    open(engine_path, target, recipe, *, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
 optionally:
     build meta["files"] = {name: path}           extra files committed beside the engine
     validation_extras(engine_path, target, recipe, runner) -> dict

@@ -108,6 +108,6 @@ class AOTInductorRunner(BaseRunner):
         del self.package
 
 
-def open(engine_path: Path, target: AOTInductorTarget, recipe: Recipe,  # noqa: A001
+def open(engine_path: Path, target: AOTInductorTarget, recipe: Recipe, *,  # noqa: A001
          threads: int | None = None, spin: bool = True) -> AOTInductorRunner:
     return AOTInductorRunner(engine_path, target, [i.name for i in recipe.inputs], recipe.outputs, threads)

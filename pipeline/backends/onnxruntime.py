@@ -137,6 +137,6 @@ class OnnxRuntimeRunner(BaseRunner):
         del self.session
 
 
-def open(engine_path: Path, target: OnnxRuntimeTarget, recipe: Recipe,  # noqa: A001
+def open(engine_path: Path, target: OnnxRuntimeTarget, recipe: Recipe, *,  # noqa: A001
          threads: int | None = None, spin: bool = True) -> OnnxRuntimeRunner:
     return OnnxRuntimeRunner(engine_path, target, threads, spin)

@@ -259,7 +259,7 @@ def device(target: TensorRTTarget) -> str:
     return "cuda"
 
 
-def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None,  # noqa: A001
+def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None, *,  # noqa: A001
          threads: int | None = None, spin: bool = True):
     """A runner over a saved engine; refuses an engine built for another GPU or TensorRT."""
     from pipeline.backends.tensorrt_runner import TensorRTRunner

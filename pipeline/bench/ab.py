@@ -28,7 +28,7 @@ BASELINE = "torch-eager"
 
 def engine_opener(recipe: Recipe, target, path: Path):
     spec = recipe.validation.latency
-    return lambda: backends.get(target.kind).open(path, target, recipe, recipe.validation.threads,
+    return lambda: backends.get(target.kind).open(path, target, recipe, threads=recipe.validation.threads,
                                                   spin=spec.spin)
 
 

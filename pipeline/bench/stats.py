@@ -72,12 +72,9 @@ def median_ci_halfwidth(ns: np.ndarray) -> float:
 
 
 def time_verdict(lo: float, hi: float) -> Verdict:
-    """For a time-ratio interval (B time / A time): is B slower, faster, or can't we tell?"""
-    if lo > 1.0:
-        return "slower"
-    if hi < 1.0:
-        return "faster"
-    return "indistinguishable"
+    """For a time-ratio interval (B time / A time): is B slower, faster, or can't we tell?
+    (The same question as `verdict`, asked of B's speedup interval [1/hi, 1/lo].)"""
+    return verdict(1.0 / hi, 1.0 / lo)
 
 
 def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, seed: int = 0) -> dict:

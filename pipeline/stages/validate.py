@@ -134,7 +134,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     device = backend.device(target)  # the baseline runs where the engine runs
     openers = {
         BASELINE: lambda: baseline_runner(recipe, models.load(recipe), device),
-        target.id: lambda: backend.open(engine.path, target, recipe, recipe.validation.threads,
+        target.id: lambda: backend.open(engine.path, target, recipe, threads=recipe.validation.threads,
                                         spin=spec.spin),
     }
     with contextlib.ExitStack() as stack:
