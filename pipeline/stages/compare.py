@@ -18,7 +18,6 @@ Writes engines/compare/<A>-vs-<B>.../compare.{json,md,html} and PNG plots.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
 from pipeline import data
@@ -202,7 +201,3 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
 
     render.write_all(result, samples, folder)
     return result, folder
-
-
-def load(folder: Path) -> dict:
-    return json.loads((folder / "compare.json").read_text())
