@@ -53,14 +53,10 @@ def _with_outputs(model, names: list[str]):
 
 
 def _run(model, feeds: list[dict], names: list[str]) -> list[dict[str, np.ndarray]]:
-    import onnxruntime as ort
+    from pipeline.passes import check
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    options.add_session_config_entry("session.disable_quant_qdq", "1")  # FP8 Q/DQ on CPU
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return [dict(zip(names, session.run(names, feed))) for feed in feeds]
+    # unoptimized, so tensor names survive; Q/DQ kept as written (FP8 on CPU)
+    return check.run(model.SerializeToString(), feeds, names, keep_qdq=True)
 
 
 def _relative_error(ref: list[np.ndarray], act: list[np.ndarray]) -> float | None:

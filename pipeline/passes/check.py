@@ -24,8 +24,10 @@ class Verdict:
     outputs: list[Feed] | None  # the new graph's outputs (the next pass's reference)
 
 
-def session(model_bytes: bytes, optimize: bool = False, threads: int | None = None,
-            spin: bool = True):
+def session(model_bytes: bytes | str, optimize: bool = False, threads: int | None = None,
+            spin: bool = True, keep_qdq: bool = False):
+    """A CPU session over a graph (bytes, or a path as str). `keep_qdq` runs Q/DQ pairs as
+    they are (the CPU provider has no FP8 kernels for fused Q/DQ groups: emulated FP8)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -37,11 +39,15 @@ def session(model_bytes: bytes, optimize: bool = False, threads: int | None = No
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    if keep_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
-def run(model_bytes: bytes, feeds: list[Feed], output_names: list[str]) -> list[Feed]:
-    sess = session(model_bytes)
+def run(model_bytes: bytes | str, feeds: list[Feed], output_names: list[str],
+        optimize: bool = False, keep_qdq: bool = False) -> list[Feed]:
+    """Outputs by name for each feed (graph as bytes, or a path as str)."""
+    sess = session(model_bytes, optimize=optimize, keep_qdq=keep_qdq)
     return [dict(zip(output_names, sess.run(output_names, feed))) for feed in feeds]
 
 

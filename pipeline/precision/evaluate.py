@@ -12,27 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import metrics
-
-
-def session(path: Path, fp8: bool = False, level: str = "extended"):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.graph_optimization_level = {
-        "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    }[level]
-    if fp8:
-        # The CPU provider has no FP8 kernels for fused QDQ groups; keep Q/DQ as they are
-        # (emulated FP8: quantize, dequantize, float op).
-        options.add_session_config_entry("session.disable_quant_qdq", "1")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+from pipeline.passes import check
 
 
 def run(path: Path, feeds: list[dict], outputs: list[str], fp8: bool = False) -> list[dict]:
-    sess = session(path, fp8)
-    return [dict(zip(outputs, sess.run(outputs, f))) for f in feeds]
+    # ORT's default optimization (extended): Q/DQ groups run the kernels the engine will run
+    return check.run(str(path), feeds, outputs, optimize=True, keep_qdq=fp8)
 
 
 def compare(reference: list[dict], actual: list[dict], top1_outputs: list[str]) -> dict:

@@ -164,17 +164,13 @@ def _check_outputs(recipe: Recipe, model, args: tuple) -> None:
 def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:
     """Exported graph vs PyTorch at the opt and max profile points; StageFailed if off."""
     import numpy as np
-    import onnxruntime as ort
 
     from pipeline.backends.torch import TorchRunner
+    from pipeline.passes import check
 
     rng = np.random.default_rng([recipe.data.seed, 99])
     feeds = [data.random_feed(recipe.inputs, p, rng) for p in ("opt", "max")]
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
-    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-    onnx_out = [dict(zip(recipe.outputs, session.run(recipe.outputs, f))) for f in feeds]
+    onnx_out = check.run(str(onnx_path), feeds, recipe.outputs)  # unoptimized: the export alone
     with TorchRunner(model, [i.name for i in recipe.inputs], recipe.outputs) as runner:
         torch_out = [runner.infer(f, check_inputs=False) for f in feeds]
     result = metrics.compare(torch_out, onnx_out, top1_outputs=[])
