@@ -13,12 +13,8 @@ from rich.table import Table
 
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
+from pipeline.stages.report import fmt
 from pipeline.store import write_atomic
-
-
-def _f(v, spec=".3f") -> str:
-    return "—" if v is None else format(v, spec)
-
 
 # ------------------------------------------------------------------ tables as rows
 ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "top-1",
@@ -26,9 +22,9 @@ ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "
 
 
 def engine_rows(result: dict) -> list[list[str]]:
-    return [[e["recipe"], e["target"], e["status"], e["precision"] or "—", _f(e["cosine"], ".6f"),
-             _f(e["top1"], ".4f"), _f(e["p50_ms"]), _f(e["p99_ms"]), _f(e["throughput_per_s"], ".0f"),
-             _f(e["peak_rss_mb"], ".0f"), _f(e["engine_mb"], ".2f"), _f(e["build_s"], ".1f")]
+    return [[e["recipe"], e["target"], e["status"], e["precision"] or "—", fmt(e["cosine"], ".6f"),
+             fmt(e["top1"], ".4f"), fmt(e["p50_ms"]), fmt(e["p99_ms"]), fmt(e["throughput_per_s"], ".0f"),
+             fmt(e["peak_rss_mb"], ".0f"), fmt(e["engine_mb"], ".2f"), fmt(e["build_s"], ".1f")]
             for e in result["engines"]]
 
 

@@ -5,9 +5,7 @@ Rendered from report.json alone, like the rest of the report.
 
 from __future__ import annotations
 
-
-def _f(value, spec: str = ".6f") -> str:
-    return "—" if value is None else format(value, spec)
+from pipeline.stages.report import fmt
 
 
 def markdown(p: dict) -> list[str]:
@@ -31,8 +29,8 @@ def markdown(p: dict) -> list[str]:
     if "error" in parity:
         lines.append(f"- parity vs the FP32 graph: not run in ONNX Runtime here ({parity['error']})")
     elif parity:
-        lines.append(f"- parity vs the FP32 graph (calibration feeds): cosine {_f(parity['cosine'])}, "
-                     f"top-1 {_f(parity['top1_agreement'], '.4f')}")
+        lines.append(f"- parity vs the FP32 graph (calibration feeds): cosine {fmt(parity['cosine'], '.6f')}, "
+                     f"top-1 {fmt(parity['top1_agreement'], '.4f')}")
     if not p.get("cpu_latency_meaningful", True):
         lines.append("- CPU latency of this precision is **not meaningful** (emulated)")
     sens = p.get("sensitivity")
@@ -41,15 +39,15 @@ def markdown(p: dict) -> list[str]:
         lines += ["", f"### Sensitivity ({sens['measured_on']})", "",
                   f"Budget: cosine >= {b['cosine_min']:g}"
                   + (f", top-1 >= {b['top1_min']:g}" if b.get("top1_min") is not None else "")
-                  + f". Fully quantized: cosine {_f(sens['fully_quantized']['cosine'])}, top-1 "
-                  f"{_f(sens['fully_quantized']['top1_agreement'], '.4f')}. Kept in float by "
+                  + f". Fully quantized: cosine {fmt(sens['fully_quantized']['cosine'], '.6f')}, top-1 "
+                  f"{fmt(sens['fully_quantized']['top1_agreement'], '.4f')}. Kept in float by "
                   f"auto_exclude: {', '.join(f'`{n}`' for n in sens['auto_excluded']) or 'none'}. "
-                  f"Reached: cosine {_f(sens['reached']['cosine'])}, top-1 "
-                  f"{_f(sens['reached']['top1_agreement'], '.4f')} "
+                  f"Reached: cosine {fmt(sens['reached']['cosine'], '.6f')}, top-1 "
+                  f"{fmt(sens['reached']['top1_agreement'], '.4f')} "
                   f"({'meets' if sens['met'] else 'MISSES'} the budget).",
                   "", "| rank | node quantized alone | cosine | top-1 |", "|---|---|---|---|"]
         for i, r in enumerate(sens["ranking"], 1):
-            lines.append(f"| {i} | `{r['node']}` | {_f(r['cosine'])} | {_f(r['top1_agreement'], '.4f')} |")
+            lines.append(f"| {i} | `{r['node']}` | {fmt(r['cosine'], '.6f')} | {fmt(r['top1_agreement'], '.4f')} |")
     return lines
 
 

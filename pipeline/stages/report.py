@@ -46,7 +46,8 @@ def write(report: dict, workdir: Path) -> dict[str, Path]:
 
 
 # ------------------------------------------------------------------------ rendering
-def _fmt(value, spec: str = ".3f") -> str:
+def fmt(value, spec: str = ".3f") -> str:
+    """A number for a table, or an em dash when there is none."""
     return "—" if value is None else format(value, spec)
 
 
@@ -79,10 +80,10 @@ def rows(report: dict) -> list[list[str]]:
             continue
         out.append([
             e["target"], e["precision"] + (" (emulated)" if e.get("latency_note") else ""),
-            _fmt(_worst(e, "cosine"), ".6f"),
-            _fmt(_worst(e, "top1_agreement"), ".4f"),
-            _fmt(_worst(e, "max_abs", max), ".2e"),
-            _fmt(e["latency_ms"]["p50"]) + " / " + _fmt(e["latency_ms"]["p99"]),
+            fmt(_worst(e, "cosine"), ".6f"),
+            fmt(_worst(e, "top1_agreement"), ".4f"),
+            fmt(_worst(e, "max_abs", max), ".2e"),
+            fmt(e["latency_ms"]["p50"]) + " / " + fmt(e["latency_ms"]["p99"]),
             _speedup(e),
             _gates(e),
         ])
@@ -97,7 +98,7 @@ def table(report: dict) -> Table:
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
     caption = (f"baseline {base.get('runner', '?')} {base.get('precision', '')}: "
-               f"p50 {_fmt(lat.get('p50'))} ms, p99 {_fmt(lat.get('p99'))} ms") if lat else None
+               f"p50 {fmt(lat.get('p50'))} ms, p99 {fmt(lat.get('p99'))} ms") if lat else None
     t = Table(title=f"{report['recipe']}: engines vs PyTorch", caption=caption)
     for h in HEADERS:
         t.add_column(h, overflow="fold")
@@ -175,7 +176,7 @@ def markdown(report: dict) -> str:
                   "|---|---|---|---|---|---|"]
         for name, m in e["accuracy"].items():
             lines.append(f"| {name} | {m['max_abs']:.3e} | {m['mean_abs']:.3e} | {m['max_rel']:.3e} "
-                         f"| {m['cosine']:.6f} | {_fmt(m['top1_agreement'], '.4f')} |")
+                         f"| {m['cosine']:.6f} | {fmt(m['top1_agreement'], '.4f')} |")
         el, bl = e["latency_ms"], e["baseline_latency_ms"]
         lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
         for label, x in ((e["target"], el), ("torch-eager (interleaved)", bl)):
@@ -225,9 +226,9 @@ def _measurement(e: dict) -> list[str]:
     res, over = e.get("resources"), e.get("harness_overhead_us")
     if res:
         busy, gpu = res.get("system_busy_pct"), res["gpu"]
-        lines += ["", f"Resources while timing: process CPU {_fmt((res['process_cpu_pct'] or {}).get('mean'), '.0f')}% "
-                  f"(100% = one core), machine busy {_fmt((busy or {}).get('mean'), '.0f')}% of "
-                  f"{res['cores']} cores, peak RSS {_fmt(res['peak_rss_mb'], '.0f')} MB; GPU: "
+        lines += ["", f"Resources while timing: process CPU {fmt((res['process_cpu_pct'] or {}).get('mean'), '.0f')}% "
+                  f"(100% = one core), machine busy {fmt((busy or {}).get('mean'), '.0f')}% of "
+                  f"{res['cores']} cores, peak RSS {fmt(res['peak_rss_mb'], '.0f')} MB; GPU: "
                   + (f"{gpu['name']}, util {gpu['util_pct']['mean']:.0f}%, throttle "
                      f"{', '.join(gpu['throttle']) or 'none'}" if gpu["available"]
                      else f"unavailable ({gpu['reason']})") + "."]
@@ -270,7 +271,7 @@ def _optimize_markdown(opt: dict | None) -> list[str]:
         after = p["nodes_after"] if p["nodes_after"] is not None else "—"
         size = f"{p['bytes_before']:,} -> {p['bytes_after']:,}" if p["bytes_after"] else "—"
         lines.append(f"| {p['name']} | {result.replace('|', '/')} | {p['nodes_before']} -> {after} | "
-                     f"{_fused(p['fused'])} | {size} | {_fmt(diff, '.2e')} | {p['seconds']:.2f} |")
+                     f"{_fused(p['fused'])} | {size} | {fmt(diff, '.2e')} | {p['seconds']:.2f} |")
     lines += ["", f"Ops before: {_ops(opt['ops_before'])}.", "",
               f"Ops after: {_ops(opt['ops_after'])}.", "",
               "Drift of the optimized graph vs the exported one: "
