@@ -77,7 +77,7 @@ def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
         eager = blocks[0]
         row = {"batch": batch, "sequence": seq, "runners": {}}
         for r, b in zip(runners, blocks):
-            ratio, lo, hi = stats.ratio_of_medians(eager, b)
+            ratio, lo, hi = stats.paired_ratio(eager, b)
             row["runners"][r.name] = {
                 "latency_ms": stats.summary(b),
                 "speedup_vs_eager_fp16": {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi)},

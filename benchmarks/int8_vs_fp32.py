@@ -7,7 +7,7 @@ the FP32 ONNX Runtime engine of the same variant from its FP32 graph (optimized.
 model.onnx when the recipe skips the optimize stage) with the same
 target settings, then times both on the recipe's timing feed (the profile's opt point),
 interleaved in blocks in this one process (bench.timing), `--rounds` times. Each round
-gives a speedup = median(FP32) / median(INT8) with a paired block bootstrap 95% interval.
+gives the INT8 speedup over FP32 with a 95% interval (bench.stats.paired_ratio).
 Results (machine, versions, per-round figures) go to benchmarks/results/<recipe>.json/.md.
 A benchmark, not a test: CPU timings on a shared machine are noisy; read the spread.
 """
@@ -61,7 +61,7 @@ def main() -> None:
             out_a, out_b = a.infer(feed, check_inputs=False), b.infer(feed, check_inputs=False)
             for i in range(args.rounds):
                 fp32_blocks, int8_blocks = timing.time_interleaved([a, b], feed, spec)
-                ratio, lo, hi = stats.ratio_of_medians(fp32_blocks, int8_blocks)
+                ratio, lo, hi = stats.paired_ratio(fp32_blocks, int8_blocks)
                 rounds.append({
                     "round": i + 1, "speedup": ratio, "ci95": [lo, hi],
                     "fp32_p50_ms": stats.summary(fp32_blocks)["p50"],
@@ -80,7 +80,7 @@ def main() -> None:
         "feed_shapes": {k: list(v.shape) for k, v in feed.items()},
         "protocol": "one process, the two engines interleaved in blocks of 20 (order alternating), "
                     f">= {args.iterations} requests and >= 1 s each per round, ORT threads not "
-                    "spinning; speedup = median(fp32) / median(quantized), 95% paired block bootstrap",
+                    "spinning; speedup of quantized over fp32: " + stats.PAIRED_RATIO_METHOD,
         "machine": {"cpu": deps.cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average": os.getloadavg()},
         "versions": deps.versions(),

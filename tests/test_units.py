@@ -7,7 +7,7 @@ import pytest
 
 from pipeline import data
 from pipeline import recipe as recipe_mod
-from pipeline.bench import stats
+from pipeline.bench import protocol, stats, timing
 from pipeline.errors import IntegrityError, LockError
 from pipeline.store import Store
 
@@ -91,23 +91,51 @@ def _blocks(rng, scale=1.0, blocks=40, block=25):
     return rng.lognormal(np.log(1e6), 0.15, size=(blocks, block)) * drift * scale
 
 
-def test_ratio_of_medians_a_a_is_indistinguishable():
+def test_paired_ratio_a_a_interval_covers_1_at_least_95_percent():
+    """The sign-test interval's coverage is exact (>= 95%); over 400 A/As of identical
+    distributions, 'indistinguishable' must come out at that rate (binomial sd ~1.1%)."""
     rng = np.random.default_rng(0)
     verdicts = []
-    for _ in range(20):
+    for _ in range(400):
         a, b = _blocks(rng), _blocks(rng)
-        ratio, lo, hi = stats.ratio_of_medians(a, b)
+        ratio, lo, hi = stats.paired_ratio(a, b)
         assert lo <= ratio <= hi
         verdicts.append(stats.verdict(lo, hi))
-    assert verdicts.count("indistinguishable") >= 18
+    assert verdicts.count("indistinguishable") / 400 >= 0.93, verdicts.count("indistinguishable")
 
 
-def test_ratio_of_medians_finds_a_planted_slowdown():
+def test_paired_ratio_finds_a_planted_slowdown():
     rng = np.random.default_rng(1)
     base, slow = _blocks(rng), _blocks(rng, scale=1.2)
-    ratio, lo, hi = stats.ratio_of_medians(base, slow)  # speedup of `slow` over base
+    ratio, lo, hi = stats.paired_ratio(base, slow)  # speedup of `slow` over base
     assert stats.verdict(lo, hi) == "slower"
     assert lo < 1 / 1.2 < hi
+
+
+def test_paired_ratio_keeps_a_slowdown_through_bursts_of_load():
+    """Bursts of 1.3-2.5x in a third of the rounds, each hitting A, B or both: pooled medians
+    smear them across both runners, per-round ratios leave the clean rounds untouched."""
+    rng = np.random.default_rng(2)
+    misses = 0
+    for _ in range(100):
+        a, b = _blocks(rng, blocks=20, block=10), _blocks(rng, scale=1.2, blocks=20, block=10)
+        burst = rng.random(20) < 0.35
+        hit = rng.integers(0, 3, 20)  # 0: both blocks of the round, 1: only A's, 2: only B's
+        factor = rng.uniform(1.3, 2.5, 20)[:, None]
+        a[burst & (hit != 2)] *= factor[burst & (hit != 2)]
+        b[burst & (hit != 1)] *= factor[burst & (hit != 1)]
+        misses += stats.compare(a, b)["verdict"] != "slower"
+    assert misses <= 2, misses
+
+
+def test_sign_test_interval_needs_six_rounds():
+    assert [stats._sign_test_rank(n) for n in (5, 6, 10, 20)] == [0, 1, 2, 6]
+    five = np.ones((5, 3))
+    with pytest.raises(ValueError, match="5 rounds cannot bound a median at 95%; time at least 6"):
+        stats.paired_ratio(five, five)
+    timed = timing.time_interleaved([protocol.NoopRunner()] * 2, {}, recipe_mod.LatencySpec(
+        warmup=0, iterations=10, min_seconds=0, block=5))
+    assert timed.blocks[0].shape == (stats.MIN_ROUNDS, 5) and timed.stop == "min_rounds"
 
 
 def test_summary_is_in_milliseconds():

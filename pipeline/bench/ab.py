@@ -6,7 +6,7 @@
   PyTorch baseline (and OTHER's, with --vs) timed together at every shape; comparisons
   engine vs baseline, and RECIPE vs OTHER runner by runner.
 
-A comparison (A, B) is B's time over A's with a paired block bootstrap 95% interval
+A comparison (A, B) is B's time over A's with a 95% interval over the interleaved rounds
 (bench.stats.compare): 0.8 = B takes 20% less time than A; its verdict is B's.
 """
 

@@ -56,7 +56,7 @@ def tables(result: dict) -> list[Table]:
             runners.add_row(name, shape["shape"], _ms(lat["p50"]), _ms(lat["p90"]), _ms(lat["p99"]),
                             f"{lat['cov']:.2f}", str(lat["n"]), _ms(cold["load"]),
                             _ms(cold["first_request"]))
-    comps = Table(title="A/B: B time / A time (interleaved, paired block bootstrap 95% CI)")
+    comps = Table(title="A/B: B time / A time (interleaved rounds, 95% sign-test CI)")
     for h in ("A", "B", "shape", "B/A [95% CI]", "verdict (B)"):
         comps.add_column(h)
     for shape in result["shapes"]:

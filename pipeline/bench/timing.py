@@ -6,7 +6,8 @@ on the host, CUDA events on a GPU stream); runners timed together share one kind
 (CUDA events only when every runner exposes a stream).
 
 Stopping rule, per runner: at least `iterations` requests AND at least `min_seconds` of
-timing, unless `target_ci` is set and, after `iterations` requests, the 95% interval of
+timing (and, when runners are compared, at least stats.MIN_ROUNDS rounds, the fewest an A/B
+interval can be built from), unless `target_ci` is set and, after `iterations` requests, the 95% interval of
 every runner's median is already within +-target_ci of it (early stop).
 """
 
@@ -28,7 +29,7 @@ class Timed:
 
     blocks: list[np.ndarray]
     timers: list[str]
-    stop: str  # why timing stopped: "iterations", "min_seconds" or "target_ci"
+    stop: str  # why timing stopped: "iterations", "min_seconds", "min_rounds" or "target_ci"
     seconds: float
 
     def __iter__(self):
@@ -57,20 +58,24 @@ def time_interleaved(runners: list, feed, spec: LatencySpec) -> Timed:
     blocks: list[list[np.ndarray]] = [[] for _ in runners]
     t0 = time.perf_counter()
     min_total = spec.min_seconds * len(runners)
+    min_rounds = stats.MIN_ROUNDS if len(runners) > 1 else 1
     rounds, stop = 0, "iterations"
     while True:
         order = range(len(runners)) if rounds % 2 == 0 else reversed(range(len(runners)))
         for i in order:
             blocks[i].append(timers[i].block(runners[i].infer, feed, spec.block))
         rounds += 1
-        if rounds * spec.block < spec.iterations:
+        if rounds * spec.block < spec.iterations or rounds < min_rounds:
             continue
         if spec.target_ci is not None and all(
                 stats.median_ci_halfwidth(np.concatenate(b)) <= spec.target_ci for b in blocks):
             stop = "target_ci"
             break
         if time.perf_counter() - t0 >= min_total:
-            stop = "min_seconds" if rounds * spec.block > spec.iterations else "iterations"
+            # Which rule asked for the last round: the request count, the rounds, or the time.
+            count_met_before = (rounds - 1) * spec.block >= spec.iterations
+            stop = ("iterations" if not count_met_before else
+                    "min_rounds" if rounds == min_rounds else "min_seconds")
             break
     return Timed([np.stack(b) for b in blocks], [t.name for t in timers], stop,
                  time.perf_counter() - t0)

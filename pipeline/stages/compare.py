@@ -5,7 +5,7 @@
 1. Each recipe is run up to its report (cached stages are reused).
 2. Speed: every engine the recipes share (by target id), and each recipe's PyTorch baseline,
    timed interleaved in one process at the first recipe's opt shape; each other recipe is
-   compared with the first (B time / A time, 95% paired block bootstrap interval, verdict).
+   compared with the first (B time / A time, 95% interval over the interleaved rounds, verdict).
 3. Where the time went: ONNX Runtime per-node profiles of each recipe's onnxruntime engine,
    grouped into categories; the per-category delta to the first recipe, and tags naming the
    likely causes (explain.causes).
@@ -21,7 +21,7 @@ import contextlib
 from pathlib import Path
 
 from pipeline import data
-from pipeline.bench import ab, protocol, sweep
+from pipeline.bench import ab, protocol, stats, sweep
 from pipeline.errors import RecipeError
 from pipeline.explain import causes, layers, profile
 from pipeline.recipe import Recipe
@@ -192,8 +192,8 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
         "method": {
             "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
                       f"interleaved in blocks of {recipes[0].validation.latency.block} at "
-                      f"{timed['shapes'][0]['shape']}; ratio = B time / A time, 95% CI by paired "
-                      "block bootstrap",
+                      f"{timed['shapes'][0]['shape']}; ratio = B time / A time: "
+                      + stats.PAIRED_RATIO_METHOD,
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
         },
     }

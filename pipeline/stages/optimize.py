@@ -115,7 +115,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
     runners = [check.Timed(m.SerializeToString(), recipe.outputs, None, spec.spin)
                for m in (exported, optimized)]
     base_blocks, opt_blocks = timing.time_interleaved(runners, feed, spec)
-    ratio, lo, hi = stats.ratio_of_medians(base_blocks, opt_blocks)
+    ratio, lo, hi = stats.paired_ratio(base_blocks, opt_blocks)
     return {
         "exported_ms": stats.summary(base_blocks),
         "optimized_ms": stats.summary(opt_blocks),
@@ -123,7 +123,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
         "method": f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
                   f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
                   f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "
-                  f"requests each; ratio of medians with a paired block bootstrap 95% CI",
+                  f"requests each; speedup: {stats.PAIRED_RATIO_METHOD}",
     }
 
 

@@ -3,7 +3,7 @@
 `baseline` runs the eager PyTorch model on the held-out validation feeds and saves feeds
 and outputs (baseline.npz): every engine is judged on exactly those. `validate` runs one
 engine on the same feeds, then times engine and baseline interleaved in one process at the
-opt shape and every sweep shape (bench.protocol), and reports the speedup with a bootstrap
+opt shape and every sweep shape (bench.protocol), and reports the speedup with a 95%
 interval, cold start, resources, the harness's own overhead and a latency plot (PNG).
 """
 
@@ -28,8 +28,8 @@ PROTOCOL = (
     "{timer} around each request (host arrays in and out), after {warmup} warm-up "
     "requests; at least {iterations} requests and {min_seconds:g} s per runner{early}; engine and "
     "baseline interleaved in blocks of {block} in one process (order alternating each "
-    "round; runtime threads {spinning}); speedup = median(baseline) / median(engine), 95% CI "
-    "by paired block bootstrap"
+    "round; runtime threads {spinning}); speedup of the engine over the baseline: "
+    + stats.PAIRED_RATIO_METHOD
 )
 
 
@@ -44,7 +44,7 @@ def _vs_cudagraph(recipe: Recipe, runner, spec) -> dict:
 
     with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
         graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
-    ratio, lo, hi = stats.ratio_of_medians(graph_blocks, engine_blocks)
+    ratio, lo, hi = stats.paired_ratio(graph_blocks, engine_blocks)
     return {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi),
             "baseline_latency_ms": stats.summary(graph_blocks)}
 
