@@ -294,7 +294,7 @@ class PassToleranceSpec(Strict):
 
 class OptimizeSpec(Strict):
     passes: list[PassName] = Field(
-        ["fold_constants", "ort_fusions"],
+        ["fold_constants", "ort_fusions", "pack_matmuls"],
         description="Graph passes in order (pipeline/passes): " + ", ".join(PASS_NAMES)
         + ". An empty list skips the stage (engines build from the exported graph).")
     options: dict[PassName, dict[str, Any]] = Field(

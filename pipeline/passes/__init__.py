@@ -35,7 +35,12 @@ PASSES: dict[str, Pass] = {
         "onnxscript rewriter, default rules (generic algebraic simplifications)"),
     "ort_fusions": Pass(
         "pipeline.passes.onnx_passes:ort_fusions",
-        "onnxscript ORT fusions: (multi-head) attention, (skip) layer/RMS norm, GELU, rotary"),
+        "onnxscript ORT fusions: (multi-head) attention, (skip) layer/RMS norm, GELU, rotary",
+        ("skip",)),
+    "pack_matmuls": Pass(
+        "pipeline.passes.pack:pack_matmuls",
+        "pack MatMuls that read one activation (q/k/v, gate/up) into one MatMul + Split",
+        ("min_group",)),
     "ort_transformers": Pass(
         "pipeline.passes.ort_transformers:optimize",
         "onnxruntime.transformers optimize_model (fits TorchScript BERT-style exports)",

@@ -38,11 +38,40 @@ def rewrite(model):
     return ir.to_proto(m)
 
 
-def ort_fusions(model):
-    """Fusions for ONNX Runtime: SDPA -> (Multi-Head) Attention, (Skip) LayerNorm/RMSNorm,
-    GELU / BiasGelu, rotary embedding. Returns the fusion counts onnxscript reports."""
+def ort_fusions(model, skip: list[str] | tuple[str, ...] = ()):
+    """Fusions for ONNX Runtime: SDPA -> (Multi-Head / Group-Query) Attention, (Skip)
+    LayerNorm/RMSNorm, GELU / BiasGelu, rotary embedding. Returns the fusion counts onnxscript
+    reports.
+
+    `skip` names fusions to leave out (the keys of the counts, e.g. "gqa"). onnxscript has no
+    switch for that, so each skipped fusion function is replaced by one that fuses nothing
+    for the duration of the call. Why one would: onnxscript 0.7's GQA fusion takes the
+    block-sparse mask of the flash GLM for a causal one and fuses it into GroupQueryAttention,
+    which attends causally: the logits move (cosine 0.991) and the stage's check rejects the
+    whole pass, attention and norm fusions included.
+    """
+    import contextlib
+
     from onnxscript.rewriter import ort_fusions as fusions
+    from onnxscript.rewriter.ort_fusions import _core
+
+    # fusion (as counted) -> the function of onnxscript's ort_fusions._core that applies it
+    functions = {name[len("fuse_"):]: name for name in dir(_core)
+                 if name.startswith("fuse_") and name != "fuse_xformers"}
+    functions.update(packed_qkv_for_gqa="fuse_qkv_gqa", erf_gelu="fuse_erfgelu")
+    unknown = sorted(set(skip) - set(functions))
+    if unknown:
+        from pipeline.errors import RecipeError
+
+        raise RecipeError(f"optimize.options.ort_fusions.skip: unknown fusion {', '.join(unknown)}",
+                          f"known: {', '.join(sorted(functions))}")
 
     ir, m = _ir(model)
-    m, counts = fusions.optimize_for_ort(m)
-    return ir.to_proto(m), {"rules_applied": {k: v for k, v in counts.items() if v}}
+    with contextlib.ExitStack() as stack:
+        for name in skip:
+            original = getattr(_core, functions[name])
+            setattr(_core, functions[name], lambda model, debug=False, **kwargs: 0)
+            stack.callback(setattr, _core, functions[name], original)
+        m, counts = fusions.optimize_for_ort(m)
+    return ir.to_proto(m), {"rules_applied": {k: v for k, v in counts.items() if v},
+                            **({"skipped": list(skip)} if skip else {})}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline import data, metrics, passes
 from pipeline.bench import stats, timing
-from pipeline.errors import StageFailed
+from pipeline.errors import RecipeError, StageFailed
 from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
 
@@ -47,6 +47,8 @@ def _apply(name: str, model, options: dict):
     t0 = time.perf_counter()
     try:
         out = passes.load(name)(work, **options)
+    except RecipeError:  # the options are wrong, not the graph: the user's to fix
+        raise
     except Exception as e:  # a pass may fail in any way on a graph it does not fit
         first = (str(e).strip().splitlines() or [""])[0][:300]
         return None, {}, f"the pass failed: {type(e).__name__}: {first}", time.perf_counter() - t0

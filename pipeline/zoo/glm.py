@@ -32,13 +32,20 @@ class RMSNorm(nn.Module):
 
 
 def rotary(x: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (i, i + d/2) of x [B, H, T, d] by position-dependent angles."""
-    t = x.shape[-2]
-    positions = torch.arange(t, device=x.device, dtype=inv_freq.dtype)
-    angles = torch.outer(positions, inv_freq)  # [T, d/2]
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    """Rotate pairs (i, i + d/2) of x [B, H, T, d] by position-dependent angles.
+
+    Written in the Llama form (x * cos + rotate_half(x) * sin, angles from inv_freq x
+    positions) so graph rewriters recognise it and fuse it into one RotaryEmbedding kernel.
+    """
+    b, t = x.shape[0], x.shape[-2]
+    positions = torch.arange(t, device=x.device).unsqueeze(0).expand(b, -1)  # [B, T] position ids
+    inv = inv_freq[None, :, None].float().expand(b, -1, 1)  # [B, d/2, 1]
+    freqs = inv @ positions[:, None, :].float()  # [B, d/2, T]
+    angles = torch.cat((freqs.transpose(1, 2),) * 2, dim=-1)  # [B, T, d]
+    cos, sin = angles.cos().to(x.dtype)[:, None], angles.sin().to(x.dtype)[:, None]  # [B, 1, T, d]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
 
 
 def attention_mask(t: int, cfg: GLMConfig, device: torch.device) -> torch.Tensor | None:
