@@ -92,8 +92,10 @@ def main() -> None:
         "cosine_quantized_vs_fp32_engine": float((ref * got).sum() / np.linalg.norm(ref) / np.linalg.norm(got)),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{recipe.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"# {recipe.name}: {recipe.precision.mode} vs fp32 ONNX Runtime engine", "",
+    stem = recipe.name + (f"-threads{args.threads}" if args.threads else "")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    threads = f"{args.threads} intra-op thread(s)" if args.threads else "ORT's default intra-op threads (one per core)"
+    lines = [f"# {recipe.name}: {recipe.precision.mode} vs fp32 ONNX Runtime engine, {threads}", "",
              f"- created {result['created']} on {result['machine']['cpu']} ({result['machine']['cores']} cores, "
              f"load average at the end {', '.join(f'{x:.1f}' for x in result['machine']['load_average'])})",
              "- versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v),
@@ -103,7 +105,7 @@ def main() -> None:
               f"{r['speedup']:.2f}x [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}] |" for r in rounds]
     lines += ["", f"Median speedup over rounds: **{result['speedup_median']:.2f}x** "
               f"(min {result['speedup_min']:.2f}x, max {result['speedup_max']:.2f}x)."]
-    (RESULTS / f"{recipe.name}.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print(f"median speedup {result['speedup_median']:.2f}x; results in {RESULTS}")
 
 

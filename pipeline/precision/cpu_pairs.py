@@ -2,20 +2,21 @@
 
 The graph stays what TensorRT wants (symmetric int8, zero point 0); only the wiring of
 Q/DQ pairs changes. Why it is needed, as measured with ORT 1.32 on x86:
-- On x86, ORT fuses a DQ -> MatMul -> Q group into QLinearMatMul only after converting its
-  int8 activations to uint8 (QDQS8ToU8Transformer), and that conversion needs a Q with
-  exactly one DQ consumer.
+- On x86, ORT fuses a DQ -> MatMul group into an integer kernel (MatMulIntegerToFloat; with
+  a Q on the output, QLinearMatMul) only after converting its int8 activations to uint8
+  (QDQS8ToU8Transformer), and that conversion needs a Q with exactly one DQ consumer.
 - ORT first gives every DQ a single consumer by duplicating shared DQs
   (EnsureUniqueDQForNodeUnit), and merges identical Q nodes again (common subexpression
   elimination). A tensor that feeds several quantized MatMuls (q/k/v projections read one
-  normalized input) thus ends with one Q and several DQs: no conversion, no fusion, and
-  the MatMul runs in float between Q and DQ ("fake quantized").
+  normalized input, unless the optimize stage packed them) thus ends with one Q and several
+  DQs: no conversion, no fusion, and the MatMul runs in float between Q and DQ ("fake
+  quantized").
 So: (1) a quantized tensor read by several consumers gets one private Q -> DQ chain per
 consumer, with private copies of its scale and zero point so nothing merges them back;
-(2) the output of a quantized MatMul read by several float ops (SwiGLU's gate feeds
-Sigmoid and Mul) keeps one Q -> DQ and fans out behind a shape-preserving Reshape, which
-ORT neither removes nor duplicates the DQ for. Measured on the small GLM: 17 of 37 MatMuls
-fused before, 37 of 37 after.
+(2) a quantized output of a MatMul read by several float ops keeps one Q -> DQ and fans out
+behind a shape-preserving Reshape, which ORT neither removes nor duplicates the DQ for (the
+precision stage no longer quantizes MatMul outputs, but a recipe's other op types may).
+Measured on the small GLM, before packing: 17 of 37 MatMuls fused before, 37 of 37 after.
 """
 
 from __future__ import annotations

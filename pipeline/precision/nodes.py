@@ -26,6 +26,30 @@ def quantizable(model, op_types: list[str], weight_only: bool = False) -> list[s
     return out
 
 
+# A GEMM with fewer input or output channels than this gains nothing from integer kernels
+# (it is mostly overhead) and takes all of the rounding; NVIDIA's ModelOpt draws the same line.
+MIN_CHANNELS = 16
+
+
+def too_small(model, names: list[str]) -> list[str]:
+    """Of `names`, the MatMul/Gemm nodes whose constant operand has a dimension < MIN_CHANNELS.
+
+    Example: a rotary-embedding fusion computes its angle table as positions [P, 1] @
+    inv_freq [1, d/2]; quantized, the angles (up to P radians) lose ~1% and the logits move
+    (flash-int8: cosine 0.9998 -> 0.9957).
+    """
+    shapes = {i.name: tuple(i.dims) for i in model.graph.initializer}
+    wanted = set(names)
+    out = []
+    for node in model.graph.node:
+        if node.name not in wanted or node.op_type not in ("MatMul", "Gemm"):
+            continue
+        weights = [shapes[i] for i in node.input[:2] if i in shapes]
+        if weights and min(weights[0][-2:]) < MIN_CHANNELS:
+            out.append(node.name)
+    return out
+
+
 def excluded(names: list[str], patterns: list[str], where: str = "precision.exclude") -> list[str]:
     """Nodes matched by `patterns`; RecipeError naming a pattern that matches none."""
     hits: list[str] = []
