@@ -130,6 +130,9 @@ def test_paired_ratio_keeps_a_slowdown_through_bursts_of_load():
 
 def test_sign_test_interval_needs_six_rounds():
     assert [stats._sign_test_rank(n) for n in (5, 6, 10, 20)] == [0, 1, 2, 6]
+    # thousands of rounds (a fast graph timed for min_seconds): no float overflow, and the
+    # normal approximation's rank n/2 - 1.96 sqrt(n)/2
+    assert abs(stats._sign_test_rank(5000) - (2500 - 1.96 * 5000**0.5 / 2)) <= 2
     five = np.ones((5, 3))
     with pytest.raises(ValueError, match="5 rounds cannot bound a median at 95%; time at least 6"):
         stats.paired_ratio(five, five)
