@@ -29,7 +29,10 @@ def _common_scopes(nodes) -> list[str] | None:
         value = next((p.value for p in node.metadata_props if p.key == _SCOPES), None)
         if value is None:
             return None
-        paths.append(ast.literal_eval(value)[:-1])  # the last entry names the op itself
+        try:
+            paths.append(list(ast.literal_eval(value))[:-1])  # the last entry names the op itself
+        except (ValueError, SyntaxError, TypeError):
+            return None
     common = []
     for parts in zip(*paths):
         if len(set(parts)) != 1:
@@ -39,9 +42,13 @@ def _common_scopes(nodes) -> list[str] | None:
 
 
 def pack_matmuls(model, min_group: int = 2):
-    """Rewrite `model` (onnx.ModelProto) in place; returns (model, {"packed": groups, ...})."""
+    """Rewrite `model` (onnx.ModelProto) in place; returns (model, {"packed_groups": groups
+    packed, "matmuls_merged": MatMuls they replace}). Groups of fewer than `min_group` stay."""
     from onnx import helper, numpy_helper
 
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 13:  # Split takes its sizes as an input from opset 13 on
+        return model, {"packed_groups": 0, "matmuls_merged": 0, "why": f"opset {opset} < 13"}
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
     all_nodes = list(graph.node)  # one wrapper object per node, so id() names it below
