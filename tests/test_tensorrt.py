@@ -308,3 +308,19 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
     assert "CUDA Graphs: fallback to plain enqueue (capture failed) (RuntimeError: operation not " \
            "permitted when stream is capturing); 0 captures, 0 replays, 41 plain enqueues." in md
     assert "Effective precision (share of time, 5 layers): int8 80%, fp32 20%; 1 reformat layers." in md
+
+
+def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(built_standard, tmp_path):
+    """ort_fusions writes com.microsoft ops that TensorRT's parser has no importer or plugin for;
+    the build says so, and how to fix it, instead of failing inside the parser."""
+    from pipeline.errors import StageFailed
+
+    folder = built_standard.engines / "standard"
+    assert trt_backend.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
+    foreign = trt_backend.foreign_ops(folder / "optimized.onnx")
+    assert foreign["com.microsoft.GroupQueryAttention"] == 2
+    with pytest.raises(StageFailed) as error:
+        trt_backend.check_parseable(folder / "optimized.onnx")
+    message = str(error.value)
+    assert message.startswith("TensorRT cannot parse com.microsoft.GroupQueryAttention x2")
+    assert "optimize.passes=[fold_constants, pack_matmuls]" in message and "\n" not in message
