@@ -61,6 +61,16 @@ def describe(path: Path) -> dict:
     }
 
 
+def foreign_ops(path: Path) -> dict[str, int]:
+    """Nodes outside the ONNX domains, by "domain.op" (e.g. ONNX Runtime's com.microsoft
+    contrib ops that the `ort_fusions` pass writes): what a plain-ONNX consumer cannot run."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return dict(Counter(f"{n.domain}.{n.op_type}" for n in model.graph.node
+                        if n.domain not in ("", "ai.onnx")))
+
+
 def _numel(dims) -> int:
     n = 1
     for d in dims:

@@ -3,7 +3,10 @@
     graph stages (export -> ...) -> baseline -> build(target)... -> validate(target)... -> report
 
 Graph stages each turn the previous ONNX graph into the next (export makes the first); the
-last graph is what every target builds from. A graph stage is a module under
+last graph is what every target builds from, with one exception: a backend marked PLAIN_ONNX
+(TensorRT) cannot parse ONNX Runtime's contrib ops, so when the chain's graph holds some, that
+target builds from a second chain of the same stages without the ORT-only passes (stage ids
+`optimize:plain`, `precision:plain`, files `optimized-plain.onnx`, `typed-plain.onnx`). A graph stage is a module under
 pipeline/stages with NAME, VERSION, SECTIONS (the recipe sections in its cache key),
 `enabled(recipe)`, `run(recipe, graph, workdir, verbose)` -> ({file: path}, meta)`, whose
 first output file is the next graph. Optional: `preflight(recipe)` (user errors, run before any
@@ -83,6 +86,7 @@ class Run:
         self.work_done = False
         self.model_code = models.code_digest(recipe)  # model source edits invalidate every stage
         self.graph_meta: dict[str, dict] = {}  # graph stage name -> its meta, for the report
+        self._plain_graph: Artifact | None = None  # the plain-ONNX chain's graph, once built
 
     # ------------------------------------------------------------------ one stage
     def stage(self, stage_id: str, version: int, spec: object, inputs: list[Artifact],
@@ -158,7 +162,7 @@ class Run:
                     engines.append(_not_built(target, "skipped", skipped[target.id]))
                     continue
                 try:
-                    engine = self._build(target, graph)
+                    engine = self._build(target, self.graph_for(target, graph))
                     if base is not None:
                         engines.append(self._validate(target, engine, base))
                 except StageFailed as e:
@@ -209,23 +213,51 @@ class Run:
             if hasattr(module, "preflight"):
                 module.preflight(self.recipe)
 
-    def _graph_stage(self, name: str, graph: Artifact | None) -> Artifact | None:
-        """Run one graph stage (if the recipe enables it); returns the graph to go on with."""
+    def _graph_stage(self, name: str, graph: Artifact | None, recipe: Recipe | None = None,
+                     flavor: str = "") -> Artifact | None:
+        """Run one graph stage (if the recipe enables it); returns the graph to go on with.
+        A `flavor` runs it as a second chain: its own stage id and output file names."""
         import importlib
 
+        recipe = recipe or self.recipe
         module = importlib.import_module(f"pipeline.stages.{name}")
-        if not module.enabled(self.recipe):
+        if not module.enabled(recipe):
             return graph
-        spec = module.spec(self.recipe) if hasattr(module, "spec") else self.recipe.section(*module.SECTIONS)
-        result = self.stage(
-            module.NAME, module.VERSION, spec,
-            [graph] if graph else [],
-            lambda wd: module.run(self.recipe, graph, wd, verbose=self.verbose),
-        )
-        self.graph_meta[module.NAME] = result.meta
+        spec = module.spec(recipe) if hasattr(module, "spec") else recipe.section(*module.SECTIONS)
+        stage_id = f"{module.NAME}:{flavor}" if flavor else module.NAME
+
+        def produce(wd: Path):
+            files, meta = module.run(recipe, graph, wd, verbose=self.verbose)
+            if flavor:  # typed.onnx -> typed-plain.onnx: both chains' files live side by side
+                files = {f"{Path(n).stem}-{flavor}{Path(n).suffix}": path for n, path in files.items()}
+            return files, meta
+
+        result = self.stage(stage_id, module.VERSION, spec, [graph] if graph else [], produce)
+        self.graph_meta[stage_id] = result.meta
         if hasattr(module, "summary") and not result.cached:
             self.progress.note(module.summary(result.meta))
         return next(iter(result.outputs.values()))
+
+    def graph_for(self, target, graph: Artifact) -> Artifact:
+        """The graph `target` builds from: the chain's own, unless the target's backend takes
+        plain ONNX only and the chain wrote ONNX Runtime ops; then the plain chain's graph
+        (built once per run, cached across runs like any stage)."""
+        from pipeline import onnx_info, passes
+
+        if not getattr(backends.get(target.kind), "PLAIN_ONNX", False):
+            return graph
+        if not onnx_info.foreign_ops(graph.path):
+            return graph
+        if self._plain_graph is None:
+            spec = self.recipe.optimize
+            keep = [p for p in spec.passes if not passes.PASSES[p].ort_only]
+            plain = self.recipe.model_copy(update={"optimize": spec.model_copy(update={
+                "passes": keep, "options": {k: v for k, v in spec.options.items() if k in keep}})})
+            chain = None
+            for name in GRAPH_STAGES:  # export is shared: same stage id and key, so cached
+                chain = self._graph_stage(name, chain, plain, "" if name == "export" else "plain")
+            self._plain_graph = chain
+        return self._plain_graph
 
     def _baseline(self) -> Result:
         from pipeline.stages import validate

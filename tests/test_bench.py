@@ -4,7 +4,6 @@ harness overhead, monitors, early stop, expect: gates and `pipeline bench` end t
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 
@@ -45,10 +44,19 @@ class PlantedSlowdown:
         return out
 
 
-def _oversubscribed() -> str | None:
-    """Why wall-clock ratios cannot be exact right now (more runnable tasks than cores)."""
-    load, cores = os.getloadavg()[0], len(os.sched_getaffinity(0))
-    return f"load average {load:.1f} on {cores} cores" if load > 1.5 * cores else None
+class CpuShare:
+    """Share of one core this process got while the block ran: CPU time / wall time.
+
+    The runners here compute on the calling thread (one ORT thread, no spinning), so an idle
+    machine gives ~1.0; less means other processes took the core (the load average says the
+    same minutes later, if at all)."""
+
+    def __enter__(self):
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.share = (time.process_time() - self.cpu0) / (time.perf_counter() - self.wall0)
 
 
 @pytest.fixture(scope="module")
@@ -92,21 +100,24 @@ def test_planted_20_percent_slowdown_is_slower_with_ci_containing_1_2(ort_pair):
     ratio (per round, the median of the wrapper's own times over the median of A's block)."""
     a, b, feed = ort_pair
     results = []
-    for _ in range(10):
-        slow = PlantedSlowdown(b)
-        spec = recipe_mod.LatencySpec(**AB_SPEC)
-        timed = timing.time_interleaved([a, slow], feed, spec)
-        r = stats.compare(timed.blocks[0], timed.blocks[1])
-        seen = np.asarray(slow.seen_ns[-timed.blocks[1].size:], dtype=np.float64)
-        r["truth"] = stats.paired_ratio(seen.reshape(timed.blocks[1].shape), timed.blocks[0])[0]
-        results.append(r)
+    with CpuShare() as cpu:
+        for _ in range(10):
+            slow = PlantedSlowdown(b)
+            spec = recipe_mod.LatencySpec(**AB_SPEC)
+            timed = timing.time_interleaved([a, slow], feed, spec)
+            r = stats.compare(timed.blocks[0], timed.blocks[1])
+            seen = np.asarray(slow.seen_ns[-timed.blocks[1].size:], dtype=np.float64)
+            r["truth"] = stats.paired_ratio(seen.reshape(timed.blocks[1].shape), timed.blocks[0])[0]
+            results.append(r)
     assert [r["verdict"] for r in results] == ["slower"] * 10, results
     contains_truth = [r["ci95"][0] <= r["truth"] <= r["ci95"][1] for r in results]
-    busy = _oversubscribed()
-    if busy and not all(contains_truth):
-        pytest.skip(f"CI contained the true ratio in {sum(contains_truth)}/10 only; not judged while "
-                    f"the machine is oversubscribed ({busy})")
-    assert sum(contains_truth) >= 9, results
+    # Preempted between the wrapper's clock and the harness's, a request reads longer to the
+    # harness than to the wrapper: on a contended core the two clocks part by more than the
+    # interval's width, and "the truth" is no longer one number.
+    if cpu.share < 0.9 and not all(contains_truth):
+        pytest.skip(f"CI contained the true ratio in {sum(contains_truth)}/10 only; not judged: "
+                    f"this process got {cpu.share:.0%} of a core while timing")
+    assert sum(contains_truth) >= 9, [(r["ci95"], r["truth"]) for r in results]
 
 
 def test_harness_overhead_is_under_20_us_per_request():

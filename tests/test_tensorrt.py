@@ -6,8 +6,10 @@ Where TensorRT runs, tests/test_tensorrt_gpu.py builds and runs real engines."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from types import SimpleNamespace
 
+import onnx
 import pytest
 from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, SaveEngine
 
@@ -310,17 +312,50 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
     assert "Effective precision (share of time, 5 layers): int8 80%, fp32 20%; 1 reformat layers." in md
 
 
-def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(built_standard, tmp_path):
-    """ort_fusions writes com.microsoft ops that TensorRT's parser has no importer or plugin for;
-    the build says so, and how to fix it, instead of failing inside the parser."""
+def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(built_standard):
+    """ort_fusions writes com.microsoft ops that TensorRT's parser has no importer or plugin
+    for; a build handed such a graph says so instead of failing inside the parser."""
+    from pipeline import onnx_info
     from pipeline.errors import StageFailed
 
     folder = built_standard.engines / "standard"
-    assert trt_backend.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
-    foreign = trt_backend.foreign_ops(folder / "optimized.onnx")
-    assert foreign["com.microsoft.GroupQueryAttention"] == 2
+    assert onnx_info.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
+    assert onnx_info.foreign_ops(folder / "optimized.onnx")["com.microsoft.GroupQueryAttention"] == 2
     with pytest.raises(StageFailed) as error:
         trt_backend.check_parseable(folder / "optimized.onnx")
     message = str(error.value)
     assert message.startswith("TensorRT cannot parse com.microsoft.GroupQueryAttention x2")
-    assert "optimize.passes=[fold_constants, pack_matmuls]" in message and "\n" not in message
+    assert "in optimized.onnx" in message and "\n" not in message
+
+
+def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, monkeypatch):
+    """The ONNX Runtime engine keeps the fused graph; the TensorRT target gets the same export,
+    optimized without the ORT-only passes and quantized the same way, in files of its own."""
+    from pipeline import onnx_info
+    from pipeline.run import Run
+    from tests.conftest import FAST
+
+    monkeypatch.chdir(project.path)
+    overrides = [s for s in FAST if s != "--set"] + ["precision.mode=int8", "targets.1.required=false"]
+    recipe = recipe_mod.load("standard", overrides)
+    run = Run(recipe, project.engines)
+    run.execute("precision")
+    ort_target, trt_target = recipe.targets
+    with run.store.lock():
+        graph = run.store.artifact("typed.onnx")
+        assert onnx_info.foreign_ops(graph.path)  # fused for ONNX Runtime
+        assert run.graph_for(ort_target, graph) is graph
+        plain = run.graph_for(trt_target, graph)
+    assert plain.name == "typed-plain.onnx" and onnx_info.foreign_ops(plain.path) == {}
+    ops = Counter(n.op_type for n in onnx.load(str(plain.path)).graph.node)
+    assert ops["QuantizeLinear"] > 0 and ops["MatMul"] > 0  # INT8 Q/DQ, TensorRT's placement
+    trt_backend.check_parseable(plain.path)  # what the build checks first: passes
+    stages = run.store.manifest["stages"]
+    assert {"optimize:plain", "precision:plain"} <= set(stages)
+    assert stages["optimize:plain"]["meta"]["accepted"] == ["fold_constants", "pack_matmuls"]
+    # a second run finds both chains cached
+    again = Run(recipe, project.engines)
+    again.execute("precision")
+    with again.store.lock():
+        assert again.graph_for(trt_target, again.store.artifact("typed.onnx")).sha256 == plain.sha256
+    assert not again.work_done

@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps
+from pipeline import deps, onnx_info
 from pipeline.backends import tensorrt_layers
 from pipeline.errors import InputError, StageFailed
 from pipeline.recipe import Recipe, TensorRTTarget
 
 EXTENSION = ".plan"
+PLAIN_ONNX = True  # builds only from ONNX-domain ops: run.py gives it a graph without ORT fusions
 Shape = tuple[int, ...]
 
 
@@ -220,35 +221,21 @@ def sidecars(engine: Path) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".inspector.json"), stem.with_name(stem.name + ".build.json")
 
 
-def foreign_ops(onnx_path: Path) -> dict[str, int]:
-    """Nodes outside the ONNX domains, by "domain.op": what TensorRT's parser cannot import.
-
-    The parser looks an unknown op up as a plugin of the same name; ONNX Runtime's contrib
-    ops (com.microsoft: MultiHeadAttention, GroupQueryAttention, RotaryEmbedding,
-    SkipSimplifiedLayerNormalization, ... written by the `ort_fusions` and `ort_transformers`
-    passes) have none, so the build would fail deep in the parser ("Plugin not found").
-    """
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    counts: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
-            key = f"{node.domain}.{node.op_type}"
-            counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
 def check_parseable(onnx_path: Path) -> None:
-    """StageFailed naming the ops TensorRT cannot parse, before any TensorRT work."""
-    foreign = foreign_ops(onnx_path)
+    """StageFailed naming the ops TensorRT cannot parse, before any TensorRT work.
+
+    The parser looks an op it does not know up as a plugin of the same name; ONNX Runtime's
+    contrib ops (com.microsoft: MultiHeadAttention, RotaryEmbedding, ...) have none, so the
+    build would fail deep in the parser ("Plugin not found"). run.py hands this target the
+    graph of a chain without ORT-only passes (PLAIN_ONNX); what still is foreign came from
+    elsewhere (the exporter, a custom pass) and is the user's to change.
+    """
+    foreign = onnx_info.foreign_ops(onnx_path)
     if foreign:
         ops = ", ".join(f"{op} x{n}" for op, n in sorted(foreign.items()))
-        raise StageFailed(
-            f"TensorRT cannot parse {ops}: ONNX Runtime ops written by the optimize stage",
-            "build TensorRT from a recipe whose optimize.passes leave out ort_fusions and "
-            "ort_transformers, e.g. --set 'optimize.passes=[fold_constants, pack_matmuls]'; "
-            "TensorRT fuses attention and norms itself")
+        raise StageFailed(f"TensorRT cannot parse {ops} in {Path(onnx_path).name}",
+                          "TensorRT imports ONNX-domain ops only: drop the pass or export "
+                          "option that writes these")
 
 
 def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path):

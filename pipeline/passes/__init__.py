@@ -20,6 +20,7 @@ class Pass(NamedTuple):
     target: str  # "module:function"
     summary: str
     options: tuple[str, ...] = ()  # option names the function accepts
+    ort_only: bool = False  # writes ONNX Runtime contrib ops (com.microsoft) other runtimes lack
 
 
 PASSES: dict[str, Pass] = {
@@ -36,7 +37,7 @@ PASSES: dict[str, Pass] = {
     "ort_fusions": Pass(
         "pipeline.passes.onnx_passes:ort_fusions",
         "onnxscript ORT fusions: (multi-head) attention, (skip) layer/RMS norm, GELU, rotary",
-        ("skip",)),
+        ("skip",), ort_only=True),
     "pack_matmuls": Pass(
         "pipeline.passes.pack:pack_matmuls",
         "pack MatMuls that read one activation (q/k/v, gate/up) into one MatMul + Split",
@@ -44,7 +45,7 @@ PASSES: dict[str, Pass] = {
     "ort_transformers": Pass(
         "pipeline.passes.ort_transformers:optimize",
         "onnxruntime.transformers optimize_model (fits TorchScript BERT-style exports)",
-        ("model_type", "num_heads", "hidden_size")),
+        ("model_type", "num_heads", "hidden_size"), ort_only=True),
     "onnxslim": Pass(
         "pipeline.passes.slim:onnxslim",
         "onnxslim: constant folding, dead code and redundant-node elimination",
