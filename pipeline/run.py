@@ -5,18 +5,21 @@
 Graph stages each turn the previous ONNX graph into the next (export makes the first); the
 last graph is what every target builds from, with one exception: a backend marked PLAIN_ONNX
 (TensorRT) cannot parse ONNX Runtime's contrib ops, so when the chain's graph holds some, that
-target builds from a second chain of the same stages without the ORT-only passes (stage ids
-`optimize:plain`, `precision:plain`, files `optimized-plain.onnx`, `typed-plain.onnx`). A graph stage is a module under
-pipeline/stages with NAME, VERSION, SECTIONS (the recipe sections in its cache key),
-`enabled(recipe)`, `run(recipe, graph, workdir, verbose)` -> ({file: path}, meta)`, whose
-first output file is the next graph. Optional: `preflight(recipe)` (user errors, run before any
-stage works) and `spec(recipe)` (the cache key's recipe part, when SECTIONS is not enough).
+target builds from a second chain after the export, without the ORT-only passes (stage ids
+`optimize:plain`, `precision:plain`; files `optimized-plain.onnx`, `typed-plain.onnx`).
+
+A graph stage is a module under pipeline/stages with NAME, VERSION, SECTIONS (the recipe
+sections in its cache key), `enabled(recipe)`, `run(recipe, graph, workdir, verbose)` ->
+({file: path}, meta)`, whose first output file is the next graph. Optional:
+`preflight(recipe)` (user errors, run before any stage works) and `spec(recipe)` (the cache
+key's recipe part, when SECTIONS is not enough).
 Adding one is a module plus a line in GRAPH_STAGES.
 
 A stage's cache key hashes its name and version, the recipe sections it reads, the sha256
-of its input artifacts, the model's source code, the tool versions and the device. When the key matches the
-manifest's record and the outputs still have their recorded sha256, the stage is skipped;
-when an output was changed by hand, the run refuses (IntegrityError) rather than use it.
+of its input artifacts, the model's source code, the tool versions and the device. When the
+key matches the manifest's record and the outputs still have their recorded sha256, the
+stage is skipped; when an output was changed by hand, the run refuses (IntegrityError)
+rather than use it.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ class Run:
         self.work_done = False
         self.model_code = models.code_digest(recipe)  # model source edits invalidate every stage
         self.graph_meta: dict[str, dict] = {}  # graph stage name -> its meta, for the report
+        self._exported: Artifact | None = None  # the first graph stage's output
         self._plain_graph: Artifact | None = None  # the plain-ONNX chain's graph, once built
 
     # ------------------------------------------------------------------ one stage
@@ -151,6 +155,8 @@ class Run:
             graph = None
             for name in GRAPH_STAGES:
                 graph = self._graph_stage(name, graph)
+                if name == GRAPH_STAGES[0]:
+                    self._exported = graph  # where a second (plain-ONNX) chain starts
                 if until == name:
                     return self._finish(outcome)
             base = self._baseline() if ORDER.index(until) >= ORDER.index("validate") else None
@@ -253,9 +259,9 @@ class Run:
             keep = [p for p in spec.passes if not passes.PASSES[p].ort_only]
             plain = self.recipe.model_copy(update={"optimize": spec.model_copy(update={
                 "passes": keep, "options": {k: v for k, v in spec.options.items() if k in keep}})})
-            chain = None
-            for name in GRAPH_STAGES:  # export is shared: same stage id and key, so cached
-                chain = self._graph_stage(name, chain, plain, "" if name == "export" else "plain")
+            chain = self._exported  # the export is shared
+            for name in GRAPH_STAGES[1:]:
+                chain = self._graph_stage(name, chain, plain, "plain")
             self._plain_graph = chain
         return self._plain_graph
 
