@@ -7,8 +7,8 @@ on the host, CUDA events on a GPU stream); runners timed together share one kind
 
 Stopping rule, per runner: at least `iterations` requests AND at least `min_seconds` of
 timing (and, when runners are compared, at least stats.MIN_ROUNDS rounds, the fewest an A/B
-interval can be built from), unless `target_ci` is set and, after `iterations` requests, the 95% interval of
-every runner's median is already within +-target_ci of it (early stop).
+interval can be built from), unless `target_ci` is set and, after `iterations` requests, the
+95% interval of every runner's median is already within +-target_ci of it (early stop).
 """
 
 from __future__ import annotations

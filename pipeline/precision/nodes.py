@@ -27,7 +27,8 @@ def quantizable(model, op_types: list[str], weight_only: bool = False) -> list[s
 
 
 # A GEMM with fewer input or output channels than this gains nothing from integer kernels
-# (it is mostly overhead) and takes all of the rounding; NVIDIA's ModelOpt draws the same line.
+# (it is mostly overhead) and takes all of the rounding. (NVIDIA's ModelOpt, for the same
+# reason, leaves GEMV-shaped MatMuls, a dimension of 1, unquantized.)
 MIN_CHANNELS = 16
 
 
