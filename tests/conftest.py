@@ -80,13 +80,19 @@ def project(tmp_path) -> Project:
     return Project(tmp_path)
 
 
+def built(tmp_path_factory, folder: str, *args: str, env: dict | None = None) -> Project:
+    """A fresh project in which `pipeline run ARGS` succeeded: what the shared build fixtures
+    (one real run, read by many tests) stand on."""
+    proj = Project(tmp_path_factory.mktemp(folder))
+    result = proj.run("run", *args, env=env)
+    assert result.code == 0, result.err
+    return proj
+
+
 @pytest.fixture(scope="session")
 def built_standard(tmp_path_factory) -> Project:
     """One real `pipeline run standard`, shared by the tests that only read its outputs."""
-    proj = Project(tmp_path_factory.mktemp("standard"))
-    result = proj.run("run", "standard", *FAST)
-    assert result.code == 0, result.err
-    return proj
+    return built(tmp_path_factory, "standard", "standard", *FAST)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import FAST, ROOT, Project
+from tests.conftest import FAST, ROOT, Project, built
 
 # The optimize stage's own latency comparison, kept short like FAST; one thread, because on a
 # shared 2-core machine two PyTorch threads ran MiniLM 5x slower than one (100 vs 485 ms).
@@ -188,12 +188,9 @@ def test_inspect_missing_or_corrupt_file_is_one_error_line(project, content, exp
 @pytest.fixture(scope="session")
 def built_minilm(tmp_path_factory) -> Project:
     """One real `pipeline run minilm` (dynamo export of BERT: the slowest build here)."""
-    proj = Project(tmp_path_factory.mktemp("minilm"))
     short = "{name: sequence, min: 2, opt: 16, max: 32}"  # the real model is slow on 2 cores
-    result = proj.run("run", "minilm", *FAST_OPT, "--set", f"inputs.0.shape.1={short}",
-                      "--set", f"inputs.1.shape.1={short}")
-    assert result.code == 0, result.err
-    return proj
+    return built(tmp_path_factory, "minilm", "minilm", *FAST_OPT,
+                 "--set", f"inputs.0.shape.1={short}", "--set", f"inputs.1.shape.1={short}")
 
 
 def test_minilm_fuses_six_attentions_and_halves_the_graph(built_minilm):
@@ -234,10 +231,7 @@ def test_minilm_engine_matches_sentence_transformers_on_padded_text(built_minilm
 # ------------------------------------------------------------------ every recipe
 @pytest.fixture(scope="session")
 def built_gpt2(tmp_path_factory) -> Project:
-    proj = Project(tmp_path_factory.mktemp("gpt2"))
-    result = proj.run("run", "gpt2-tiny", *FAST_OPT)
-    assert result.code == 0, result.err
-    return proj
+    return built(tmp_path_factory, "gpt2", "gpt2-tiny", *FAST_OPT)
 
 
 FIXTURES = {"standard": "built_standard", "minilm": "built_minilm", "gpt2-tiny": "built_gpt2"}

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, Project, built
 
 INT8 = ("--set", "precision.mode=int8", "--set", "precision.require_effective_precision=0.9",
         "--set", "validate.tolerance.cosine_min=0.99", "--set", "validate.tolerance.top1_min=0.8")
@@ -18,10 +18,7 @@ INT8 = ("--set", "precision.mode=int8", "--set", "precision.require_effective_pr
 @pytest.fixture(scope="session")
 def int8_flash(tmp_path_factory) -> Project:
     """`pipeline run flash` with INT8 Q/DQ and an effective-precision gate."""
-    proj = Project(tmp_path_factory.mktemp("int8"))
-    result = proj.run("run", "flash", *INT8, *FAST)
-    assert result.code == 0, result.err
-    return proj
+    return built(tmp_path_factory, "int8", "flash", *INT8, *FAST)
 
 
 def _report(proj: Project, name: str = "flash") -> dict:
