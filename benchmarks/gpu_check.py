@@ -78,9 +78,10 @@ def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
         row = {"batch": batch, "sequence": seq, "runners": {}}
         for r, b in zip(runners, blocks):
             ratio, lo, hi = stats.paired_ratio(eager, b)
+            judged = stats.verdict(lo, hi, noise=PROTOCOL.noise_threshold)
             row["runners"][r.name] = {
                 "latency_ms": stats.summary(b),
-                "speedup_vs_eager_fp16": {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi)},
+                "speedup_vs_eager_fp16": {"ratio": ratio, "ci95": [lo, hi], "verdict": judged},
                 "accuracy_vs_eager_fp32": accuracy[r.name],
             }
         rows.append(row)

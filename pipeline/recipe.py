@@ -225,6 +225,12 @@ class LatencySpec(Strict):
     block: int = Field(
         50, ge=1, description="Requests per block when two runners are timed interleaved."
     )
+    noise_threshold: float = Field(
+        0.02, ge=0, lt=0.5,
+        description="A/B verdicts say `faster` or `slower` only when the whole 95% interval of "
+        "the ratio lies beyond 1 by more than this (0.02 = 2%); smaller differences are "
+        "`indistinguishable`, below what the protocol resolves (docs/measurement.md).",
+    )
     spin: bool = Field(
         False,
         description="Let ONNX Runtime's idle worker threads spin-wait. Off by default: when runners "

@@ -80,7 +80,7 @@ def ort_pair(built_standard, standard_recipe):
 def _ab(a, b, feed) -> dict:
     spec = recipe_mod.LatencySpec(**AB_SPEC)
     timed = timing.time_interleaved([a, b], feed, spec)
-    return stats.compare(timed.blocks[0], timed.blocks[1])
+    return stats.compare(timed.blocks[0], timed.blocks[1], noise=spec.noise_threshold)
 
 
 def test_a_a_same_engine_is_indistinguishable(ort_pair):
@@ -105,7 +105,7 @@ def test_planted_20_percent_slowdown_is_slower_with_ci_containing_1_2(ort_pair):
             slow = PlantedSlowdown(b)
             spec = recipe_mod.LatencySpec(**AB_SPEC)
             timed = timing.time_interleaved([a, slow], feed, spec)
-            r = stats.compare(timed.blocks[0], timed.blocks[1])
+            r = stats.compare(timed.blocks[0], timed.blocks[1], noise=spec.noise_threshold)
             seen = np.asarray(slow.seen_ns[-timed.blocks[1].size:], dtype=np.float64)
             r["truth"] = stats.paired_ratio(seen.reshape(timed.blocks[1].shape), timed.blocks[0])[0]
             results.append(r)

@@ -91,16 +91,20 @@ def _blocks(rng, scale=1.0, blocks=40, block=25):
     return rng.lognormal(np.log(1e6), 0.15, size=(blocks, block)) * drift * scale
 
 
+NOISE = recipe_mod.LatencySpec().noise_threshold  # the recipes' default
+
+
 def test_paired_ratio_a_a_interval_covers_1_at_least_95_percent():
     """The sign-test interval's coverage is exact (>= 95%); over 400 A/As of identical
-    distributions, 'indistinguishable' must come out at that rate (binomial sd ~1.1%)."""
+    distributions, the bare interval (no noise threshold) must hold 1 at that rate (binomial
+    sd ~1.1%)."""
     rng = np.random.default_rng(0)
     verdicts = []
     for _ in range(400):
         a, b = _blocks(rng), _blocks(rng)
         ratio, lo, hi = stats.paired_ratio(a, b)
         assert lo <= ratio <= hi
-        verdicts.append(stats.verdict(lo, hi))
+        verdicts.append(stats.verdict(lo, hi, noise=0.0))
     assert verdicts.count("indistinguishable") / 400 >= 0.93, verdicts.count("indistinguishable")
 
 
@@ -108,8 +112,22 @@ def test_paired_ratio_finds_a_planted_slowdown():
     rng = np.random.default_rng(1)
     base, slow = _blocks(rng), _blocks(rng, scale=1.2)
     ratio, lo, hi = stats.paired_ratio(base, slow)  # speedup of `slow` over base
-    assert stats.verdict(lo, hi) == "slower"
+    assert stats.verdict(lo, hi, noise=NOISE) == "slower"
     assert lo < 1 / 1.2 < hi
+
+
+@pytest.mark.parametrize("lo, hi, noise, expected", [
+    (1.005, 1.015, 0.02, "indistinguishable"),  # excludes 1, but inside the noise band
+    (1.005, 1.015, 0.0, "faster"),              # the bare interval
+    (1.021, 1.10, 0.02, "faster"),
+    (1 / 1.015, 1 / 1.005, 0.02, "indistinguishable"),
+    (1 / 1.10, 1 / 1.021, 0.02, "slower"),
+    (0.97, 1.03, 0.0, "indistinguishable"),
+])
+def test_verdict_needs_the_whole_interval_beyond_the_noise_threshold(lo, hi, noise, expected):
+    assert stats.verdict(lo, hi, noise=noise) == expected
+    # the time-ratio form asks the same question of the inverted interval
+    assert stats.time_verdict(1 / hi, 1 / lo, noise=noise) == expected
 
 
 def test_paired_ratio_keeps_a_slowdown_through_bursts_of_load():
@@ -124,7 +142,7 @@ def test_paired_ratio_keeps_a_slowdown_through_bursts_of_load():
         factor = rng.uniform(1.3, 2.5, 20)[:, None]
         a[burst & (hit != 2)] *= factor[burst & (hit != 2)]
         b[burst & (hit != 1)] *= factor[burst & (hit != 1)]
-        misses += stats.compare(a, b)["verdict"] != "slower"
+        misses += stats.compare(a, b, noise=NOISE)["verdict"] != "slower"
     assert misses <= 2, misses
 
 

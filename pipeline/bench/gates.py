@@ -53,5 +53,6 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 f"expect.faster_than.{ref}", c["verdict"] == "faster",
                 f"time vs {ref}'s {v['target']}: {c['time_ratio']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}] "
                 f"({c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
-                f"interleaved, {c['blocks']} block pairs); needs the whole interval < 1"))
+                f"interleaved, {c['blocks']} block pairs); needs the whole interval below "
+                f"1 / (1 + noise threshold {c['noise_threshold']:g})"))
     return out

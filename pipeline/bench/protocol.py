@@ -82,7 +82,7 @@ def measure(runners: dict, shapes: list[tuple[str, dict, dict]], spec: LatencySp
             out_shapes.append({
                 "shape": label, "dims": dims,
                 "latency_ms": {n: _summary(b) for n, b in blocks.items()},
-                "comparisons": [{"a": a, "b": b, **stats.compare(blocks[a], blocks[b])}
+                "comparisons": [{"a": a, "b": b, **stats.compare(blocks[a], blocks[b], noise=spec.noise_threshold)}
                                 for a, b in pairs],
                 "stop": timed.stop, "seconds": round(timed.seconds, 3),
             })
@@ -103,8 +103,9 @@ def _summary(blocks: np.ndarray) -> dict:
 
 
 def speedup(comparison: dict) -> dict:
-    """A (baseline) vs B (engine) time ratio -> speedup of B: A time / B time, CI inverted."""
+    """A (baseline) vs B (engine) time ratio -> speedup of B: A time / B time, CI inverted.
+    The verdict is the comparison's own: it is already B's."""
     lo, hi = comparison["ci95"]
-    s = 1 / comparison["time_ratio"]
-    return {"ratio": s, "ci95": [1 / hi, 1 / lo], "verdict": stats.verdict(1 / hi, 1 / lo),
+    return {"ratio": 1 / comparison["time_ratio"], "ci95": [1 / hi, 1 / lo],
+            "verdict": comparison["verdict"], "noise_threshold": comparison["noise_threshold"],
             "blocks": comparison["blocks"]}

@@ -121,11 +121,12 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
     return {
         "exported_ms": stats.summary(base_blocks),
         "optimized_ms": stats.summary(opt_blocks),
-        "speedup": {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi)},
+        "speedup": {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi, noise=spec.noise_threshold)},
         "method": f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
                   f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
                   f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "
-                  f"requests each; speedup: {stats.PAIRED_RATIO_METHOD}",
+                  f"requests each; speedup: {stats.PAIRED_RATIO_METHOD}; "
+                  f"{stats.verdict_rule(spec.noise_threshold)}",
     }
 
 

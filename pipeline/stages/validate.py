@@ -29,7 +29,7 @@ PROTOCOL = (
     "requests; at least {iterations} requests and {min_seconds:g} s per runner{early}; engine and "
     "baseline interleaved in blocks of {block} in one process (order alternating each "
     "round; runtime threads {spinning}); speedup of the engine over the baseline: "
-    + stats.PAIRED_RATIO_METHOD
+    + stats.PAIRED_RATIO_METHOD + "; {rule}"
 )
 
 
@@ -45,7 +45,7 @@ def _vs_cudagraph(recipe: Recipe, runner, spec) -> dict:
     with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
         graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
     ratio, lo, hi = stats.paired_ratio(graph_blocks, engine_blocks)
-    return {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi),
+    return {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi, noise=spec.noise_threshold),
             "baseline_latency_ms": stats.summary(graph_blocks)}
 
 
@@ -178,7 +178,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "latency_method": PROTOCOL.format(
             **spec.model_dump(), timer=bench["timers"][target.id],
             early=f" (early stop at +-{spec.target_ci:g} median CI)" if spec.target_ci else "",
-            spinning="spin-wait" if spec.spin else "do not spin-wait"),
+            spinning="spin-wait" if spec.spin else "do not spin-wait",
+            rule=stats.verdict_rule(spec.noise_threshold)),
         "device": device,
         "speedup_vs_cudagraph": vs_graphs,
         **{k: v for k, v in extras.items() if k != "gates"},
