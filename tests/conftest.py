@@ -95,6 +95,12 @@ def built_standard(tmp_path_factory) -> Project:
     return built(tmp_path_factory, "standard", "standard", *FAST)
 
 
+@pytest.fixture(scope="session")
+def built_aoti(tmp_path_factory) -> Project:
+    """One real `pipeline run standard-aoti` (an AOTInductor compile: ~30 s on 2 cores)."""
+    return built(tmp_path_factory, "aoti", "standard-aoti", *FAST)
+
+
 @pytest.fixture
 def standard_copy(built_standard, tmp_path) -> Project:
     """A private copy of the built `standard` project, for tests that change its outputs

@@ -234,7 +234,8 @@ def built_gpt2(tmp_path_factory) -> Project:
     return built(tmp_path_factory, "gpt2", "gpt2-tiny", *FAST_OPT)
 
 
-FIXTURES = {"standard": "built_standard", "minilm": "built_minilm", "gpt2-tiny": "built_gpt2"}
+FIXTURES = {"standard": "built_standard", "standard-aoti": "built_aoti", "minilm": "built_minilm",
+            "gpt2-tiny": "built_gpt2"}
 
 
 def _recipe_params():

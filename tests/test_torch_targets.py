@@ -9,18 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import FAST
-
-
-@pytest.fixture(scope="module")
-def built_aoti(tmp_path_factory):
-    from tests.conftest import Project
-
-    proj = Project(tmp_path_factory.mktemp("aoti"))
-    result = proj.run("run", "standard-aoti", *FAST)
-    assert result.code == 0, result.err
-    return proj
-
 
 @pytest.mark.slow
 def test_aotinductor_builds_and_validates_the_tiny_glm(built_aoti):
