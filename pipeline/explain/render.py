@@ -120,7 +120,9 @@ def categories_png(path: Path, result: dict) -> Path | None:
     ax.set(xlabel="microseconds per request (ONNX Runtime profiler, kernel time)",
            title="where the time goes, by category")
     ax.invert_yaxis()
-    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.05 * len(names)))
+    # Beside the bars, not under them: an offset below the axes depends on the figure's
+    # height, and with two recipes it covered the x label.
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
