@@ -82,8 +82,9 @@ def measure(runners: dict, shapes: list[tuple[str, dict, dict]], spec: LatencySp
             out_shapes.append({
                 "shape": label, "dims": dims,
                 "latency_ms": {n: _summary(b) for n, b in blocks.items()},
-                "comparisons": [{"a": a, "b": b, **stats.compare(blocks[a], blocks[b], noise=spec.noise_threshold)}
-                                for a, b in pairs],
+                "comparisons": [
+                    {"a": a, "b": b, **stats.compare(blocks[a], blocks[b], noise=spec.noise_threshold)}
+                    for a, b in pairs],
                 "stop": timed.stop, "seconds": round(timed.seconds, 3),
             })
             timers = dict(zip(names, timed.timers))
@@ -102,7 +103,7 @@ def _summary(blocks: np.ndarray) -> dict:
     return s
 
 
-def speedup(comparison: dict) -> dict:
+def as_speedup(comparison: dict) -> dict:
     """A (baseline) vs B (engine) time ratio -> speedup of B: A time / B time, CI inverted.
     The verdict is the comparison's own: it is already B's."""
     lo, hi = comparison["ci95"]

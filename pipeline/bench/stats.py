@@ -116,6 +116,14 @@ def time_verdict(lo: float, hi: float, *, noise: float) -> Verdict:
     return verdict(1.0 / hi, 1.0 / lo, noise=noise)
 
 
+def speedup(baseline_blocks: np.ndarray, engine_blocks: np.ndarray, *, noise: float) -> dict:
+    """The engine against the baseline, timed interleaved: speedup = baseline time / engine
+    time, with its 95% CI and the engine's verdict."""
+    ratio, lo, hi = paired_ratio(baseline_blocks, engine_blocks)
+    return {"ratio": ratio, "ci95": [lo, hi], "verdict": verdict(lo, hi, noise=noise),
+            "noise_threshold": noise}
+
+
 def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> dict:
     """B against A, timed interleaved: time ratio median(B) / median(A) with its 95% CI.
 

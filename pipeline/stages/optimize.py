@@ -117,11 +117,10 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
     runners = [check.Timed(m.SerializeToString(), recipe.outputs, None, spec.spin)
                for m in (exported, optimized)]
     base_blocks, opt_blocks = timing.time_interleaved(runners, feed, spec)
-    ratio, lo, hi = stats.paired_ratio(base_blocks, opt_blocks)
     return {
         "exported_ms": stats.summary(base_blocks),
         "optimized_ms": stats.summary(opt_blocks),
-        "speedup": {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi, noise=spec.noise_threshold)},
+        "speedup": stats.speedup(base_blocks, opt_blocks, noise=spec.noise_threshold),
         "method": f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
                   f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
                   f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "

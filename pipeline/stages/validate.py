@@ -44,8 +44,7 @@ def _vs_cudagraph(recipe: Recipe, runner, spec) -> dict:
 
     with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
         graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
-    ratio, lo, hi = stats.paired_ratio(graph_blocks, engine_blocks)
-    return {"ratio": ratio, "ci95": [lo, hi], "verdict": stats.verdict(lo, hi, noise=spec.noise_threshold),
+    return {**stats.speedup(graph_blocks, engine_blocks, noise=spec.noise_threshold),
             "baseline_latency_ms": stats.summary(graph_blocks)}
 
 
@@ -162,13 +161,13 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "accuracy": accuracy,
         "latency_ms": opt["latency_ms"][target.id],
         "baseline_latency_ms": opt["latency_ms"][BASELINE],
-        "speedup_vs_baseline": protocol.speedup(opt["comparisons"][0]),
+        "speedup_vs_baseline": protocol.as_speedup(opt["comparisons"][0]),
         "cold_start_ms": cold[target.id],
         "baseline_cold_start_ms": cold[BASELINE],
         "sweep": [{"shape": s["shape"], "dims": s["dims"],
                    "latency_ms": s["latency_ms"][target.id],
                    "baseline_latency_ms": s["latency_ms"][BASELINE],
-                   "speedup_vs_baseline": protocol.speedup(s["comparisons"][0])}
+                   "speedup_vs_baseline": protocol.as_speedup(s["comparisons"][0])}
                   for s in bench["shapes"][1:]],
         "timer": bench["timers"][target.id],
         "stop": opt["stop"],
