@@ -55,6 +55,7 @@ def test_loader_chain_is_polygraphy_with_the_recipe_settings(trt_plan, tmp_path)
     assert tuple(map(list, p0["input_ids"])) == ([1, 1], [2, 64], [8, 128])
     assert tuple(map(list, p1["input_ids"])) == ([1, 1], [1, 16], [1, 32])
     assert config.builder_optimization_level == 4
+    assert config.tf32 is False  # what the trtexec line's --noTF32 mirrors
     assert config.memory_pool_limits == {"trt.MemoryPoolType.WORKSPACE": 512 << 20,
                                          "trt.MemoryPoolType.TACTIC_SHARED_MEMORY": 48 << 10}
     assert config.hardware_compatibility_level == "trt.HardwareCompatibilityLevel.AMPERE_PLUS"
@@ -111,7 +112,10 @@ def test_trtexec_command(trt_plan):
     cache = trt_plan.timing_cache
     assert cmd == [
         "trtexec", f"--onnx={trt_plan.onnx}", f"--saveEngine={trt_plan.engine}", "--stronglyTyped",
+        "--noTF32",
+        "--profile=0",
         "--minShapes=input_ids:1x1", "--optShapes=input_ids:2x64", "--maxShapes=input_ids:8x128",
+        "--profile=1",
         "--minShapes=input_ids:1x1", "--optShapes=input_ids:1x16", "--maxShapes=input_ids:1x32",
         "--builderOptimizationLevel=4", "--memPoolSize=workspace:512M,tacticSharedMem:48K",
         "--hardwareCompatibilityLevel=ampere+", f"--timingCacheFile={cache}",
@@ -123,12 +127,23 @@ def test_trtexec_command(trt_plan):
     assert lines["polygraphy"].startswith("polygraphy convert model.onnx --convert-to trt -o tensorrt.plan")
 
 
+def test_trtexec_command_with_one_profile_has_no_profile_index(project, monkeypatch, tmp_path):
+    monkeypatch.chdir(project.path)
+    recipe = recipe_mod.load("standard")
+    p = trt_backend.plan(tmp_path / "model.onnx", tmp_path / "tensorrt.plan", recipe, recipe.targets[1], H200)
+    cmd = trt_backend.trtexec_command(p)
+    assert not any(c.startswith("--profile=") for c in cmd)
+    assert [c for c in cmd if "Shapes=" in c] == [
+        "--minShapes=input_ids:1x1", "--optShapes=input_ids:2x64", "--maxShapes=input_ids:8x128"]
+
+
 @pytest.mark.parametrize("current, hardware_compatible, refused", [
     (H200, False, False),
     ({**H200, "tensorrt": "10.9.0.34"}, False, True),
     ({**H200, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, False, True),
     ({**H200, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}, True, False),
     ({**H200, "gpu": "Tesla T4", "compute_capability": "7.5"}, True, True),
+    ({**H200, "gpu": "Orin", "compute_capability": "8.7"}, True, True),  # Jetson: no ampere_plus
     ({"tensorrt": None, "gpu": None, "compute_capability": None}, False, True),
 ])
 def test_engine_from_another_gpu_or_tensorrt_is_refused(tmp_path, current, hardware_compatible, refused):
@@ -229,8 +244,27 @@ def test_dtype_words():
     f = tensorrt_layers.dtype_of
     assert f("Row major linear FP32") == "fp32" and f("Half") == "fp16" and f("Float") == "fp32"
     assert f("Channel major FP16 format where channel % 8 == 0") == "fp16"
+    assert f("Row major linear Int4 format") == "int4" and f("FP4") == "fp4"
     assert f("Row major linear BFloat16 format") == "bf16" and f("Row major linear FP8 format") == "fp8"
     assert f("Row major linear Int64 format") == "other" and f("Row major linear Int8 format") == "int8"
+
+
+def _split_fields(tensor: dict) -> dict:
+    """A tensor as TensorRT 11's inspector writes it: `Format` and `DataType` apart."""
+    fmt = tensor.pop("Format/Datatype")
+    word = tensorrt_layers.dtype_of(fmt)
+    names = {"int8": "Int8", "fp32": "Float", "other": "Int64"}
+    return {**tensor, "Format": fmt, "DataType": names[word]}
+
+
+def test_tensorrt_11_split_fields_give_the_same_shares():
+    sample = inspector_sample(int8_gemm=True)
+    for layer in sample["Layers"]:
+        layer["Inputs"] = [_split_fields(t) for t in layer["Inputs"]]
+        layer["Outputs"] = [_split_fields(t) for t in layer["Outputs"]]
+    sample["I/O Tensors"] = [{"Name": n} for n in sample.pop("Bindings")]
+    assert tensorrt_layers.effective_precision(sample, TIMES)["layer_share"] == \
+        tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)["layer_share"]
 
 
 def test_validation_extras_gate_from_target_or_recipe_precision(tmp_path):

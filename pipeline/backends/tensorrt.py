@@ -157,7 +157,13 @@ _TRTEXEC_POOLS = {"WORKSPACE": ("workspace", 20, "M"), "TACTIC_SHARED_MEMORY": (
 def trtexec_command(p: BuildPlan, inspector_json: Path | None = None) -> list[str]:
     cmd = ["trtexec", f"--onnx={p.onnx}", f"--saveEngine={p.engine}"]
     cmd += ["--stronglyTyped"] if p.strongly_typed else []
-    for profile in p.profiles:  # repeated min/opt/max sets make one profile each
+    # trtexec turns TF32 on unless told not to; Polygraphy's CreateConfig (the build above)
+    # leaves it off, and strongly typed networks still honour the flag.
+    cmd.append("--noTF32")
+    for i, profile in enumerate(p.profiles):
+        # One min/opt/max set stands alone; with several, trtexec wants `--profile=i` right
+        # before each set (it refuses repeated sets without it).
+        cmd += [f"--profile={i}"] if len(p.profiles) > 1 else []
         for flag, k in (("--minShapes", 0), ("--optShapes", 1), ("--maxShapes", 2)):
             cmd.append(f"{flag}=" + ",".join(f"{n}:{_dims(s[k], 'x')}" for n, s in profile.items()))
     cmd.append(f"--builderOptimizationLevel={p.optimization_level}")
@@ -198,7 +204,10 @@ def check_compatible(engine: Path, built: dict, current: dict, hardware_compatib
     same_gpu = (built.get("gpu"), built.get("compute_capability")) == \
         (current.get("gpu"), current.get("compute_capability"))
     if hardware_compatible and current.get("compute_capability"):
-        same_gpu = float(current["compute_capability"]) >= 8.0  # ampere_plus
+        # ampere_plus: any sm 8.0+ data-centre or desktop GPU; not Jetson Orin (sm 8.7), where
+        # TensorRT offers no hardware compatibility
+        cc = current["compute_capability"]
+        same_gpu = float(cc) >= 8.0 and cc != "8.7"
     if not (same_trt and same_gpu):
         raise InputError(
             f"{engine} was built with {_describe(built)}; this machine has {_describe(current)}",

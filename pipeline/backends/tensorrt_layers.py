@@ -9,7 +9,9 @@ or `trtexec --exportLayerInfo`) describes every layer of the built engine:
                  "Outputs": [...], "ParameterType": "...", "TacticName": "...", ...}, ...],
      "Bindings": ["input_ids", "logits"]}
 
-With a profiling verbosity below DETAILED the layers are bare name strings and no precision
+TensorRT 11 replaces `Bindings` with `I/O Tensors` and splits `Format/Datatype` into a
+`Format` and a `DataType` field; a tensor's data type is read from whichever it has. With a
+profiling verbosity below DETAILED the layers are bare name strings and no precision
 can be read. A layer's precision follows TREx (TensorRT Engine Explorer): the data type of
 its first input, falling back to the narrowest float/int8 tensor it touches when that first
 input is an index or shape tensor. Per-layer times (ms, by layer name) come from an
@@ -23,18 +25,20 @@ from __future__ import annotations
 import re
 
 # Precision categories, narrowest first; `other` is index/shape/bool work.
-CATEGORIES = ("int8", "fp8", "fp16", "bf16", "fp32", "other")
-_BITS = {"int8": 8, "fp8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
+CATEGORIES = ("fp4", "int4", "int8", "fp8", "fp16", "bf16", "fp32", "other")
+_BITS = {"fp4": 4, "int4": 4, "int8": 8, "fp8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
 
 # Data-type words as they appear in "Format/Datatype" strings (TensorRT 8.6-10.x, kgen names
-# included), matched as whole words.
+# included) and in TensorRT 11's "DataType" field, matched as whole words.
 _DTYPE_WORDS = (
+    ("fp4", r"FP4|Float4|E2M1"),
+    ("int4", r"Int4|INT4"),
     ("fp8", r"FP8|Float8|E4M3"),
     ("int8", r"Int8|INT8"),
     ("bf16", r"BFloat16|BF16"),
     ("fp16", r"FP16|Half"),
     ("fp32", r"FP32|Float"),
-    ("other", r"Int32|INT32|Int64|INT64|Bool|BOOL|UInt8|Int4|INT4|Double"),
+    ("other", r"Int32|INT32|Int64|INT64|Bool|BOOL|UInt8|Double"),
 )
 
 
@@ -44,6 +48,11 @@ def dtype_of(format_string: str) -> str:
         if re.search(rf"\b(?:{words})\b", format_string):
             return category
     return "other"
+
+
+def tensor_dtype(tensor: dict) -> str:
+    """A layer tensor's category: TensorRT 11's `DataType`, else 10.x's `Format/Datatype`."""
+    return dtype_of(str(tensor.get("DataType") or tensor.get("Format/Datatype") or tensor.get("Format") or ""))
 
 
 def is_reformat(layer: dict) -> bool:
@@ -57,7 +66,7 @@ def is_reformat(layer: dict) -> bool:
 
 def layer_precision(layer: dict) -> str:
     tensors = list(layer.get("Inputs") or []) + list(layer.get("Outputs") or [])
-    kinds = [dtype_of(t.get("Format/Datatype", "")) for t in tensors]
+    kinds = [tensor_dtype(t) for t in tensors]
     if not kinds:
         return "other"
     first = kinds[0] if layer.get("Inputs") else "other"

@@ -103,7 +103,12 @@ class TensorRTRunner(BaseRunner):
     def bind(self, context, shapes: dict[str, tuple]) -> None:
         """Select a profile, set input shapes, (re)allocate buffers, set tensor addresses."""
         torch = self._torch
-        context.set_optimization_profile_async(self._profile_for(shapes), self.stream.cuda_stream)
+        index = self._profile_for(shapes)
+        try:  # the Python bindings raise where the C++ API returns false
+            context.set_optimization_profile_async(index, self.stream.cuda_stream)
+        except RuntimeError as e:
+            raise StageFailed(f"TensorRT could not select optimization profile {index} for input "
+                              f"shapes {shapes}: {e}") from e
         for n, shape in shapes.items():
             if not context.set_input_shape(n, shape):
                 raise StageFailed(f"TensorRT refused shape {shape} for input `{n}`")
