@@ -36,9 +36,10 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # On a CUDA machine: every GPU-capable target of the base GLM recipes -> benchmarks/results/.
-# PY=python3 uses an existing environment (e.g. a GPU box with torch preinstalled).
+# PY=python3 uses an existing environment (e.g. a GPU box with torch preinstalled); packages
+# it lacks can come from PYTHONPATH (benchmarks/device_wheels.sh says how).
 gpu-check: $(if $(PY),,$(VENV)/.installed)
-	PYTHONPATH=. $(or $(PY),$(BIN)/python) benchmarks/gpu_check.py
+	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(or $(PY),$(BIN)/python) benchmarks/gpu_check.py
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check pipeline tests

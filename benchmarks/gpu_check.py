@@ -2,14 +2,21 @@
 that matter on a GPU, measured with the project's protocol. `make gpu-check` runs it.
 
 For `standard-base` and `flash-base` (~201M parameters):
-  1. the pipeline itself (export, baseline, build, validate, report) restricted to the
-     targets that run on CUDA here (AOTInductor; TensorRT and ORT's CUDA EP when installed);
+  1. the pipeline itself (baseline, build, validate, report) restricted to the targets that
+     run on CUDA here (AOTInductor; TensorRT and ORT's CUDA EP when installed). With only
+     PyTorch-native targets the run skips the ONNX stages; its validation timing is
+     shortened (VALIDATION below), since step 2 is the measurement that counts;
   2. a shape study at batch x sequence = 1 x 16 (launch-bound) and 8 x 512 (compute-bound):
      eager fp16, the same eager model captured as CUDA Graphs, and the AOTInductor engine,
-     timed interleaved in one process; accuracy of each against eager fp32 on that feed.
+     timed interleaved in one process with outputs left on the device (copying [8, 512,
+     32000] fp32 logits to the host would cost more than the model); accuracy of each
+     against eager fp32 on that feed, judged by the recipe's tolerance.
+  3. checks: every runner within tolerance; the CUDA Graph baseline at least 5x faster than
+     eager at 1 x 16 (the whole 95% interval). Exit 3 when one fails, 0 when all hold.
 
 Results go to benchmarks/results/gpu-check-<gpu>.json, rewritten after every step so a run
-stopped by its time limit still leaves what it measured. Needs no network.
+stopped by its time limit still leaves what it measured. Needs no network; on a machine
+without pydantic or polygraphy, carry them as wheels (benchmarks/device_wheels.sh).
 
     python benchmarks/gpu_check.py [--recipes standard-base flash-base] [--out FILE]
 """
@@ -17,9 +24,11 @@ stopped by its time limit still leaves what it measured. Needs no network.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +36,20 @@ import numpy as np
 from pipeline import backends, deps, models
 from pipeline import recipe as recipe_mod
 from pipeline.bench import stats, timing
+from pipeline.errors import PipelineError
 from pipeline.metrics import compare
 from pipeline.recipe import LatencySpec
 from pipeline.run import Run
+from pipeline.stages.validate import gates
 from pipeline.store import write_atomic
 
 SHAPES = ((1, 16), (8, 512))
 PROTOCOL = LatencySpec(warmup=50, iterations=300, min_seconds=1.0, block=25)
+# The pipeline's own validation (host arrays in and out, at the opt shape 8 x 512): kept
+# short, two feeds, so both recipes fit the check's time budget.
+VALIDATION = ["validate.latency={warmup: 10, iterations: 50, min_seconds: 0.25, block: 10}",
+              "data.validation.samples=2"]
+MIN_GRAPH_SPEEDUP = 5.0  # CUDA Graphs over eager fp16 at 1 x 16, lower end of the interval
 
 
 def gpu_targets(recipe) -> list:
@@ -49,27 +65,31 @@ def gpu_targets(recipe) -> list:
 def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
     import torch
 
-    from pipeline.backends.torch import CudaGraphRunner, TorchRunner
+    from pipeline.backends.torch import CudaGraphRunner, TorchRunner, to_host
 
     names = [i.name for i in recipe.inputs]
     vocab = int(recipe.inputs[0].range[1])
+    model = models.load(recipe)  # on the host; each runner moves its own copy
     rows = []
     for batch, seq in SHAPES:
         feed = {names[0]: np.random.default_rng(0).integers(0, vocab, (batch, seq), dtype=np.int64)}
-        with TorchRunner(models.load(recipe), names, recipe.outputs, device="cuda") as fp32:
+        with TorchRunner(copy.deepcopy(model), names, recipe.outputs, device="cuda") as fp32:
             reference = fp32.infer(feed, check_inputs=False)
         runners = [
-            TorchRunner(models.load(recipe), names, recipe.outputs, device="cuda", dtype="fp16"),
-            CudaGraphRunner(models.load(recipe), names, recipe.outputs, dtype="fp16"),
+            TorchRunner(copy.deepcopy(model), names, recipe.outputs, device="cuda", dtype="fp16",
+                        host_outputs=False),
+            CudaGraphRunner(copy.deepcopy(model), names, recipe.outputs, dtype="fp16", host_outputs=False),
         ]
         if engine_path is not None:
-            runners.append(backends.get("aotinductor").open(engine_path, aoti_target, recipe))
+            runners.append(backends.get("aotinductor").open(engine_path, aoti_target, recipe,
+                                                            host_outputs=False))
         for r in runners:
             r.activate()
         try:
-            accuracy = {r.name: compare([reference], [r.infer(feed, check_inputs=False)], recipe.outputs)
+            accuracy = {r.name: compare([reference], [to_host(r.infer(feed, check_inputs=False))],
+                                        recipe.outputs)
                         for r in runners}
-            blocks = timing.time_interleaved(runners, feed, PROTOCOL)
+            blocks = timing.time_interleaved(runners, feed, PROTOCOL).blocks
         finally:
             for r in runners:
                 r.deactivate()
@@ -81,11 +101,48 @@ def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
                 "latency_ms": stats.summary(b),
                 "speedup_vs_eager_fp16": stats.speedup(eager, b, noise=PROTOCOL.noise_threshold),
                 "accuracy_vs_eager_fp32": accuracy[r.name],
+                "gates": gates(recipe, accuracy[r.name]),
             }
         rows.append(row)
         print(f"  {batch}x{seq}: " + ", ".join(
             f"{n} {v['latency_ms']['p50']:.3f} ms" for n, v in row["runners"].items()), flush=True)
     return rows
+
+
+def checks(rows: list[dict]) -> list[dict]:
+    """The issue's bars, judged from the shape study."""
+    out = []
+    for row in rows:
+        shape = f"{row['batch']}x{row['sequence']}"
+        for name, r in row["runners"].items():
+            failed = [g["name"] for g in r["gates"] if not g["passed"]]
+            out.append({"name": f"{shape}.{name}.accuracy", "passed": not failed,
+                        "detail": "within the recipe's tolerance vs eager fp32" if not failed
+                        else f"failed: {', '.join(failed)}"})
+        graphs = next((r for n, r in row["runners"].items() if n.startswith("torch-cudagraph")), None)
+        if (row["batch"], row["sequence"]) == SHAPES[0] and graphs is not None:
+            s = graphs["speedup_vs_eager_fp16"]
+            out.append({"name": f"{shape}.cudagraph_speedup", "passed": s["ci95"][0] >= MIN_GRAPH_SPEEDUP,
+                        "detail": f"{s['ratio']:.2f}x [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] over "
+                                  f"eager fp16; needs the whole interval >= {MIN_GRAPH_SPEEDUP:g}x"})
+    return out
+
+
+def check_recipe(name: str, engines_dir: Path, entry: dict) -> None:
+    recipe = recipe_mod.load(name, VALIDATION)
+    recipe.targets = gpu_targets(recipe)
+    entry["targets"] = [t.id for t in recipe.targets]
+    print(f"{name}: targets on CUDA here: {entry['targets'] or 'none'}", flush=True)
+    aoti = next((t for t in recipe.targets if t.kind == "aotinductor"), None)
+    engine = None
+    if recipe.targets:
+        outcome = Run(recipe, engines_dir).execute("report")
+        entry["engines"] = outcome.report["engines"]
+        entry["baseline"] = outcome.report["baseline"]
+        if aoti is not None:
+            engine = outcome.store.dir / f"{aoti.id}.pt2"
+    entry["shapes"] = shape_study(recipe, engine, aoti)
+    entry["checks"] = checks(entry["shapes"])
 
 
 def main() -> int:
@@ -100,28 +157,28 @@ def main() -> int:
         return 2
     gpu = deps.device()["gpu"]
     out = args.out or Path("benchmarks/results") / f"gpu-check-{gpu.replace(' ', '-')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     results = {"what": __doc__.split("\n\n")[0], "device": deps.device(), "versions": deps.versions(),
-               "protocol": PROTOCOL.model_dump(), "recipes": {}}
+               "protocol": PROTOCOL.model_dump(), "pipeline_settings": VALIDATION, "recipes": {}}
+    write_atomic(out, json.dumps(results, indent=2, default=str))
     start = time.perf_counter()
     for name in args.recipes:
-        recipe = recipe_mod.load(name)
-        recipe.targets = gpu_targets(recipe)
-        entry = results["recipes"][name] = {"targets": [t.id for t in recipe.targets]}
-        print(f"{name}: targets on CUDA here: {entry['targets'] or 'none'}", flush=True)
-        aoti = next((t for t in recipe.targets if t.kind == "aotinductor"), None)
-        engine = None
-        if recipe.targets:
-            outcome = Run(recipe, args.engines_dir).execute("report")
-            entry["engines"] = outcome.report["engines"]
-            entry["baseline"] = outcome.report["baseline"]
-            if aoti is not None:
-                engine = outcome.store.dir / f"{aoti.id}.pt2"
-        write_atomic(out, json.dumps(results, indent=2, default=str))
-        entry["shapes"] = shape_study(recipe, engine, aoti)
+        entry = results["recipes"][name] = {}
+        try:
+            check_recipe(name, args.engines_dir, entry)
+        except (PipelineError, RuntimeError) as e:  # one recipe's failure leaves the others
+            entry["error"] = f"{type(e).__name__}: {e}"
+            entry["traceback"] = traceback.format_exc()
+            print(f"{name}: FAILED: {entry['error']}", file=sys.stderr, flush=True)
         entry["seconds"] = round(time.perf_counter() - start, 1)
         write_atomic(out, json.dumps(results, indent=2, default=str))
+    failed = [f"{n}: {c['name']} ({c['detail']})" for n, e in results["recipes"].items()
+              for c in e.get("checks", []) if not c["passed"]]
+    failed += [f"{n}: {e['error']}" for n, e in results["recipes"].items() if "error" in e]
+    for line in failed:
+        print(f"check failed: {line}", file=sys.stderr)
     print(f"results: {out} ({time.perf_counter() - start:.0f} s)")
-    return 0
+    return 3 if failed else 0
 
 
 if __name__ == "__main__":

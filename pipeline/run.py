@@ -153,12 +153,16 @@ class Run:
                 # Before any work: a file changed by hand stops the run with nothing rewritten.
                 self.store.verify_all()
             graph = None
-            for name in GRAPH_STAGES:
-                graph = self._graph_stage(name, graph)
-                if name == GRAPH_STAGES[0]:
-                    self._exported = graph  # where a second (plain-ONNX) chain starts
-                if until == name:
-                    return self._finish(outcome)
+            if until in GRAPH_STAGES or self._needs_graph(skipped):
+                for name in GRAPH_STAGES:
+                    graph = self._graph_stage(name, graph)
+                    if name == GRAPH_STAGES[0]:
+                        self._exported = graph  # where a second (plain-ONNX) chain starts
+                    if until == name:
+                        return self._finish(outcome)
+            else:
+                self.progress.note("no target builds from ONNX: export, optimize and precision "
+                                   "are not run")
             base = self._baseline() if ORDER.index(until) >= ORDER.index("validate") else None
             engines: list[dict] = []
             failures: list[str] = []
@@ -188,6 +192,11 @@ class Run:
     def _finish(self, outcome: Outcome) -> Outcome:
         outcome.work_done = self.work_done
         return outcome
+
+    def _needs_graph(self, skipped: dict[str, str]) -> bool:
+        """Does any target that will be built here build from the ONNX graph?"""
+        return any(getattr(backends.get(t.kind), "NEEDS_ONNX", True)
+                   for t in self.targets if t.id not in skipped)
 
     def _unavailable_targets(self) -> dict[str, str]:
         """target id -> why it cannot be built here; a required one stops the run first."""
@@ -274,12 +283,16 @@ class Run:
             lambda wd: validate.baseline(self.recipe, wd),
         )
 
-    def _build(self, target, graph: Artifact) -> Artifact:
+    def _build(self, target, graph: Artifact | None) -> Artifact:
+        """`graph` is None for a backend that builds from the PyTorch model (NEEDS_ONNX False),
+        when no target needed the graph stages; its key then covers the model's section."""
         from pipeline.stages import build
 
+        sections = ("inputs",) if graph is not None else ("model", "inputs")
         return self.stage(
             f"build:{target.id}", build.VERSION,
-            {"target": target.model_dump(mode="json"), **self.recipe.section("inputs")}, [graph],
+            {"target": target.model_dump(mode="json"), **self.recipe.section(*sections)},
+            [graph] if graph is not None else [],
             lambda wd: build.build(self.recipe, target, graph, wd),
         ).outputs[build.engine_name(target)]
 
@@ -350,7 +363,7 @@ class Run:
 
         from pipeline.stages import report
 
-        inputs = [graph] + ([base.one()] if base else [])
+        inputs = ([graph] if graph else []) + ([base.one()] if base else [])
         inputs += [self.store.artifact(f"validate-{e['target']}.json")
                    for e in engines if e["status"] == "built"]
         inputs += [self.store.artifact(v["file"]) for e in engines for v in e.get("versus", [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,3 +86,64 @@ def test_gpu_check_refuses_cleanly_without_a_gpu(project):
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2
     assert proc.stderr.strip() == "Error: gpu-check needs an NVIDIA GPU (nvidia-smi found none)"
+
+
+def test_runners_can_leave_outputs_on_the_device():
+    """host_outputs=False: the tensors themselves (a GPU study times compute, not a 524 MB
+    copy of logits); on the host the same values as the numpy outputs."""
+    import torch
+
+    from pipeline.backends.torch import TorchRunner, to_host
+    from pipeline.zoo.glm import build
+
+    feed = {"input_ids": np.random.default_rng(0).integers(0, 512, (2, 8))}
+    with TorchRunner(build(size="tiny"), ["input_ids"], ["logits"]) as host, \
+            TorchRunner(build(size="tiny"), ["input_ids"], ["logits"], host_outputs=False) as device:
+        a, b = host.infer(feed, check_inputs=False), device.infer(feed, check_inputs=False)
+    assert isinstance(a["logits"], np.ndarray) and isinstance(b["logits"], torch.Tensor)
+    np.testing.assert_array_equal(a["logits"], to_host(b)["logits"])
+
+
+@pytest.mark.slow
+def test_a_run_whose_targets_all_build_from_pytorch_skips_the_onnx_stages(project):
+    from tests.conftest import FAST
+
+    result = project.run("run", "standard-aoti", *FAST, "--set", "targets=[{kind: aotinductor}]")
+    assert result.code == 0, result.err
+    assert "no target builds from ONNX" in result.err + result.out
+    folder = project.engines / "standard-aoti"
+    assert not list(folder.glob("*.onnx"))  # no export, optimize or precision work
+    report = json.loads((folder / "report.json").read_text())
+    (engine,) = report["engines"]
+    assert engine["target"] == "aotinductor" and engine["status"] == "built"
+    assert engine["accuracy"]["logits"]["cosine"] > 0.9999 and all(g["passed"] for g in engine["gates"])
+    build = json.loads((folder / "manifest.json").read_text())["stages"]["build:aotinductor"]
+    assert build["meta"]["source"] == "the PyTorch model"
+    assert project.run("run", "standard-aoti", *FAST, "--set", "targets=[{kind: aotinductor}]").code == 0
+
+
+def test_gpu_check_judges_accuracy_and_the_cuda_graph_bar():
+    """The GPU check's own verdicts, from results shaped as its shape study writes them."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+
+    def runner(speedup, lo, gate_ok=True):
+        return {"speedup_vs_eager_fp16": {"ratio": speedup, "ci95": [lo, speedup * 1.05]},
+                "gates": [{"name": "logits.cosine", "passed": gate_ok, "detail": ""}]}
+
+    rows = [{"batch": 1, "sequence": 16, "runners": {
+                "torch-eager-fp16": runner(1.0, 0.98), "torch-cudagraph-fp16": runner(6.5, 6.1),
+                "aotinductor": runner(5.0, 4.8, gate_ok=False)}},
+            {"batch": 8, "sequence": 512, "runners": {
+                "torch-eager-fp16": runner(1.0, 0.98), "torch-cudagraph-fp16": runner(1.05, 1.01)}}]
+    verdicts = {c["name"]: c["passed"] for c in gpu_check.checks(rows)}
+    assert verdicts == {
+        "1x16.torch-eager-fp16.accuracy": True, "1x16.torch-cudagraph-fp16.accuracy": True,
+        "1x16.aotinductor.accuracy": False, "1x16.cudagraph_speedup": True,
+        "8x512.torch-eager-fp16.accuracy": True, "8x512.torch-cudagraph-fp16.accuracy": True}
+    rows[0]["runners"]["torch-cudagraph-fp16"] = runner(5.2, 4.9)  # interval reaches below 5x
+    assert not {c["name"]: c["passed"] for c in gpu_check.checks(rows)}["1x16.cudagraph_speedup"]

@@ -7,6 +7,9 @@ A backend module provides:
     build(onnx_path, target, recipe, workdir) -> (engine_path, meta)
     open(engine_path, target, recipe, *, threads, spin) -> Runner (Polygraphy BaseRunner; enter before use)
 optionally:
+    NEEDS_ONNX = False                           builds from the PyTorch model, not the graph:
+                                                 a run whose targets all say so skips the
+                                                 graph stages (export, optimize, precision)
     build meta["files"] = {name: path}           extra files committed beside the engine
     validation_extras(engine_path, target, recipe, runner) -> dict
                                                  keys merged into validate-<target>.json;

@@ -7,6 +7,7 @@ needs torch but none of the model's Python code.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections import OrderedDict
@@ -19,6 +20,7 @@ from pipeline import deps
 from pipeline.recipe import AOTInductorTarget, Recipe
 
 EXTENSION = ".pt2"
+NEEDS_ONNX = False  # compiled from the PyTorch program (torch.export), never from the graph
 
 
 def device(target: AOTInductorTarget) -> str:
@@ -52,12 +54,12 @@ def build(onnx_path: Path, target: AOTInductorTarget, recipe: Recipe, workdir: P
         t = torch.from_numpy(example[spec.name]).to(where)
         args.append(t.to(torch_dtype(target.dtype)) if t.is_floating_point() else t)
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.no_grad(), _attention_for_export(where):
         program = torch.export.export(model, tuple(args), dynamic_shapes=dynamic_shapes(recipe))
-    export_seconds = time.perf_counter() - t0
-    engine = workdir / f"{target.id}{EXTENSION}"
-    t0 = time.perf_counter()
-    torch._inductor.aoti_compile_and_package(program, package_path=str(engine))
+        export_seconds = time.perf_counter() - t0
+        engine = workdir / f"{target.id}{EXTENSION}"
+        t0 = time.perf_counter()
+        torch._inductor.aoti_compile_and_package(program, package_path=str(engine))
     return engine, {
         "device": where,
         "dtype": target.dtype,
@@ -67,14 +69,27 @@ def build(onnx_path: Path, target: AOTInductorTarget, recipe: Recipe, workdir: P
     }
 
 
+def _attention_for_export(where: str):
+    """On CUDA, SDPA with an explicit mask (the sparse attention patterns) takes the
+    memory-efficient kernel, whose mask alignment adds `sequence % 8` guards that torch.export
+    rejects for a dynamic sequence (pytorch#124502, open). Flash attention (no mask) and the
+    math path export cleanly; the CPU kernels have no such step."""
+    if where != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
+
+
 class AOTInductorRunner(BaseRunner):
     """Runs a .pt2 package: numpy feeds by input name -> numpy outputs by output name."""
 
     def __init__(self, path: Path, target: AOTInductorTarget, input_names: list[str],
-                 output_names: list[str], threads: int | None = None):
+                 output_names: list[str], threads: int | None = None, host_outputs: bool = True):
         super().__init__(name=target.id, prefix="aoti-runner")
         self.path, self.target, self.threads = Path(path), target, threads
         self.input_names, self.output_names = input_names, output_names
+        self.host_outputs = host_outputs  # False: device tensors after a sync (backends.torch)
 
     def activate_impl(self):
         import torch
@@ -91,7 +106,7 @@ class AOTInductorRunner(BaseRunner):
         return TensorMetadata()
 
     def infer_impl(self, feed_dict):
-        from pipeline.backends.torch import to_numpy, torch_dtype
+        from pipeline.backends.torch import finish, torch_dtype
 
         torch = self._torch
         start = time.perf_counter()
@@ -100,7 +115,7 @@ class AOTInductorRunner(BaseRunner):
             t = torch.from_numpy(np.ascontiguousarray(feed_dict[name])).to(self.device)
             args.append(t.to(torch_dtype(self.target.dtype)) if t.is_floating_point() else t)
         with torch.inference_mode():
-            out = to_numpy(self.package(*args), self.output_names)
+            out = finish(self.package(*args), self.output_names, self.host_outputs)
         self.inference_time = time.perf_counter() - start
         return OrderedDict(out)
 
@@ -109,5 +124,6 @@ class AOTInductorRunner(BaseRunner):
 
 
 def open(engine_path: Path, target: AOTInductorTarget, recipe: Recipe, *,  # noqa: A001
-         threads: int | None = None, spin: bool = True) -> AOTInductorRunner:
-    return AOTInductorRunner(engine_path, target, [i.name for i in recipe.inputs], recipe.outputs, threads)
+         threads: int | None = None, spin: bool = True, host_outputs: bool = True) -> AOTInductorRunner:
+    return AOTInductorRunner(engine_path, target, [i.name for i in recipe.inputs], recipe.outputs,
+                             threads, host_outputs)

@@ -3,6 +3,9 @@ eager model captured as CUDA Graphs (the honest GPU baseline: launch overhead re
 
 Both take numpy feeds by input name (forward() order) and return numpy outputs by the
 recipe's output names, so they time the same work an engine runner does (host in, host out).
+With `host_outputs=False` they return the device tensors instead, after a synchronize: what
+a GPU study times when copying [8, 512, 32000] fp32 logits (524 MB) to the host would cost
+more than the model itself.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ def torch_dtype(name: str):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def to_numpy(outputs, names: list[str]) -> OrderedDict:
-    """Model outputs (tensor, tuple or dict) -> {name: float32/int numpy array on the host}."""
+def by_name(outputs, names: list[str]) -> OrderedDict:
+    """Model outputs (tensor, tuple or dict) -> {name: tensor}, in the recipe's order."""
     import torch
 
     if isinstance(outputs, torch.Tensor):
@@ -32,10 +35,27 @@ def to_numpy(outputs, names: list[str]) -> OrderedDict:
         outputs = tuple(outputs.values())
     if len(outputs) != len(names):
         raise ValueError(f"the model returned {len(outputs)} outputs; the recipe names {len(names)}: {names}")
-    return OrderedDict(
-        (n, t.detach().float().cpu().numpy() if t.is_floating_point() else t.detach().cpu().numpy())
-        for n, t in zip(names, outputs)
-    )
+    return OrderedDict(zip(names, (t.detach() for t in outputs)))
+
+
+def to_host(tensors: OrderedDict) -> OrderedDict:
+    """{name: tensor} -> {name: float32/int numpy array on the host} (a device copy syncs)."""
+    return OrderedDict((n, t.float().cpu().numpy() if t.is_floating_point() else t.cpu().numpy())
+                       for n, t in tensors.items())
+
+
+def finish(outputs, names: list[str], host: bool) -> OrderedDict:
+    """What a runner returns: host arrays, or the device tensors once the device is done."""
+    tensors = by_name(outputs, names)
+    if host:
+        return to_host(tensors)
+    first = next(iter(tensors.values()), None)
+    if first is not None and first.is_cuda:
+        import torch
+
+        torch.cuda.synchronize(first.device)
+    return tensors
+
 
 
 class TorchRunner(BaseRunner):
@@ -43,10 +63,11 @@ class TorchRunner(BaseRunner):
 
     def __init__(self, model, input_names: list[str], output_names: list[str],
                  threads: int | None = None, device: str = "cpu", dtype: str = "fp32",
-                 name: str | None = None):
+                 name: str | None = None, host_outputs: bool = True):
         super().__init__(name=name or f"torch-eager-{dtype}", prefix="torch-runner")
         self.model, self.input_names, self.output_names = model, input_names, output_names
         self.threads, self.device, self.dtype = threads, device, dtype
+        self.host_outputs = host_outputs
 
     def activate_impl(self):
         import torch
@@ -73,7 +94,7 @@ class TorchRunner(BaseRunner):
     def infer_impl(self, feed_dict):
         start = time.perf_counter()
         with self._torch.inference_mode():
-            out = to_numpy(self.model(*self._inputs(feed_dict)), self.output_names)  # syncs
+            out = finish(self.model(*self._inputs(feed_dict)), self.output_names, self.host_outputs)
         self.inference_time = time.perf_counter() - start
         return out
 
@@ -119,7 +140,8 @@ class CudaGraphRunner(TorchRunner):
         for dst, src in zip(static, inputs):
             dst.copy_(src, non_blocking=True)
         graph.replay()
-        out = to_numpy(outputs, self.output_names)  # device -> host copy synchronizes
+        # Device tensors are the graph's static outputs: the next replay overwrites them.
+        out = finish(outputs, self.output_names, self.host_outputs)
         self.inference_time = time.perf_counter() - start
         return out
 

@@ -83,7 +83,17 @@ class _Nvml:
                         if k.startswith("nvmlClocksThrottleReason") and isinstance(v, int)
                         and v and not k.endswith(("All", "None"))}
 
-    def sample(self) -> dict:
+    def sample(self) -> dict | None:
+        """One reading; None (and `reason` set) once NVML stops answering, so a query that
+        fails mid-run (e.g. one this driver does not support) ends the GPU samples, not the
+        monitor thread or the measurement around it."""
+        try:
+            return self._read()
+        except self.nv.NVMLError as e:
+            self.reason = f"NVML stopped answering while sampling ({e})"
+            return None
+
+    def _read(self) -> dict:
         nv, h = self.nv, self.handle
         # renamed "clocks event reasons" in newer NVML; same bits
         reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
@@ -130,7 +140,9 @@ class ResourceMonitor:
         if system and last_system and system[1] > last_system[1]:
             row["system_busy_pct"] = 100 * (system[0] - last_system[0]) / (system[1] - last_system[1])
         if self.gpu is not None and self.gpu.reason is None:
-            row["gpu"] = self.gpu.sample()
+            gpu = self.gpu.sample()
+            if gpu is not None:
+                row["gpu"] = gpu
         self.rows.append(row)
 
     def summary(self) -> dict:

@@ -15,9 +15,11 @@ def engine_name(target) -> str:
     return f"{target.id}{backends.get(target.kind).EXTENSION}"
 
 
-def build(recipe: Recipe, target, graph: Artifact, workdir: Path) -> tuple[dict[str, Path], dict]:
+def build(recipe: Recipe, target, graph: Artifact | None, workdir: Path) -> tuple[dict[str, Path], dict]:
+    """`graph` is None when the target builds from the PyTorch model and no graph was made."""
     backend = backends.get(target.kind)
-    path, meta = backend.build(graph.path, target, recipe, workdir)
+    path, meta = backend.build(graph.path if graph else None, target, recipe, workdir)
     extra = meta.pop("files", {})  # e.g. TensorRT's inspector JSON, committed beside the engine
-    return ({engine_name(target): path, **extra},
-            {"source": graph.name, "source_sha256": graph.sha256, **meta})
+    source = ({"source": graph.name, "source_sha256": graph.sha256} if graph
+              else {"source": "the PyTorch model", "source_sha256": None})
+    return {engine_name(target): path, **extra}, {**source, **meta}

@@ -33,19 +33,23 @@ PROTOCOL = (
 )
 
 
-def baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=TorchRunner) -> TorchRunner:
+def baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=TorchRunner,
+                    dtype: str = "fp32") -> TorchRunner:
     return cls(model, [i.name for i in recipe.inputs], recipe.outputs,
-               threads=recipe.validation.threads, device=device)
+               threads=recipe.validation.threads, device=device, dtype=dtype)
 
 
-def _vs_cudagraph(recipe: Recipe, runner, spec) -> dict:
-    """On GPU the fair baseline is the eager model replayed as CUDA Graphs (no launch cost)."""
+def _vs_cudagraph(recipe: Recipe, target, runner, spec) -> dict:
+    """On GPU the fair baseline is the eager model replayed as CUDA Graphs (no launch cost),
+    in the engine's own float type where the target declares one (AOTInductor's fp16), so
+    the ratio measures compilation, not precision."""
     from pipeline.backends.torch import CudaGraphRunner
 
-    with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner) as graphs:
+    dtype = getattr(target, "dtype", "fp32")
+    with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner, dtype) as graphs:
         graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
     return {**stats.speedup(graph_blocks, engine_blocks, noise=spec.noise_threshold),
-            "baseline_latency_ms": stats.summary(graph_blocks)}
+            "baseline": graphs.name, "baseline_latency_ms": stats.summary(graph_blocks)}
 
 
 def timing_feed(recipe: Recipe) -> data.Feed:
@@ -145,7 +149,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
                                           pairs=[(BASELINE, target.id)])
         extras_of = getattr(backend, "validation_extras", None)
         extras = extras_of(engine.path, target, recipe, runner) if extras_of else {}
-        vs_graphs = _vs_cudagraph(recipe, runner, spec) if device == "cuda" else None
+        vs_graphs = _vs_cudagraph(recipe, target, runner, spec) if device == "cuda" else None
     opt = bench["shapes"][0]
     plot = plots.latency_png(workdir / f"latency-{target.id}.png", samples,
                              f"{recipe.name}: {target.id} vs {BASELINE}, {opt['shape']}, interleaved")
