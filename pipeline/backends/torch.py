@@ -57,7 +57,6 @@ def finish(outputs, names: list[str], host: bool) -> OrderedDict:
     return tensors
 
 
-
 class TorchRunner(BaseRunner):
     """Eager PyTorch behind Polygraphy's runner interface (its PytRunner assumes CUDA)."""
 
