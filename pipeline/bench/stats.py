@@ -88,10 +88,10 @@ def verdict(lo: float, hi: float, *, noise: float) -> Verdict:
     return "indistinguishable"
 
 
-def verdict_rule(noise: float) -> str:
-    """How `verdict` decides, for the method strings of reports."""
-    return (f"verdict faster or slower only when the whole interval lies beyond the noise "
-            f"threshold of {noise:.1%} around 1, else indistinguishable")
+def ratio_method(noise: float) -> str:
+    """How an A/B ratio is estimated and judged (`paired_ratio`, `verdict`), for reports."""
+    return (f"{PAIRED_RATIO_METHOD}; verdict faster or slower only when the whole interval "
+            f"lies beyond the noise threshold of {noise:.1%} around 1, else indistinguishable")
 
 
 def median_ci_halfwidth(ns: np.ndarray) -> float:

@@ -193,8 +193,7 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
             "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
                       f"interleaved in blocks of {recipes[0].validation.latency.block} at "
                       f"{timed['shapes'][0]['shape']}; ratio = B time / A time: "
-                      + stats.PAIRED_RATIO_METHOD + "; "
-                      + stats.verdict_rule(recipes[0].validation.latency.noise_threshold),
+                      + stats.ratio_method(recipes[0].validation.latency.noise_threshold),
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
         },
     }

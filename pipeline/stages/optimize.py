@@ -124,8 +124,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
         "method": f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
                   f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
                   f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "
-                  f"requests each; speedup: {stats.PAIRED_RATIO_METHOD}; "
-                  f"{stats.verdict_rule(spec.noise_threshold)}",
+                  f"requests each; speedup: {stats.ratio_method(spec.noise_threshold)}",
     }
 
 

@@ -28,8 +28,7 @@ PROTOCOL = (
     "{timer} around each request (host arrays in and out), after {warmup} warm-up "
     "requests; at least {iterations} requests and {min_seconds:g} s per runner{early}; engine and "
     "baseline interleaved in blocks of {block} in one process (order alternating each "
-    "round; runtime threads {spinning}); speedup of the engine over the baseline: "
-    + stats.PAIRED_RATIO_METHOD + "; {rule}"
+    "round; runtime threads {spinning}); speedup of the engine over the baseline: {method}"
 )
 
 
@@ -182,7 +181,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
             **spec.model_dump(), timer=bench["timers"][target.id],
             early=f" (early stop at +-{spec.target_ci:g} median CI)" if spec.target_ci else "",
             spinning="spin-wait" if spec.spin else "do not spin-wait",
-            rule=stats.verdict_rule(spec.noise_threshold)),
+            method=stats.ratio_method(spec.noise_threshold)),
         "device": device,
         "speedup_vs_cudagraph": vs_graphs,
         **{k: v for k, v in extras.items() if k != "gates"},
