@@ -36,10 +36,10 @@ import numpy as np
 from pipeline import backends, deps, models
 from pipeline import recipe as recipe_mod
 from pipeline.bench import stats, timing
-from pipeline.errors import PipelineError
 from pipeline.metrics import compare
 from pipeline.recipe import LatencySpec
 from pipeline.run import Run
+from pipeline.stages import build
 from pipeline.stages.validate import gates
 from pipeline.store import write_atomic
 
@@ -52,17 +52,20 @@ VALIDATION = ["validate.latency={warmup: 10, iterations: 50, min_seconds: 0.25, 
 MIN_GRAPH_SPEEDUP = 5.0  # CUDA Graphs over eager fp16 at 1 x 16, lower end of the interval
 
 
-def gpu_targets(recipe) -> list:
-    """The recipe's targets that can be built here and run on CUDA."""
+def targets_on(recipe, device: str = "cuda") -> list:
+    """The recipe's targets that can be built here and run on `device`."""
     keep = []
     for target in recipe.targets:
         backend = backends.get(target.kind)
-        if backend.unavailable(target) is None and backend.device(target) == "cuda":
+        if backend.unavailable(target) is None and backend.device(target) == device:
             keep.append(target)
     return keep
 
 
-def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
+def shape_study(recipe, engine_path: Path | None, aoti_target, *, device: str = "cuda",
+                shapes=SHAPES, protocol: LatencySpec = PROTOCOL):
+    """Yield one row per shape: each runner's latency, speedup over eager fp16 and accuracy
+    against eager fp32. `device="cpu"` (no CUDA Graphs there) is the rehearsal a test runs."""
     import torch
 
     from pipeline.backends.torch import CudaGraphRunner, TorchRunner, to_host
@@ -70,16 +73,15 @@ def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
     names = [i.name for i in recipe.inputs]
     vocab = int(recipe.inputs[0].range[1])
     model = models.load(recipe)  # on the host; each runner moves its own copy
-    rows = []
-    for batch, seq in SHAPES:
+    for batch, seq in shapes:
         feed = {names[0]: np.random.default_rng(0).integers(0, vocab, (batch, seq), dtype=np.int64)}
-        with TorchRunner(copy.deepcopy(model), names, recipe.outputs, device="cuda") as fp32:
+        with TorchRunner(copy.deepcopy(model), names, recipe.outputs, device=device) as fp32:
             reference = fp32.infer(feed, check_inputs=False)
-        runners = [
-            TorchRunner(copy.deepcopy(model), names, recipe.outputs, device="cuda", dtype="fp16",
-                        host_outputs=False),
-            CudaGraphRunner(copy.deepcopy(model), names, recipe.outputs, dtype="fp16", host_outputs=False),
-        ]
+        runners = [TorchRunner(copy.deepcopy(model), names, recipe.outputs, device=device, dtype="fp16",
+                               host_outputs=False)]
+        if device == "cuda":
+            runners.append(CudaGraphRunner(copy.deepcopy(model), names, recipe.outputs, dtype="fp16",
+                                           host_outputs=False))
         if engine_path is not None:
             runners.append(backends.get("aotinductor").open(engine_path, aoti_target, recipe,
                                                             host_outputs=False))
@@ -89,24 +91,24 @@ def shape_study(recipe, engine_path: Path | None, aoti_target) -> list[dict]:
             accuracy = {r.name: compare([reference], [to_host(r.infer(feed, check_inputs=False))],
                                         recipe.outputs)
                         for r in runners}
-            blocks = timing.time_interleaved(runners, feed, PROTOCOL).blocks
+            blocks = timing.time_interleaved(runners, feed, protocol).blocks
         finally:
             for r in runners:
                 r.deactivate()
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
         eager = blocks[0]
         row = {"batch": batch, "sequence": seq, "runners": {}}
         for r, b in zip(runners, blocks):
             row["runners"][r.name] = {
                 "latency_ms": stats.summary(b),
-                "speedup_vs_eager_fp16": stats.speedup(eager, b, noise=PROTOCOL.noise_threshold),
+                "speedup_vs_eager_fp16": stats.speedup(eager, b, noise=protocol.noise_threshold),
                 "accuracy_vs_eager_fp32": accuracy[r.name],
                 "gates": gates(recipe, accuracy[r.name]),
             }
-        rows.append(row)
         print(f"  {batch}x{seq}: " + ", ".join(
             f"{n} {v['latency_ms']['p50']:.3f} ms" for n, v in row["runners"].items()), flush=True)
-    return rows
+        yield row
 
 
 def checks(rows: list[dict]) -> list[dict]:
@@ -128,11 +130,13 @@ def checks(rows: list[dict]) -> list[dict]:
     return out
 
 
-def check_recipe(name: str, engines_dir: Path, entry: dict) -> None:
-    recipe = recipe_mod.load(name, VALIDATION)
-    recipe.targets = gpu_targets(recipe)
+def check_recipe(name: str, engines_dir: Path, entry: dict, save, *, device: str = "cuda",
+                 shapes=SHAPES, protocol: LatencySpec = PROTOCOL, overrides: tuple = ()) -> None:
+    """Fill `entry` with one recipe's results, calling `save()` after every step."""
+    recipe = recipe_mod.load(name, [*VALIDATION, *overrides])
+    recipe.targets = targets_on(recipe, device)
     entry["targets"] = [t.id for t in recipe.targets]
-    print(f"{name}: targets on CUDA here: {entry['targets'] or 'none'}", flush=True)
+    print(f"{name}: targets on {device} here: {entry['targets'] or 'none'}", flush=True)
     aoti = next((t for t in recipe.targets if t.kind == "aotinductor"), None)
     engine = None
     if recipe.targets:
@@ -140,8 +144,12 @@ def check_recipe(name: str, engines_dir: Path, entry: dict) -> None:
         entry["engines"] = outcome.report["engines"]
         entry["baseline"] = outcome.report["baseline"]
         if aoti is not None:
-            engine = outcome.store.dir / f"{aoti.id}.pt2"
-    entry["shapes"] = shape_study(recipe, engine, aoti)
+            engine = outcome.store.dir / build.engine_name(aoti)
+        save()
+    entry["shapes"] = []
+    for row in shape_study(recipe, engine, aoti, device=device, shapes=shapes, protocol=protocol):
+        entry["shapes"].append(row)
+        save()
     entry["checks"] = checks(entry["shapes"])
 
 
@@ -160,18 +168,23 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     results = {"what": __doc__.split("\n\n")[0], "device": deps.device(), "versions": deps.versions(),
                "protocol": PROTOCOL.model_dump(), "pipeline_settings": VALIDATION, "recipes": {}}
-    write_atomic(out, json.dumps(results, indent=2, default=str))
+
+    def save():
+        write_atomic(out, json.dumps(results, indent=2, default=str))
+
+    save()
     start = time.perf_counter()
     for name in args.recipes:
         entry = results["recipes"][name] = {}
+        began = time.perf_counter()
         try:
-            check_recipe(name, args.engines_dir, entry)
-        except (PipelineError, RuntimeError) as e:  # one recipe's failure leaves the others
+            check_recipe(name, args.engines_dir, entry, save)
+        except Exception as e:  # noqa: BLE001 -- on a lent GPU, one failure must not lose the rest
             entry["error"] = f"{type(e).__name__}: {e}"
             entry["traceback"] = traceback.format_exc()
             print(f"{name}: FAILED: {entry['error']}", file=sys.stderr, flush=True)
-        entry["seconds"] = round(time.perf_counter() - start, 1)
-        write_atomic(out, json.dumps(results, indent=2, default=str))
+        entry["seconds"] = round(time.perf_counter() - began, 1)
+        save()
     failed = [f"{n}: {c['name']} ({c['detail']})" for n, e in results["recipes"].items()
               for c in e.get("checks", []) if not c["passed"]]
     failed += [f"{n}: {e['error']}" for n, e in results["recipes"].items() if "error" in e]

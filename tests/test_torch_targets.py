@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.conftest import FAST, ROOT, Project, built
 
 
 @pytest.mark.slow
@@ -78,7 +80,6 @@ def test_gpu_check_refuses_cleanly_without_a_gpu(project):
     import os
 
     from pipeline import deps
-    from tests.conftest import ROOT
 
     if deps.gpus():
         pytest.skip("this machine has a GPU: the refusal path does not apply")
@@ -104,14 +105,16 @@ def test_runners_can_leave_outputs_on_the_device():
     np.testing.assert_array_equal(a["logits"], to_host(b)["logits"])
 
 
-@pytest.mark.slow
-def test_a_run_whose_targets_all_build_from_pytorch_skips_the_onnx_stages(project):
-    from tests.conftest import FAST
+@pytest.fixture(scope="module")
+def built_from_pytorch(tmp_path_factory) -> Project:
+    """`pipeline run standard-aoti` with the AOTInductor target alone (a ~30 s compile)."""
+    return built(tmp_path_factory, "aoti-only", "standard-aoti", *FAST,
+                 "--set", "targets=[{kind: aotinductor}]")
 
-    result = project.run("run", "standard-aoti", *FAST, "--set", "targets=[{kind: aotinductor}]")
-    assert result.code == 0, result.err
-    assert "no target builds from ONNX" in result.err + result.out
-    folder = project.engines / "standard-aoti"
+
+@pytest.mark.slow
+def test_a_run_whose_targets_all_build_from_pytorch_skips_the_onnx_stages(built_from_pytorch):
+    folder = built_from_pytorch.engines / "standard-aoti"
     assert not list(folder.glob("*.onnx"))  # no export, optimize or precision work
     report = json.loads((folder / "report.json").read_text())
     (engine,) = report["engines"]
@@ -119,17 +122,24 @@ def test_a_run_whose_targets_all_build_from_pytorch_skips_the_onnx_stages(projec
     assert engine["accuracy"]["logits"]["cosine"] > 0.9999 and all(g["passed"] for g in engine["gates"])
     build = json.loads((folder / "manifest.json").read_text())["stages"]["build:aotinductor"]
     assert build["meta"]["source"] == "the PyTorch model"
-    assert project.run("run", "standard-aoti", *FAST, "--set", "targets=[{kind: aotinductor}]").code == 0
+    rerun = built_from_pytorch.run("run", "standard-aoti", *FAST, "--set", "targets=[{kind: aotinductor}]")
+    assert rerun.code == 0, rerun.err
+    assert "no target builds from ONNX" in rerun.err + rerun.out
+
+
+def load_gpu_check():
+    """benchmarks/gpu_check.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_gpu_check_judges_accuracy_and_the_cuda_graph_bar():
     """The GPU check's own verdicts, from results shaped as its shape study writes them."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_check", path)
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = load_gpu_check()
 
     def runner(speedup, lo, gate_ok=True):
         return {"speedup_vs_eager_fp16": {"ratio": speedup, "ci95": [lo, speedup * 1.05]},
@@ -147,3 +157,38 @@ def test_gpu_check_judges_accuracy_and_the_cuda_graph_bar():
         "8x512.torch-eager-fp16.accuracy": True, "8x512.torch-cudagraph-fp16.accuracy": True}
     rows[0]["runners"]["torch-cudagraph-fp16"] = runner(5.2, 4.9)  # interval reaches below 5x
     assert not {c["name"]: c["passed"] for c in gpu_check.checks(rows)}["1x16.cudagraph_speedup"]
+
+
+@pytest.mark.slow
+def test_gpu_check_rehearses_on_cpu(built_from_pytorch, tmp_path):
+    """The GPU check's steps for one recipe (pipeline, shape study, checks), end to end on
+    the host with the tiny GLM: what a lent GPU's few minutes would otherwise exercise first.
+    The engines are a copy of a finished run, so only validation and the study run here."""
+    from pipeline.recipe import LatencySpec
+
+    gpu_check = load_gpu_check()
+    engines = tmp_path / "engines"
+    shutil.copytree(built_from_pytorch.engines, engines)
+    entry, saved = {}, []
+    gpu_check.check_recipe(str(ROOT / "recipes" / "standard-aoti.yaml"), engines, entry,
+                           lambda: saved.append(json.dumps(entry, default=str)), device="cpu",
+                           shapes=((1, 16), (2, 64)), overrides=("targets=[{kind: aotinductor}]",),
+                           protocol=LatencySpec(warmup=3, iterations=30, min_seconds=0, block=5))
+    assert entry["targets"] == ["aotinductor"]
+    (engine,) = entry["engines"]
+    assert engine["status"] == "built" and all(g["passed"] for g in engine["gates"])
+    assert engine["latency_ms"]["n"] >= 50  # the check's own validation settings took effect
+    assert len(saved) == 3  # after the pipeline and after each shape
+
+    rows = entry["shapes"]
+    assert [(r["batch"], r["sequence"]) for r in rows] == [(1, 16), (2, 64)]
+    for row in rows:
+        assert list(row["runners"]) == ["torch-eager-fp16", "aotinductor"]  # no CUDA Graphs on CPU
+        eager, aoti = row["runners"].values()
+        assert eager["speedup_vs_eager_fp16"]["ratio"] == 1.0
+        assert aoti["latency_ms"]["n"] >= 30
+        assert aoti["accuracy_vs_eager_fp32"]["logits"]["cosine"] > 0.9999  # fp32 engine
+        assert 0.99 < eager["accuracy_vs_eager_fp32"]["logits"]["cosine"] < 1.0  # fp16 rounds
+    assert [c["name"] for c in entry["checks"]] == [
+        f"{s}.{n}.accuracy" for s in ("1x16", "2x64") for n in ("torch-eager-fp16", "aotinductor")]
+    assert all(c["passed"] for c in entry["checks"]), entry["checks"]
