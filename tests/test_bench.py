@@ -158,16 +158,30 @@ def test_timers_take_the_host_clock_without_a_stream():
     assert ns.shape == (50,) and ns.dtype == np.int64 and (ns > 0).all()
 
 
+class Sleeper:
+    """A runner whose every request takes `seconds` (a sleep: the wall clock's cost)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def infer(self, feed, check_inputs=False):
+        time.sleep(self.seconds)
+        return feed
+
+
 def test_stopping_rules():
     runner = protocol.NoopRunner()
     # early stop: a loose CI target ends timing long before min_seconds
     spec = recipe_mod.LatencySpec(warmup=0, iterations=100, min_seconds=60, block=10, target_ci=0.5)
     timed = timing.time_interleaved([runner], {}, spec)
     assert timed.stop == "target_ci" and timed.blocks[0].size == 100 and timed.seconds < 5
-    # without it: at least `iterations` requests and at least `min_seconds`
+    # without it: at least `iterations` requests and at least `min_seconds` of each runner's
+    # own timed requests, the faster runner's too (not min_seconds x runners of wall time)
     spec = recipe_mod.LatencySpec(warmup=0, iterations=100, min_seconds=0.2, block=10)
-    timed = timing.time_interleaved([runner, runner], {}, spec)
-    assert timed.stop == "min_seconds" and timed.seconds >= 0.4 and timed.blocks[0].size > 100
+    fast, slow = Sleeper(0.0002), Sleeper(0.001)
+    timed = timing.time_interleaved([fast, slow], {}, spec)
+    assert timed.stop == "min_seconds" and timed.blocks[0].size == timed.blocks[1].size > 100
+    assert all(b.sum() >= 0.2e9 for b in timed.blocks)
     # the documented defaults
     d = recipe_mod.LatencySpec()
     assert (d.warmup, d.iterations, d.min_seconds, d.target_ci, d.noise_threshold) == (100, 1000, 1.0, None, 0.02)
@@ -183,6 +197,46 @@ def test_resource_monitor_samples_cpu_and_memory():
     assert s["samples"] >= 5 and s["process_cpu_pct"]["max"] > 5
     assert s["rss_mb_max"] > 10 and s["peak_rss_mb"] >= s["rss_mb_max"] * 0.99
     assert s["gpu"]["available"] is False and "nvidia-ml-py" in s["gpu"]["reason"]
+
+
+def test_monitor_tells_another_process_competing_for_the_cpus():
+    """A process spinning on a core beside an idle one is measured as `other_cores` and
+    turns into the warning every report carries; this process's own work is not counted."""
+    import subprocess
+    import sys
+
+    from pipeline.bench.monitor import contention
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # the spinner is up
+        with ResourceMonitor(interval=0.05) as mon:
+            time.sleep(1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    s = mon.summary()
+    assert 0.6 < s["other_cores"]["mean"] <= s["cores"] + 0.01, s
+    warning = contention(s)
+    assert warning.startswith(f"other processes kept {s['other_cores']['mean']:.2f} cores busy")
+    assert "rerun with --force on an idle machine" in warning
+    quiet = {"other_cores": {"mean": 0.05, "max": 0.3}}
+    assert contention(quiet) is None and contention({"other_cores": None}) is None
+
+
+def test_report_warns_when_the_baseline_alone_and_interleaved_disagree():
+    from pipeline.stages.report import warnings
+
+    def engine(interleaved_p50, own=()):
+        return {"target": "onnxruntime", "status": "built", "warnings": list(own),
+                "baseline_latency_ms": {"p50": interleaved_p50}, "versus": []}
+
+    baseline = {"latency_ms": {"p50": 1.6}}
+    assert warnings(baseline, [engine(1.7)]) == []
+    drift = warnings(baseline, [engine(284.0)])
+    assert len(drift) == 1 and "p50 284.000 ms interleaved" in drift[0] and "1.600 ms timed alone" in drift[0]
+    assert warnings(baseline, [engine(1.7, ["busy"])]) == ["onnxruntime: busy"]
+    assert warnings(baseline, [{"target": "tensorrt", "status": "skipped"}]) == []
 
 
 @pytest.mark.gpu

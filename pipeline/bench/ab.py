@@ -22,7 +22,7 @@ from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-VERSION = 2  # 2: comparisons carry the noise threshold their verdict cleared
+VERSION = 3  # 3: min_seconds is each runner's own timed time
 BASELINE = "torch-eager"
 
 
@@ -74,7 +74,8 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
         "this_ms": shape["latency_ms"][b], "other_ms": shape["latency_ms"][a],
         "comparison": shape["comparisons"][0],
         "cold_start_ms": cold, "timer": result["timers"][b],
-        "resources": result["resources"], "harness_overhead_us": result["harness_overhead_us"],
+        "resources": result["resources"], "warnings": result["warnings"],
+        "harness_overhead_us": result["harness_overhead_us"],
     }
     path = workdir / name
     path.write_text(json.dumps(out, indent=2) + "\n")

@@ -108,6 +108,23 @@ class _Nvml:
         }
 
 
+CONTENDED_CORES = 0.25  # mean load of other processes, in cores, that makes timings suspect
+
+
+def contention(summary: dict) -> str | None:
+    """A warning when other processes competed for the CPUs while timing, else None.
+
+    On a shared 2-core machine a second busy process turned a 1.6 ms eager request into
+    280 ms (threads oversubscribed) and a 2x speedup into "460x": the interleaved timing
+    cannot cancel that, so the result must say so rather than be read as clean."""
+    other = summary.get("other_cores")
+    if not other or other["mean"] < CONTENDED_CORES:
+        return None
+    return (f"other processes kept {other['mean']:.2f} cores busy on average (peak {other['max']:.2f}) "
+            f"while this was timed: latencies and speedups may be distorted; rerun with --force "
+            f"on an idle machine")
+
+
 class ResourceMonitor:
     def __init__(self, interval: float = 0.1, gpu: bool = True):
         self.interval = interval
@@ -153,12 +170,17 @@ class ResourceMonitor:
         rows = self.rows
         rss = [r["rss"] for r in rows if r["rss"] is not None]
         peak = peak_rss_bytes()
+        cores = len(os.sched_getaffinity(0))
+        machine = os.cpu_count() or cores  # /proc/stat counts every CPU, not just ours
         out = {
             "interval_s": self.interval,
             "samples": len(rows),
-            "cores": len(os.sched_getaffinity(0)),
+            "cores": cores,
             "process_cpu_pct": stat(r["process_cpu_pct"] for r in rows),
             "system_busy_pct": stat(r.get("system_busy_pct") for r in rows),
+            # cores kept busy by everything but this process: what competed with the timing
+            "other_cores": stat(max(0.0, r["system_busy_pct"] / 100 * machine - r["process_cpu_pct"] / 100)
+                                for r in rows if "system_busy_pct" in r),
             "rss_mb_max": max(rss) / 2**20 if rss else None,
             "peak_rss_mb": peak / 2**20 if peak else None,
         }

@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.bench import stats, timing
 from pipeline.bench.clock import HostTimer
-from pipeline.bench.monitor import ResourceMonitor
+from pipeline.bench.monitor import ResourceMonitor, contention
 from pipeline.recipe import LatencySpec
 
 Opener = Callable[[], object]  # returns a runner that is not yet entered
@@ -88,10 +88,12 @@ def measure(runners: dict, shapes: list[tuple[str, dict, dict]], spec: LatencySp
                 "stop": timed.stop, "seconds": round(timed.seconds, 3),
             })
             timers = dict(zip(names, timed.timers))
+    resources = monitor.summary()
     return {
         "timers": timers,
         "shapes": out_shapes,
-        "resources": monitor.summary(),
+        "resources": resources,
+        "warnings": [w for w in (contention(resources),) if w],
         "harness_overhead_us": harness_overhead(),
     }, samples
 
@@ -99,7 +101,7 @@ def measure(runners: dict, shapes: list[tuple[str, dict, dict]], spec: LatencySp
 def _summary(blocks: np.ndarray) -> dict:
     s = stats.summary(blocks)
     half = stats.median_ci_halfwidth(blocks)  # relative, by order statistics
-    s["p50_ci95_halfwidth"] = half if np.isfinite(half) else None
+    s["p50_ci95_rel_halfwidth"] = half if np.isfinite(half) else None  # a fraction of p50, not ms
     return s
 
 

@@ -16,7 +16,7 @@ from pipeline import deps
 from pipeline.recipe import Recipe
 from pipeline.store import now
 
-VERSION = 1
+VERSION = 2  # 2: warnings (contention, baseline drift)
 SCHEMA = 1
 
 
@@ -34,7 +34,32 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         **graph_stages,
         "baseline": baseline,
         "engines": engines,
+        "warnings": warnings(baseline, engines),
     }
+
+
+# The same eager model timed alone (baseline stage) and interleaved with an engine (validate)
+# should agree within the machine's drift; a larger gap means one of them was disturbed.
+BASELINE_DRIFT = 2.0
+
+
+def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
+    """What makes a figure in this report suspect, each naming where it applies."""
+    out = []
+    alone = ((baseline or {}).get("latency_ms") or {}).get("p50")
+    for e in engines:
+        if e["status"] != "built":
+            continue
+        out += [f"{e['target']}: {w}" for w in e.get("warnings") or []]
+        out += [f"{e['target']} vs `{v['other_recipe']}`: {w}" for v in e.get("versus") or []
+                for w in v.get("warnings") or []]
+        together = (e.get("baseline_latency_ms") or {}).get("p50")
+        if alone and together and max(alone / together, together / alone) > BASELINE_DRIFT:
+            out.append(f"{e['target']}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
+                       f"the engine but {alone:.3f} ms timed alone (baseline stage), more than "
+                       f"{BASELINE_DRIFT:g}x apart: the machine changed between or during the two; "
+                       f"rerun with --force on an idle machine")
+    return out
 
 
 def write(report: dict, workdir: Path) -> dict[str, Path]:
@@ -97,8 +122,11 @@ HEADERS = ["engine", "precision", "cosine (worst)", "top-1", "max |err|", "p50 /
 def table(report: dict) -> Table:
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
-    caption = (f"baseline {base.get('runner', '?')} {base.get('precision', '')}: "
+    caption = (f"baseline {base.get('runner', '?')} {base.get('precision', '')} timed alone: "
                f"p50 {fmt(lat.get('p50'))} ms, p99 {fmt(lat.get('p99'))} ms") if lat else None
+    if report.get("warnings"):
+        caption = "\n".join([*([caption] if caption else []),
+                              *(f"[yellow]warning: {escape(w)}[/]" for w in report["warnings"])])
     t = Table(title=f"{report['recipe']}: engines vs PyTorch", caption=caption)
     for h in HEADERS:
         t.add_column(h, overflow="fold")
@@ -151,9 +179,13 @@ def markdown(report: dict) -> str:
         lines += [
             "",
             f"Baseline: {base['runner']} ({base['precision']}, {base.get('device', '')}), "
-            f"p50 {lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, p99 {lat['p99']:.3f} ms "
-            f"over {lat['n']} requests.",
+            f"timed alone in the baseline stage: p50 {lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, "
+            f"p99 {lat['p99']:.3f} ms over {lat['n']} requests. Each speedup below uses the "
+            "baseline timed interleaved with that engine.",
         ]
+    if report.get("warnings"):
+        lines += ["", "**Warnings** (figures below may be distorted):", ""]
+        lines += [f"- {w}" for w in report["warnings"]]
     export = report.get("export") or {}
     if export:
         lines += ["", "## Export", "",
