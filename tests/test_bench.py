@@ -199,6 +199,32 @@ def test_resource_monitor_samples_cpu_and_memory():
     assert s["gpu"]["available"] is False and "nvidia-ml-py" in s["gpu"]["reason"]
 
 
+def test_cold_start_is_timed_with_the_runtimes_already_imported():
+    """`import torch` (~0.9 s) must not land in whichever runner opens first: a fresh
+    interpreter, where nothing imported torch yet, opens a runner through the protocol."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = (
+        "import contextlib, sys\n"
+        "from pipeline.bench import protocol\n"
+        "before = 'torch' in sys.modules\n"
+        "seen = []\n"
+        "def opener():\n"
+        "    seen.append('torch' in sys.modules)\n"
+        "    return contextlib.nullcontext(protocol.NoopRunner())\n"
+        "with contextlib.ExitStack() as stack:\n"
+        "    _, cold = protocol.open_all(stack, {'noop': opener}, {})\n"
+        "print(before, seen, cold['noop']['n'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "[True]", "1"]
+
+
 def test_monitor_tells_another_process_competing_for_the_cpus():
     """A process spinning on a core beside an idle one is measured as `other_cores` and
     turns into the warning every report carries; this process's own work is not counted."""

@@ -237,9 +237,9 @@ def _measurement(e: dict) -> list[str]:
     lines = []
     cold, bcold = e.get("cold_start_ms"), e.get("baseline_cold_start_ms")
     if cold and bcold:
-        lines += ["", f"Cold start (load + first request): {e['target']} {cold['load']:.1f} + "
-                  f"{cold['first_request']:.1f} ms; torch-eager {bcold['load']:.1f} + "
-                  f"{bcold['first_request']:.1f} ms (warm p50 above)."]
+        lines += ["", f"Cold start (load + first request, one sample each, runtimes already "
+                  f"imported): {e['target']} {cold['load']:.1f} + {cold['first_request']:.1f} ms; "
+                  f"torch-eager {bcold['load']:.1f} + {bcold['first_request']:.1f} ms (warm p50 above)."]
     if e.get("sweep"):
         lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | speedup [95% CI] |",
                   "|---|---|---|---|"]

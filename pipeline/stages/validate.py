@@ -78,6 +78,7 @@ def baseline_device(recipe: Recipe) -> str:
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     feeds = data.feeds(recipe, "validation")
     device = baseline_device(recipe)
+    protocol.import_runtimes()
     with contextlib.ExitStack() as stack:
         runner, cold = protocol.cold_start(
             stack, lambda: baseline_runner(recipe, models.load(recipe), device), timing_feed(recipe))
