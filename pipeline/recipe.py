@@ -80,7 +80,8 @@ class ModelSpec(Strict):
         None, description="A Hugging Face transformers model (offline; see pipeline/hf.py).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the model.")
     weights: Path | None = Field(
-        None, description="Optional .safetensors file loaded into the model (strict key match)."
+        None, strict=False,  # a YAML string
+        description="Optional .safetensors file loaded into the model (strict key match).",
     )
 
     @model_validator(mode="after")
@@ -106,6 +107,17 @@ class _NestedError(ValueError):
         self.error = error
 
 
+class _LocatedError(ValueError):
+    """A cross-check's problem at a key path below the model that raised it (e.g.
+    `validate.latency.sweep.batch` from the Recipe), so the message names that key once and
+    the loader blames the file or --set that set it."""
+
+    def __init__(self, loc: tuple, message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message
+
+
 # ----------------------------------------------------------------------------- inputs
 class InputSpec(Strict):
     name: str = Field(min_length=1, description="Input name, as in forward() and the ONNX graph.")
@@ -113,8 +125,8 @@ class InputSpec(Strict):
     shape: list[Annotated[int, Field(ge=1)] | Dim] = Field(
         min_length=0, description="Each dim a fixed int or a {min, opt, max} range."
     )
-    range: tuple[float, float] | None = Field(
-        None,
+    range: tuple[Annotated[float, Field(strict=True)], Annotated[float, Field(strict=True)]] | None = Field(
+        None, strict=False,  # a YAML list is a fine tuple; its items stay strict floats
         description="Values are drawn from [low, high) (integers: low..high-1). Required for "
         "integer inputs such as token ids; floats default to a standard normal.",
     )
@@ -156,7 +168,7 @@ class SplitSpec(Strict):
 
 class CalibrationSpec(SplitSpec):
     file: Path | None = Field(
-        None, description="A .npz of calibration feeds instead of random ones: one array per input "
+        None, strict=False, description="A .npz of calibration feeds instead of random ones: one array per input "
         "name with a leading sample axis, or `in/<i>/<name>` keys (as baseline.npz). Relative to "
         "the working directory.",
     )
@@ -282,8 +294,8 @@ class ExpectSpec(Strict):
     faster_than: list[str] = Field(
         default_factory=list,
         description="Recipes (names or paths) whose engine of the same target each engine here "
-        "must beat: both timed interleaved in one process, the 95% interval of the time ratio "
-        "entirely below 1.",
+        "must beat: both timed interleaved in one process, the whole 95% interval of the time "
+        "ratio below 1 / (1 + validate.latency.noise_threshold).",
     )
 
 
@@ -322,11 +334,13 @@ class OptimizeSpec(Strict):
 
         for name, opts in self.options.items():
             if name not in self.passes:
-                raise ValueError(f"options given for pass `{name}`, which is not in `passes`")
+                raise _LocatedError(("options", name),
+                                    f"options given for pass `{name}`, which is not in `passes`")
             unknown = sorted(set(opts) - set(PASSES[name].options))
             if unknown:
                 allowed = ", ".join(PASSES[name].options) or "none"
-                raise ValueError(f"pass `{name}` has no option {', '.join(unknown)}; allowed: {allowed}")
+                raise _LocatedError(("options", name),
+                                    f"pass `{name}` has no option {', '.join(unknown)}; allowed: {allowed}")
         return self
 
 
@@ -377,38 +391,47 @@ class Recipe(Strict):
         ids = [t.id for t in self.targets]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
-            raise ValueError(f"target names must be unique (repeated: {', '.join(dupes)}); set `name:`")
+            raise _LocatedError(("targets",), f"target names must be unique (repeated: "
+                                f"{', '.join(dupes)}); set `name:`")
         # Dims sharing a symbol must agree, or the engine's profile is contradictory.
         seen: dict[str, Dim] = {}
-        for spec in self.inputs:
-            for dim in spec.shape:
+        for n, spec in enumerate(self.inputs):
+            for d, dim in enumerate(spec.shape):
                 if isinstance(dim, Dim) and dim.name:
                     other = seen.setdefault(dim.name, dim)
                     if (other.min, other.opt, other.max) != (dim.min, dim.opt, dim.max):
-                        raise ValueError(f"dim `{dim.name}` is declared with different ranges")
-        for target in self.targets:
-            target.check(self)
+                        raise _LocatedError(("inputs", n, "shape", d),
+                                            f"dim `{dim.name}` is declared with different ranges")
+        for n, target in enumerate(self.targets):
+            try:
+                target.check(self)
+            except ValueError as e:
+                raise _LocatedError(("targets", n), str(e)) from None
         if self.precision.mode in ("int8", "fp8") and self.data.calibration is None:
-            raise ValueError(f"precision.mode {self.precision.mode} needs calibration data: set "
-                             "data.calibration (random samples, a .npz `file` or a `loader`)")
+            raise _LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode} "
+                                "needs calibration data: set data.calibration (random samples, "
+                                "a .npz `file` or a `loader`)")
         clash = sorted(set(self.outputs) & {i.name for i in self.inputs})
         if clash:
-            raise ValueError(f"outputs and inputs share names ({', '.join(clash)}); "
-                             "an ONNX graph names each value once")
-        for name in self.validate_.top1_outputs or []:
+            raise _LocatedError(("outputs",), f"outputs and inputs share names ({', '.join(clash)}); "
+                                "an ONNX graph names each value once")
+        for n, name in enumerate(self.validate_.top1_outputs or []):
             if name not in self.outputs:
-                raise ValueError(f"validate.top1_outputs names `{name}`, not one of outputs {self.outputs}")
+                raise _LocatedError(("validate", "top1_outputs", n),
+                                    f"`{name}` is not one of outputs {self.outputs}")
         if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
-            raise ValueError("expect.max_accuracy_loss needs a logits output (see validate.top1_outputs)")
+            raise _LocatedError(("expect", "max_accuracy_loss"),
+                                "needs a logits output (see validate.top1_outputs)")
         for symbol, sizes in self.validate_.latency.sweep.items():
             if symbol not in seen:
-                raise ValueError(f"validate.latency.sweep: `{symbol}` is not a dim symbol of the "
-                                 f"inputs (declared: {', '.join(sorted(seen)) or 'none'})")
+                raise _LocatedError(("validate", "latency", "sweep"),
+                                    f"`{symbol}` is not a dim symbol of the inputs "
+                                    f"(declared: {', '.join(sorted(seen)) or 'none'})")
             dim = seen[symbol]
             bad = [n for n in sizes if not dim.min <= n <= dim.max]
             if bad or not sizes:
-                raise ValueError(f"validate.latency.sweep.{symbol}: sizes must be within "
-                                 f"[{dim.min}, {dim.max}] (got {sizes})")
+                raise _LocatedError(("validate", "latency", "sweep", symbol),
+                                    f"sizes must be within [{dim.min}, {dim.max}] (got {sizes})")
         return self
 
     @property

@@ -17,7 +17,13 @@ SEED_MAX = 2**63 - 1
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Base of every recipe section. `extra="forbid"`: a misspelt key is an error.
+    `strict=True`: no silent coercion (`seed: true` is not 1, `samples: "8"` is not 8; an
+    int is still a valid float). `allow_inf_nan=False`: `.inf` and `.nan` are refused in every
+    float field (an infinite `min_seconds` would time forever). Fields that must take YAML's
+    plain forms (a path string, a `[low, high]` list) opt out with `Field(strict=False)`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Dim(Strict):

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline import paths
 from pipeline.errors import RecipeError
-from pipeline.recipe import ModelSpec, Recipe, _NestedError
+from pipeline.recipe import ModelSpec, Recipe, _LocatedError, _NestedError
 from pipeline.targets import TARGET_KINDS
 
 
@@ -47,12 +47,17 @@ def resolve_path(ref: str) -> Path:
 def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe:
     """Load, merge (`extends:`), override (`--set`) and validate a recipe."""
     path = resolve_path(str(ref))
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", path.stem):  # it names engines/<stem>/
-        raise RecipeError(f"{_display(path)}: a recipe file name must start with a letter or "
-                          f"digit and hold only letters, digits, `.`, `_`, `-` (got {path.stem!r})")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", path.stem):  # it names engines/<stem>/
+        raise RecipeError(f"{_display(path)}: a recipe file name must start with an ASCII letter or "
+                          f"digit and hold only ASCII letters, digits, `.`, `_`, `-` (got {path.stem!r})")
     raw, origin = _load_merged(path, chain=())
     for item in overrides:
         _apply_override(raw, origin, item)
+    for key in LOADER_ONLY:  # Recipe fields the loader sets: never from YAML or --set
+        if key in raw:
+            source = _source_of((key,), origin) or _display(path)
+            raise RecipeError(f"{source}: {key}: unknown key; allowed: {', '.join(_allowed_keys(()))}",
+                              "the loader sets `name` and `source` from the recipe's file")
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
@@ -63,6 +68,10 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
     recipe.name = path.stem
     recipe.source = path
     return recipe
+
+
+# Set by load() from the file (recipe.name, recipe.source): an unknown key in a recipe.
+LOADER_ONLY = tuple(n for n, f in Recipe.model_fields.items() if f.exclude)
 
 
 def _confine_paths(recipe: Recipe, path: Path, origin: Origin) -> None:
@@ -102,7 +111,7 @@ def _read_yaml(path: Path) -> dict:
     except UnicodeDecodeError as e:
         raise RecipeError(f"{_display(path)}: not UTF-8 text (byte {e.start}); a recipe is YAML") from None
     try:
-        data = yaml.safe_load(text)  # safe: plain data only, never Python objects
+        data = _parse_yaml(text, _display(path))  # safe: plain data only, never Python objects
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -112,12 +121,70 @@ def _read_yaml(path: Path) -> dict:
         raise RecipeError(f"{_display(path)}: malformed YAML: nested too deeply") from None
     _check_tree(data, _display(path))
     if data is None:
-        data = {}
+        raise RecipeError(f"{_display(path)}: the file is empty",
+                          "a recipe needs at least `model`, `inputs` and `targets`, or "
+                          "`extends:` a recipe that has them")
     if not isinstance(data, dict):
         raise RecipeError(
             f"{_display(path)}: a recipe is a mapping of sections, got {type(data).__name__}"
         )
     return data
+
+
+class _RecipeYAML(yaml.SafeLoader):
+    """The safe loader (plain data only) plus a check that no mapping repeats a key: with the
+    plain loader the last of two `validate:` sections silently wins. `1e-3` is a float (YAML
+    1.1 wants `1.0e-3`; the schema's floats are strict, so it must not stay a string)."""
+
+
+_RecipeYAML.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    loader = _RecipeYAML(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_duplicate_keys(loader, node, where)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _check_duplicate_keys(loader: yaml.SafeLoader, root: yaml.Node, where: str) -> None:
+    """Walk the composed nodes (each once: aliases share nodes, so this stays linear)."""
+    stack: list[tuple[yaml.Node, tuple]] = [(root, ())]
+    visited: set[int] = set()
+    while stack:
+        node, loc = stack.pop()
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*loc, i)) for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    key = loader.construct_object(key_node)  # a scalar: hashable
+                    line = key_node.start_mark.line + 1
+                    if key in seen:
+                        inside = f"{'.'.join(_key_text(p) for p in loc)}: " if loc else ""
+                        at, also = ("", "") if where.startswith("--set") else (
+                            f" line {line}:", f", also on line {seen[key]}")
+                        raise RecipeError(
+                            f"{where}:{at} {inside}duplicate key `{_key_text(key)}`{also}",
+                            "a mapping holds each key once: merge the two into one")
+                    seen[key] = line
+                    stack.append((value_node, (*loc, key)))
+                else:
+                    stack.append((value_node, (*loc, "?")))
 
 
 Origin = dict[tuple, str]  # key path -> file (or --set) that set it
@@ -196,7 +263,7 @@ def _apply_override(raw: dict, origin: Origin, item: str) -> None:
     if not sep or not key.strip():
         raise RecipeError(f"--set {item}: expected KEY.PATH=VALUE (e.g. validate.threads=2)")
     try:
-        value = yaml.safe_load(text)
+        value = _parse_yaml(text, f"--set {item}")
     except yaml.YAMLError:
         value = text
     except RecursionError:
@@ -204,37 +271,38 @@ def _apply_override(raw: dict, origin: Origin, item: str) -> None:
     _check_tree(value, f"--set {item}")
     parts = key.strip().split(".")
     node: Any = raw
+    loc: list[Any] = []  # the key path as errors name it: list indexes counted from 0
     for part in parts[:-1]:
-        node = _step(node, part, item)
+        node, step = _step(node, part, item)
+        loc.append(step)
     last = parts[-1]
     if isinstance(node, list):
         index = _index(node, last, item)
         node[index] = value
+        loc.append(index)
     elif isinstance(node, dict):
         node[last] = value
+        loc.append(last)
     else:
         raise RecipeError(f"--set {item}: `{'.'.join(parts[:-1])}` is not a mapping or list")
-    origin[tuple(_keyify(p) for p in parts)] = f"--set {item}"
+    origin[tuple(loc)] = f"--set {item}"
 
 
-def _step(node: Any, part: str, item: str) -> Any:
+def _step(node: Any, part: str, item: str) -> tuple[Any, Any]:
     if isinstance(node, list):
-        return node[_index(node, part, item)]
+        index = _index(node, part, item)
+        return node[index], index
     if isinstance(node, dict):
         if part not in node or node[part] is None:
             node[part] = {}
-        return node[part]
+        return node[part], part
     raise RecipeError(f"--set {item}: cannot descend into `{part}`")
 
 
 def _index(node: list, part: str, item: str) -> int:
     if not re.fullmatch(r"-?\d+", part) or not -len(node) <= int(part) < len(node):
         raise RecipeError(f"--set {item}: `{part}` is not an index of a list of {len(node)}")
-    return int(part)
-
-
-def _keyify(part: str) -> Any:
-    return int(part) if re.fullmatch(r"\d+", part) else part
+    return int(part) % len(node)  # -1 is the last item: errors name it by its position
 
 
 # ----------------------------------------------------------------------- error messages
@@ -243,13 +311,24 @@ def _format_validation_error(error: ValidationError, path: Path, origin: Origin)
     errors = _flatten(error)
     loc, message = errors[0]
     source = _source_of(loc, origin) or _display(path)
-    key = ".".join(p if isinstance(p, str) and re.fullmatch(r"[\w-]+", p) else
-                   str(p) if isinstance(p, int) else repr(p) for p in loc) or "(top level)"
+    key = ".".join(_key_text(p) for p in loc) or "(top level)"
     more = f" (and {len(errors) - 1} more problem{'s' * (len(errors) > 2)})" if len(errors) > 1 else ""
     return f"{source}: {key}: {message}{more}"
 
 
-_BRANCH_MISMATCH = ("int_type", "int_parsing", "model_type", "dict_type", "model_attributes_type")
+def _key_text(part: Any) -> str:
+    """A key path part as YAML spells it: `batch`, `0`, `true`, `null`, `'a b'`."""
+    if isinstance(part, bool) or part is None:
+        return yaml.safe_dump(part).removesuffix("...\n").strip()
+    if isinstance(part, (int, float)):
+        return str(part)
+    if isinstance(part, str) and re.fullmatch(r"[\w-]+", part):
+        return part
+    return repr(part)
+
+
+_BRANCH_MISMATCH = ("int_type", "int_parsing", "model_type", "dict_type", "model_attributes_type",
+                    "finite_number")
 
 
 def _is_branch_tag(part: Any) -> bool:
@@ -258,23 +337,53 @@ def _is_branch_tag(part: Any) -> bool:
     )
 
 
+def _is_branch_noise(err: dict) -> bool:
+    """`int | Dim` reports both branches; the one whose type the input does not have is noise
+    (a mapping was meant as a Dim, anything else as an int)."""
+    loc = err["loc"]
+    if not loc or not _is_branch_tag(loc[-1]) or err["type"] not in _BRANCH_MISMATCH:
+        return False
+    int_branch = loc[-1] in ("int", "constrained-int")
+    return isinstance(err["input"], dict) == int_branch
+
+
 def _flatten(error: ValidationError, prefix: tuple = ()) -> list[tuple[tuple, str]]:
     errs = error.errors()
-    # `int | Dim` reports both branches; the branch whose type does not fit is noise.
-    relevant = [
-        e for e in errs
-        if not (e["type"] in _BRANCH_MISMATCH and any(_is_branch_tag(p) for p in e["loc"]))
-    ]
+    relevant = [e for e in errs if not _is_branch_noise(e)]
     out = []
     for err in relevant or errs:
-        loc = _clean_loc(prefix + tuple(err["loc"]))
+        raw_loc = prefix + tuple(err["loc"])
+        if err["type"] == "invalid_key":  # pydantic names a key `true` 1, `null` 'None'
+            raw_loc = raw_loc[:-1] + (err["input"],)
+        if raw_loc and raw_loc[-1] == "[key]":  # a mapping's key, not its value, is wrong
+            loc = _clean_loc(raw_loc[:-1])
+            message = _describe(err, raw_loc).replace("Input should", "the key should", 1)
+            out.append((loc, message))
+            continue
+        loc = _clean_loc(raw_loc)
         ctx = err.get("ctx") or {}
         nested = ctx.get("error")
         if isinstance(nested, _NestedError):
             out.extend(_flatten(nested.error, loc + (nested.prefix,)))
             continue
-        out.append((loc, _describe(err, loc)))
+        if isinstance(nested, _LocatedError):
+            out.append((loc + nested.loc, nested.message))
+            continue
+        if err["type"] == "union_tag_not_found":  # a target without `kind:`
+            out.append((loc + ("kind",), f"required key is missing; allowed: {', '.join(TARGET_KINDS)}"))
+            continue
+        out.append((loc, _dedupe(_describe(err, raw_loc), loc)))
     return out
+
+
+def _dedupe(message: str, loc: tuple) -> str:
+    """`precision.exclude: exclude: ...` -> `precision.exclude: ...`: a message that starts
+    with its own key (or the key path) names it once."""
+    for n in range(len(loc)):
+        prefix = ".".join(_key_text(p) for p in loc[n:]) + ": "
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    return message
 
 
 def _clean_loc(loc: tuple) -> tuple:
@@ -289,55 +398,102 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(cleaned)
 
 
+_TYPE_NAMES = {"int_type": "integer", "float_type": "number", "bool_type": "boolean",
+               "string_type": "string"}
 
 
-def _describe(err: dict, loc: tuple) -> str:
+def _describe(err: dict, raw_loc: tuple) -> str:
     kind = err["type"]
+    got = err.get("input")
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(loc[:-1])
+        allowed = _allowed_keys(raw_loc[:-1])
         hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
         return f"unknown key{hint}"
     if kind == "missing":
         return "required key is missing"
     if kind == "union_tag_invalid":
         return f"unknown target kind {err['input'].get('kind')!r}; allowed: {', '.join(TARGET_KINDS)}"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return f"must be a mapping of keys (`key: value`), got {_yaml_text(got)}"
+    if kind == "invalid_key":
+        return f"a key must be a string, got {_yaml_text(got)} (quote it, or remove it)"
+    if kind in _TYPE_NAMES and isinstance(got, (str, bool)):
+        # strict types: YAML `true` is no integer, `"8"` no number (quotes make a string)
+        hint = "; write it without quotes" if isinstance(got, str) and _parses_as(got, kind) else ""
+        return f"Input should be a valid {_TYPE_NAMES[kind]} (got {_yaml_text(got)}{hint})"
     msg = err["msg"].removeprefix("Value error, ")
-    got = err.get("input")
     if kind not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)):
         msg = f"{msg} (got {got!r})"
     return msg
 
 
+def _yaml_text(value: Any) -> str:
+    """A value as the user wrote it: null, true, 'text', 8, a list or a mapping."""
+    if value is None or isinstance(value, bool):
+        return _key_text(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value)
+
+
+def _parses_as(text: str, kind: str) -> bool:
+    try:
+        value = yaml.safe_load(text)  # a short scalar the user quoted
+    except yaml.YAMLError:
+        return False
+    want = {"int_type": int, "float_type": (int, float), "bool_type": bool, "string_type": str}[kind]
+    return isinstance(value, want) and (kind == "bool_type" or not isinstance(value, bool))
+
+
 def _allowed_keys(loc: tuple) -> list[str]:
-    """Field names of the schema at `loc`, to list in an `unknown key` message."""
-    model: Any = Recipe
+    """Field names of the schema at `loc` (pydantic's raw loc, union tags included), to list
+    in an `unknown key` message."""
+    models: list[Any] = [Recipe]
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) or _is_branch_tag(part):
             continue
+        if len(models) > 1:  # a tagged union: pydantic's loc names the member (`tensorrt`)
+            models = [m for m in models if _tag_of(m) == part]
+            if not models:
+                return []
+            continue
+        (model,) = models
         if model is ModelSpec and part == "kwargs":
             return []  # zoo kwargs are reported by their own schema
         field = model.model_fields.get("validate_" if part == "validate" else part)
         if field is None:
             return []
-        model = _inner_model(field.annotation)
-        if model is None:
+        models = _inner_models(field.annotation)
+        if not models:
             return []
-    names = [("validate" if n == "validate_" else n) for n, f in model.model_fields.items() if not f.exclude]
+    if len(models) != 1:
+        return []
+    names = [("validate" if n == "validate_" else n)
+             for n, f in models[0].model_fields.items() if not f.exclude]
     return names
 
 
-def _inner_model(annotation: Any) -> Any:
-    """The BaseModel inside Optional[...] / list[...] / Annotated[Union[...]] (first one)."""
+def _tag_of(model: Any) -> Any:
+    field = model.model_fields.get("kind")
+    return field.default if field is not None else None
+
+
+def _inner_models(annotation: Any) -> list[Any]:
+    """The BaseModels inside Optional[...] / list[...] / Annotated[Union[...]]: one, or the
+    members of a union (told apart by their `kind`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
+        return [annotation]
+    found: list[Any] = []
     for arg in getattr(annotation, "__args__", ()) or ():
-        found = _inner_model(arg)
-        if found is not None:
-            return found
+        found += [m for m in _inner_models(arg) if m not in found]
+    if found:
+        return found
     meta = getattr(annotation, "__origin__", None)
     if meta is not None and isinstance(meta, type) and issubclass(meta, BaseModel):
-        return meta
-    return None
+        return [meta]
+    return []
 
 
 def _source_of(loc: tuple, origin: Origin) -> str | None:

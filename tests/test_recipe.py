@@ -66,6 +66,39 @@ def test_digest_tracks_content(chdir_project):
         (["validate.tolerance.cosine_min=2"], "validate.tolerance.cosine_min: Input should be less than or equal to 1"),
         (["nokey"], "--set nokey: expected KEY.PATH=VALUE"),
         (["targets.5.kind=onnxruntime"], "`5` is not an index of a list of 2"),
+        # non-finite floats: an infinite min_seconds would time forever
+        (["validate.latency.min_seconds=.inf"],
+         "--set validate.latency.min_seconds=.inf: validate.latency.min_seconds: Input should be a finite number (got inf)"),
+        (["validate.latency.monitor_interval=.nan"], "validate.latency.monitor_interval: Input should be a finite number"),
+        (["expect.max_p99_ms=.inf"], "expect.max_p99_ms: Input should be a finite number"),
+        (["precision.percentile=.nan"], "precision.percentile: Input should be a finite number"),
+        (["targets.1.effective_precision_min_share=.nan"], "targets.1.effective_precision_min_share: Input should be a finite"),
+        (["inputs.0.range=[0, .inf]"], "inputs.0.range.1: Input should be a finite number (got inf)"),
+        # strict types: no silent bool -> int, "7" -> 7, 8.0 -> 8, 1 -> True
+        (["data.seed=true"], "data.seed: Input should be a valid integer (got true)"),
+        (["data.seed='7'"], "data.seed: Input should be a valid integer (got '7'; write it without quotes)"),
+        (["data.validation.samples=8.0"], "data.validation.samples: Input should be a valid integer (got 8.0)"),
+        (["inputs.0.shape.0=true"], "inputs.0.shape.0: Input should be a valid integer (got true)"),
+        (["validate.latency.spin=1"], "validate.latency.spin: Input should be a valid boolean (got 1)"),
+        (["targets.1.optimization_level=false"], "targets.1.optimization_level: Input should be a valid integer (got false)"),
+        # loader-only fields are unknown keys like any other
+        (["name=evil"], "--set name=evil: name: unknown key; allowed: description, model, inputs"),
+        (["source=/etc"], "--set source=/etc: source: unknown key"),
+        # wording: the key path once, the right schema's keys, mappings and kinds named
+        (["targets=[{}]"], "targets.0.kind: required key is missing; allowed: onnxruntime, tensorrt, aotinductor"),
+        (["targets=[{kind: tensorrt, provider: cpu}]"],
+         "targets.0.provider: unknown key; allowed: name, required, kind, profiles, optimization_level"),
+        (["targets.-1.provider=cpu"], "--set targets.-1.provider=cpu: targets.1.provider: unknown key; allowed: name, required, kind, profiles"),
+        (["model=null"], "model: must be a mapping of keys (`key: value`), got null"),
+        (["validate.latency.sweep={nope: [1]}"],
+         "--set validate.latency.sweep={nope: [1]}: validate.latency.sweep: `nope` is not a dim symbol"),
+        (["validate.latency.sweep={5: [1]}"], "validate.latency.sweep.5: the key should be a valid string (got 5)"),
+        (["validate.top1_outputs=[nope]"], "validate.top1_outputs.0: `nope` is not one of outputs ['logits']"),
+        (["precision.mode=int8", "data.calibration=null"],
+         "--set data.calibration=null: data.calibration: precision.mode int8 needs calibration data"),
+        (["optimize.options={fold_constants: {x: 1}}"],
+         "--set optimize.options={fold_constants: {x: 1}}: optimize.options.fold_constants: pass `fold_constants` has no option x"),
+        (["precision.exclude=['(']"], "precision.exclude: `(` is not a valid regex"),
     ],
 )
 def test_bad_values_name_key_and_allowed(chdir_project, overrides, expected):
@@ -101,6 +134,77 @@ def test_malformed_yaml_names_the_line(chdir_project):
     chdir_project.write("recipes/list.yaml", "- just\n- a list\n")
     with pytest.raises(RecipeError, match="a recipe is a mapping of sections, got list"):
         recipe_mod.load("list")
+
+
+def test_no_message_shows_a_key_path_twice_or_at_top_level(chdir_project):
+    for overrides in (["validate.latency.sweep={nope: [1]}"], ["validate.top1_outputs=[nope]"],
+                      ["expect.max_accuracy_loss=0.1", "outputs=[hidden]"], ["precision.exclude=['(']"],
+                      ["targets=[{kind: onnxruntime}, {kind: onnxruntime}]"]):
+        with pytest.raises(RecipeError) as info:
+            recipe_mod.load("standard", overrides)
+        message = str(info.value)
+        assert "(top level)" not in message and "exclude: exclude" not in message, message
+
+
+def test_duplicate_keys_name_file_line_and_key(chdir_project):
+    chdir_project.write("recipes/dup.yaml", "extends: standard.yaml\nvalidate: {threads: 1}\n"
+                        "validate: {threads: 2}\n")
+    with pytest.raises(RecipeError, match=r"^recipes/dup\.yaml: line 3: duplicate key `validate`, "
+                       r"also on line 2 \(a mapping holds each key once"):
+        recipe_mod.load("dup")
+    chdir_project.write("recipes/dup2.yaml", "extends: standard.yaml\nvalidate:\n  latency:\n"
+                        "    warmup: 5\n    block: 5\n    warmup: 6\n")
+    with pytest.raises(RecipeError, match=r"^recipes/dup2\.yaml: line 6: validate\.latency: "
+                       r"duplicate key `warmup`, also on line 4"):
+        recipe_mod.load("dup2")
+    # anchors, aliases and `<<` merge keys (overriding a merged key) are not duplicates
+    chdir_project.write("recipes/merge.yaml", "extends: standard.yaml\nvalidate:\n"
+                        "  tolerance: &t {cosine_min: 0.9}\n  latency:\n    <<: {warmup: 5, block: 5}\n"
+                        "    warmup: 7\nexpect: {faster_than: []}\n")
+    r = recipe_mod.load("merge")
+    assert (r.validation.latency.warmup, r.validation.latency.block) == (7, 5)
+
+
+def test_duplicate_keys_in_a_set_value(chdir_project):
+    with pytest.raises(RecipeError, match=r"^--set validate=\{threads: 1, threads: 2\}: duplicate key `threads` \("):
+        recipe_mod.load("standard", ["validate={threads: 1, threads: 2}"])
+
+
+def test_exponent_floats_without_a_dot_are_floats(chdir_project):
+    # YAML 1.1 (PyYAML) reads `1e-3` as a string; the schema's floats are strict
+    chdir_project.write("recipes/exp.yaml", "extends: standard.yaml\nvalidate:\n  tolerance: {max_abs: 1e-3}\n")
+    assert recipe_mod.load("exp").validation.tolerance.max_abs == 0.001
+    r = recipe_mod.load("standard", ["export.parity.max_abs=5e-2", "validate.latency.min_seconds=2E0"])
+    assert (r.export.parity.max_abs, r.validation.latency.min_seconds) == (0.05, 2.0)
+    assert recipe_mod.load("standard", ["description=e3"]).description == "e3"
+
+
+def test_loader_only_keys_are_unknown_in_yaml(chdir_project):
+    for key in ("name: evil", "source: /etc/passwd"):
+        chdir_project.write("recipes/sneaky.yaml", f"extends: standard.yaml\n{key}\n")
+        with pytest.raises(RecipeError, match=rf"^recipes/sneaky\.yaml: {key.split(':')[0]}: unknown key; "
+                           "allowed: description, model"):
+            recipe_mod.load("sneaky")
+    assert recipe_mod.load("standard").name == "standard"
+
+
+def test_empty_file_and_odd_keys(chdir_project):
+    chdir_project.write("recipes/empty.yaml", "# nothing yet\n")
+    with pytest.raises(RecipeError, match=r"^recipes/empty\.yaml: the file is empty \(a recipe needs"):
+        recipe_mod.load("empty")
+    chdir_project.write("recipes/boolkey.yaml", "extends: standard.yaml\ntrue: 1\n")
+    with pytest.raises(RecipeError, match=r"^recipes/boolkey\.yaml: true: a key must be a string, got true"):
+        recipe_mod.load("boolkey")
+    chdir_project.write("recipes/nullmodel.yaml", "extends: standard.yaml\nmodel: null\n")
+    with pytest.raises(RecipeError, match=r"^recipes/nullmodel\.yaml: model: must be a mapping of keys"):
+        recipe_mod.load("nullmodel")
+
+
+@pytest.mark.parametrize("stem", ["ü", "aü", "-a"])
+def test_recipe_file_names_are_ascii(chdir_project, stem):
+    path = chdir_project.write(f"recipes/{stem}.yaml", "extends: standard.yaml\n")
+    with pytest.raises(RecipeError, match="must start with an ASCII letter or digit and hold only ASCII letters"):
+        recipe_mod.load(path)
 
 
 def test_unknown_recipe_lists_the_available_ones(chdir_project):
