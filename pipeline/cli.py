@@ -15,6 +15,7 @@ import click
 
 from pipeline import __version__
 from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError as PipelineRecipeError
 
 _debug = False
 
@@ -25,21 +26,42 @@ def _set_debug(ctx, param, value):
     return value
 
 
-def recipe_options(fn):
-    """Options shared by every command that runs a recipe."""
+def debug_option(fn):
+    """--debug, accepted by every command (and the group): errors also show their traceback."""
+    return click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
+                        is_eager=True, help="Show the traceback of errors (same exit codes).")(fn)
+
+
+def _engines_dir(ctx, param, value):
+    if value is None or not str(value).strip():
+        raise click.BadParameter("is empty (from the option or PIPELINE_ENGINES); name a folder, "
+                                 "e.g. --engines-dir engines", ctx=ctx, param=param)
+    return Path(value)
+
+
+def engines_dir_option(help_text: str = "Where the engines/<recipe>/ folders are (env PIPELINE_ENGINES)."):
+    return click.option("--engines-dir", type=click.Path(file_okay=False), callback=_engines_dir,
+                        default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"),
+                        show_default="engines", help=help_text)
+
+
+def recipe_options(fn=None, *, targets: bool = True):
+    """Options shared by every command that runs a recipe. `targets`: the command builds
+    engines, so --target (build only these targets) means something for it."""
+    if fn is None:
+        return functools.partial(recipe_options, targets=targets)
 
     @click.argument("recipe")
     @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
                   help="Override a recipe value, e.g. --set validate.threads=2 (repeatable).")
-    @click.option("--force", is_flag=True, help="Redo every stage even when its inputs are unchanged.")
-    @click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
-                  default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines",
-                  help="Where engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
+    @click.option("--force", is_flag=True, help="Redo every stage even when its inputs are unchanged "
+                  "(an unreadable manifest.json is kept aside under another name).")
+    @engines_dir_option("Where engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
     @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
-    @click.option("--target", "only", multiple=True, metavar="ID|KIND",
-                  help="Build only this target (id or kind, repeatable); default: all.")
-    @click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
-                  help="Show the traceback of errors.")
+    @click.option("--target", "only", multiple=True, metavar="ID|KIND", hidden=not targets,
+                  help="Build only this target (id or kind, repeatable); default: all. The report "
+                  "keeps the other targets' entries from the last run of the same recipe.")
+    @debug_option
     @functools.wraps(fn)
     def wrapper(**kwargs):
         return fn(**kwargs)
@@ -49,8 +71,7 @@ def recipe_options(fn):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="pipeline")
-@click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
-              help="Show the traceback of errors.")
+@debug_option
 def cli():
     """Turn PyTorch model variants into engines and prove what each engine is worth.
 
@@ -67,7 +88,10 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
     recipe = recipe_mod.load(recipe_ref, overrides)
     outcome = Run(recipe, engines_dir, force=force, progress=Progress(verbose), verbose=verbose,
                   only=only).execute(until)
-    if not outcome.work_done:
+    if until == "precision" and recipe.precision.mode == "fp32":
+        console.print(f"[dim]nothing to quantize: recipe `{recipe.name}` has precision.mode fp32 "
+                      "(set precision.mode, e.g. --set precision.mode=fp16, for a precision stage)[/]")
+    elif not outcome.work_done:
         console.print("[dim]nothing to do: every stage is up to date[/]")
     if outcome.report is not None:
         out.print(table(outcome.report))
@@ -78,19 +102,22 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
 
 
 def _stage_command(name: str, until: str, summary: str):
+    builds = until not in ("export", "optimize", "precision")  # graph stages build no target
+
     @cli.command(name, help=summary)
-    @recipe_options
+    @recipe_options(targets=builds)
     def command(recipe, overrides, force, engines_dir, verbose, only):
         _execute(recipe, until, overrides, force, engines_dir, verbose, only)
 
     return command
 
 
-_stage_command("run", "report", "Run every stage: export, build, validate, report.")
+_stage_command("run", "report", "Run every stage: export, optimize, precision, build, baseline, "
+               "validate, report (each one only when its inputs changed).")
 _stage_command("export", "export", "Export the PyTorch model to ONNX (with a parity check).")
 _stage_command("optimize", "optimize", "Export, then run the recipe's graph passes, each checked.")
 _stage_command("quantize", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
-               "Q/DQ with calibration, INT4 weights), exporting first if needed.")
+               "Q/DQ with calibration, INT4 weights), exporting and optimizing first if needed.")
 _stage_command("precision", "precision", "Same as `quantize`.")
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
@@ -101,6 +128,7 @@ _stage_command("report", "report", "Write report.json / report.md (running what 
 @click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--files-only", is_flag=True,
               help="Check the sha256 of every file, not the tool versions and device.")
+@debug_option
 def verify_command(folder, files_only):
     """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
     sha256, and the tool versions and device it was built with against this machine."""
@@ -122,13 +150,13 @@ def verify_command(folder, files_only):
 @click.option("--allow-failed-gates", is_flag=True, help="Deploy engines that failed a gate.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="The --set values the engines were built with.")
-@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines")
-@click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
-              help="Show the traceback of errors.")
+@engines_dir_option("Where the recipe's engines/<recipe>/ folder is (env PIPELINE_ENGINES).")
+@debug_option
 def deploy_command(recipe, out, targets, model_version, instances, allow_failed_gates, overrides,
                    engines_dir):
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
+    from rich.markup import escape
+
     from pipeline import deploy
     from pipeline import recipe as recipe_mod
     from pipeline.ui import out as stdout
@@ -137,7 +165,7 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
     for folder in deploy.deploy(r, engines_dir, out, targets, model_version, instances,
                                 allow_failed_gates):
         files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
-        stdout.print(f"[green]✓[/] {folder}: {', '.join(files)}", soft_wrap=True)
+        stdout.print(f"[green]✓[/] {escape(str(folder))}: {escape(', '.join(files))}", soft_wrap=True)
 
 
 @cli.command("bench")
@@ -154,7 +182,10 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
     from pipeline.ui import Progress, console, out
 
     main = recipe_mod.load(recipe, overrides)
-    other = recipe_mod.load(versus) if versus else None
+    other = recipe_mod.load(versus, overrides) if versus else None  # the same --set for both
+    if other is not None and other.name == main.name:
+        raise PipelineRecipeError(f"bench --vs {versus}: `{main.name}` against itself times one "
+                                  "recipe twice", "name another recipe, e.g. --vs flash")
     result, path = bench(main, other, engines_dir, force, Progress(verbose), verbose, only)
     for t in tables(result):
         out.print(t)
@@ -166,11 +197,9 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a value in every recipe (repeatable).")
 @click.option("--force", is_flag=True, help="Rebuild every recipe's stages.")
-@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines")
+@engines_dir_option("Where the recipes' engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
-@click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug, is_eager=True,
-              help="Show the traceback of errors.")
+@debug_option
 def compare_command(recipes, overrides, force, engines_dir, verbose):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
@@ -189,12 +218,19 @@ def compare_command(recipes, overrides, force, engines_dir, verbose):
 @cli.command("recipes")
 @click.option("--dir", "folder", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Recipe folder (default: ./recipes).")
+@debug_option
 def recipes_command(folder):
     """List the recipes and what each one is."""
     from rich.table import Table
 
     from pipeline import recipe as recipe_mod
+    from pipeline.errors import InputError
     from pipeline.ui import out
+
+    where = folder if folder is not None else recipe_mod.recipes_dir()
+    if not where.is_dir():
+        raise InputError(f"{'--dir ' if folder is not None else ''}{where}: no such folder",
+                         "run in a project with a recipes/ folder, or pass --dir DIR")
 
     t = Table(title="recipes")
     for col in ("name", "description", "model", "targets"):
@@ -216,6 +252,7 @@ def recipes_command(folder):
 @cli.command("inspect")
 @click.argument("onnx_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")
+@debug_option
 def inspect_command(onnx_file, as_json):
     """Op histogram, inputs and outputs with shapes, and size of an ONNX file."""
     import json
@@ -231,30 +268,42 @@ def inspect_command(onnx_file, as_json):
         out.print(part)
 
 
+def _fail(message: str, code: int) -> None:
+    """One `Error:` line and the error's own exit code; under --debug the trace first."""
+    if _debug:
+        import traceback
+
+        traceback.print_exc()
+    click.echo(message.replace("\n", " "), err=True)
+    sys.exit(code)
+
+
+INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one `Error:` line and their exit code."""
     try:
-        cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
     except PipelineError as e:
-        if _debug:
-            raise
-        click.echo(f"Error: {e}", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
+        _fail(f"Error: {e}", e.exit_code)
+    except click.exceptions.Abort as e:
+        # click turns Ctrl-C (KeyboardInterrupt) into Abort before it gets here
+        interrupted = isinstance(e.__cause__, KeyboardInterrupt)
+        click.echo(INTERRUPTED if interrupted else "Aborted.", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:  # bare `pipeline`: the help, a success
+        e.show()
+        sys.exit(0)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except OSError as e:  # the machine's to fix (disk full, read-only, permissions): no trace
-        if _debug:
-            raise
-        click.echo(f"Error: {e} (rerun with --debug for the trace)".replace("\n", " "), err=True)
-        sys.exit(4)
+        _fail(f"Error: {e} (rerun with --debug for the trace)", 4)
     except KeyboardInterrupt:
-        click.echo("Interrupted; finished artifacts are kept, a rerun resumes.", err=True)
+        click.echo(INTERRUPTED, err=True)
         sys.exit(130)
-    sys.exit(0)
+    sys.exit(rv if isinstance(rv, int) else 0)
 
 
 if __name__ == "__main__":

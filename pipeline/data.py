@@ -121,8 +121,14 @@ def calibration_feeds(recipe: Recipe) -> list[Feed]:
     else:
         where = f"data.calibration.loader {spec.loader}"
         loaded = _call_loader(spec.loader, where)
+    if not loaded:
+        raise InputError(f"{where}: holds no samples", "calibration needs at least one feed")
     check_feeds(recipe.inputs, loaded, where)
     return loaded[: spec.samples]
+
+
+_NPZ_HINT = ("write it with numpy.savez(path, <input name>=array, ...): one array per input, "
+             "samples on the first axis")
 
 
 def _load_npz(path, where: str) -> list[Feed]:
@@ -131,16 +137,33 @@ def _load_npz(path, where: str) -> list[Feed]:
             arrays = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise InputError(f"{where}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{where}: not a readable .npz ({e})") from None
+    except IsADirectoryError:
+        raise InputError(f"{where}: is a folder, not an .npz file") from None
+    except Exception as e:  # truncated or foreign files fail inside zipfile/zlib/numpy in any way
+        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise InputError(f"{where}: not a readable .npz ({type(e).__name__}{': ' + text if text else ''})",
+                         _NPZ_HINT) from None
     if arrays and all(k.startswith("in/") for k in arrays):
-        return load_feeds(path)[0]
+        return _saved_feeds(arrays, where)
     lengths = {k: (a.shape[0] if a.ndim else None) for k, a in arrays.items()}
     if not arrays or None in lengths.values() or len(set(lengths.values())) != 1:
         raise InputError(f"{where}: expected one array per input with the same leading sample "
-                         f"axis, got {', '.join(f'{k} {a.shape}' for k, a in arrays.items()) or 'nothing'}")
+                         f"axis, got {', '.join(f'{k} {a.shape}' for k, a in arrays.items()) or 'nothing'}",
+                         _NPZ_HINT)
     n = next(iter(lengths.values()))
     return [{k: a[i] for k, a in arrays.items()} for i in range(n)]
+
+
+def _saved_feeds(arrays: dict[str, np.ndarray], where: str) -> list[Feed]:
+    """Feeds from save_feeds' layout `in/<sample index>/<input name>`, each key checked."""
+    groups: dict[int, Feed] = {}
+    for key, array in arrays.items():
+        _, index, name = (key.split("/", 2) + ["", ""])[:3]
+        if not index.isdigit() or not name:
+            raise InputError(f"{where}: array `{key}` is not named in/<sample index>/<input name> "
+                             "(e.g. in/0/input_ids)", _NPZ_HINT)
+        groups.setdefault(int(index), {})[name] = array
+    return [groups[i] for i in sorted(groups)]
 
 
 def _call_loader(ref: str, where: str) -> list[Feed]:
@@ -172,6 +195,14 @@ def check_feeds(inputs: list[InputSpec], feeds_: list[Feed], where: str) -> None
             if not _fits(array.shape, spec.shape):
                 raise InputError(f"{where}: feed {n} input `{spec.name}` has shape "
                                  f"{list(array.shape)}, outside the recipe's {_describe(spec.shape)}")
+            if spec.dtype in ("int64", "int32") and spec.range is not None and array.size:
+                low, high = int(spec.range[0]), int(spec.range[1])
+                lo, hi = int(array.min()), int(array.max())
+                if lo < low or hi >= high:
+                    raise InputError(f"{where}: feed {n} input `{spec.name}` holds values {lo}..{hi}, "
+                                     f"outside the recipe's range {low}..{high - 1}",
+                                     f"inputs.{inputs.index(spec)}.range is [{low}, {high}): "
+                                     "fix the data or the range")
 
 
 def _fits(shape: tuple, dims: list) -> bool:

@@ -14,7 +14,6 @@ data types and output shapes from the ONNX graph the engine was built from.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -68,8 +67,7 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
     if not report_path.is_file():
         raise InputError(f"{report_path}: not found; nothing was built and validated there",
                          f"run `pipeline run {recipe.name}` first")
-    store.verify("report.json")
-    report = json.loads(report_path.read_text())
+    report = store.read_json("report.json")  # IntegrityError (exit 5): changed, or not a report
     if report.get("recipe_sha256") != recipe.digest:
         raise InputError(
             f"{report_path} was made from a different version of recipe `{recipe.name}` "
@@ -86,19 +84,21 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
     for e in chosen:
         kind = _kind(e)
         if e["status"] != "built":
-            refused.append(f"{e['target']} was {e['status']} ({e.get('reason')})")
+            refused.append(f"target `{e['target']}` was {e['status']} ({e.get('reason')})")
         elif kind not in PLATFORMS:
-            refused.append(f"{e['target']}: Triton has no platform for `{kind}` engines "
+            refused.append(f"target `{e['target']}`: Triton has no platform for `{kind}` engines "
                            f"(deployable: {', '.join(PLATFORMS)})")
         else:
             out.append(_engine(store, e, kind))
     if refused and (wanted or not out):
-        raise InputError("cannot deploy " + "; ".join(refused))
+        raise InputError("cannot deploy: " + "; ".join(refused))
     if refused:
+        from rich.markup import escape
+
         from pipeline.ui import console
 
         for why in refused:
-            console.print(f"[yellow]-[/] not deployed: {why}")
+            console.print(f"[yellow]-[/] not deployed: {escape(why)}")
     failed = [f"{e.target}: {g['name']} ({g['detail']})"
               for e in out for g in e.entry.get("gates") or [] if not g["passed"]]
     if failed and not allow_failed:

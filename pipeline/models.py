@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import deps
-from pipeline.errors import InputError, RecipeError
+from pipeline.errors import InputError, PipelineError, RecipeError
 from pipeline.recipe import ModelSpec, Recipe
 from pipeline.zoo import ZOO
 
@@ -34,6 +34,11 @@ def _factory(spec: ModelSpec, where: str) -> Callable[..., Any]:
     if not callable(fn):
         raise RecipeError(f"{where}: model.factory: `{module_name}` has no function `{attr}`")
     return fn
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else "no message"
 
 
 def _where(recipe: Recipe) -> str:
@@ -97,7 +102,16 @@ def load(recipe: Recipe):
         pretrained = pretrained_dir(spec.pretrained, _where(recipe)) if spec.pretrained else None
         model = hf.build(spec, [i.name for i in recipe.inputs], pretrained, _where(recipe))
     else:
-        model = _factory(recipe.model, _where(recipe))(**recipe.model.kwargs)
+        fn = _factory(recipe.model, _where(recipe))
+        try:
+            model = fn(**recipe.model.kwargs)
+        except PipelineError:
+            raise
+        except Exception as e:  # the user's factory (or its kwargs) is the recipe's to fix
+            raise RecipeError(
+                f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}` failed "
+                f"with model.kwargs {recipe.model.kwargs} ({type(e).__name__}: {_first_line(e)})",
+                "rerun with --debug for the trace") from e
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(
             f"{_where(recipe)}: model.factory returned {type(model).__name__}, not a torch.nn.Module"
@@ -171,10 +185,21 @@ def pretrained_dir(ref: str, where: str) -> Path:
     if _FUNCTION.match(ref):
         module_name, _, attr = ref.partition(":")
         try:
-            path = Path(getattr(importlib.import_module(module_name), attr)())
-        except (ImportError, AttributeError) as e:
-            raise RecipeError(f"{where}: model.transformers.pretrained: cannot resolve `{ref}` ({e})",
+            module = importlib.import_module(module_name)
+        except Exception as e:  # the user's module may fail in any way while importing
+            raise RecipeError(f"{where}: model.transformers.pretrained: cannot import `{module_name}` "
+                              f"({type(e).__name__}: {e})",
                               f"install the package that provides `{module_name}`") from None
+        fn = getattr(module, attr, None)
+        if not callable(fn):
+            raise RecipeError(f"{where}: model.transformers.pretrained: `{module_name}` has no "
+                              f"function `{attr}`")
+        try:
+            path = Path(fn())
+        except Exception as e:  # a function of the wrong kind, or one that fails
+            raise RecipeError(f"{where}: model.transformers.pretrained: `{ref}()` did not return a "
+                              f"model directory ({type(e).__name__}: {_first_line(e)})",
+                              "name a function taking no arguments that returns a local path") from None
     else:
         path = Path(ref)
     if not (path / "config.json").is_file():

@@ -145,9 +145,17 @@ class Run:
         recipe = self.recipe
         models.check(recipe)
         self._check_graph_stages()
+        if ORDER.index(until) >= ORDER.index("validate"):
+            self._check_baseline_device()
+            self._check_expect()
         skipped = self._unavailable_targets()
         outcome = Outcome(self.store)
         with self.store.lock(on_wait=self.progress.note):
+            if self.force:
+                aside = self.store.set_aside_bad_manifest()
+                if aside is not None:
+                    self.progress.note(f"--force: the unreadable {aside.parent / 'manifest.json'} is "
+                                       f"kept as {aside.name}; every stage is rebuilt")
             self._forget_stale_stages()
             if not self.force:
                 # Before any work: a file changed by hand stops the run with nothing rewritten.
@@ -183,7 +191,7 @@ class Run:
                 self._expect(engines)
             outcome.engines = engines
             if until == "report":
-                outcome.report = self._report(base, graph, engines)
+                outcome.report = self._report(base, graph, engines, self._other_targets())
             self._finish(outcome)
         if failures:
             raise StageFailed("; ".join(failures))
@@ -218,6 +226,48 @@ class Run:
             kind, _, target = stage_id.partition(":")
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
+
+    def _check_baseline_device(self) -> None:
+        """validate.device: cuda needs a GPU and a CUDA build of torch (found without
+        importing torch: a CPU wheel's version ends in +cpu)."""
+        if self.recipe.validation.device != "cuda":
+            return
+        torch_version = deps.version("torch") or ""
+        why = ("this machine has no NVIDIA GPU (nvidia-smi found none)" if not deps.gpus() else
+               f"torch {torch_version} is a CPU-only build" if torch_version.endswith("+cpu") else None)
+        if why:
+            raise DependencyError(f"{self.recipe.where}: validate.device: cuda, but {why}",
+                                  "use validate.device=auto or cpu, or run on a CUDA machine")
+
+    def _check_expect(self) -> None:
+        """expect.faster_than: every recipe named loads and is another recipe, before any work."""
+        from pipeline import recipe as recipe_mod
+
+        self._faster_than: dict[str, Recipe] = {}
+        for ref in self.recipe.expect.faster_than:
+            try:
+                other = recipe_mod.load(ref)
+            except RecipeError as e:
+                raise RecipeError(f"{self.recipe.where}: expect.faster_than: {e.message}", e.hint) from None
+            if other.name == self.recipe.name:
+                raise RecipeError(f"{self.recipe.where}: expect.faster_than: `{ref}` is this recipe itself")
+            self._faster_than[ref] = other
+
+    def _other_targets(self) -> list[dict]:
+        """With --target, the entries the last report holds for the recipe's other targets
+        (when it was made from this same recipe), so a partial run keeps them in the report."""
+        chosen = {t.id for t in self.targets}
+        rest = [t.id for t in self.recipe.targets if t.id not in chosen]
+        if not rest or "report.json" not in self.store.manifest["files"] \
+                or not (self.store.dir / "report.json").is_file():
+            return []
+        previous = self.store.read_json("report.json")
+        if previous.get("recipe_sha256") != self.recipe.digest:
+            self.progress.note(f"the last report was made from another version of `{self.recipe.name}`: "
+                               f"the new one holds only {', '.join(sorted(chosen))}")
+            return []
+        kept = {e["target"]: e for e in previous["engines"] if e["target"] in rest}
+        return [kept[t] for t in rest if t in kept]
 
     def _check_graph_stages(self) -> None:
         """A graph stage's optional `preflight(recipe)`: user errors before any work starts."""
@@ -297,8 +347,6 @@ class Run:
         ).outputs[build.engine_name(target)]
 
     def _validate(self, target, engine: Artifact, base: Result) -> dict:
-        import json
-
         from pipeline.stages import validate
 
         # The file timed must be the file built: check its sha256 right before opening it.
@@ -310,7 +358,7 @@ class Run:
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
-        return json.loads(result.outputs[f"validate-{target.id}.json"].path.read_text())
+        return self.store.read_json(result.outputs[f"validate-{target.id}.json"].name)
 
     def _expect(self, engines: list[dict]) -> None:
         """expect: gates on every built engine; faster_than first times the A/Bs it needs."""
@@ -331,7 +379,7 @@ class Run:
         from pipeline.bench import ab
         from pipeline.stages import build
 
-        other = recipe_mod.load(ref)
+        other = getattr(self, "_faster_than", {}).get(ref) or recipe_mod.load(ref)
         if other.name == self.recipe.name:
             raise RecipeError(f"expect.faster_than: `{ref}` is this recipe itself")
         self.progress.note(f"expect.faster_than: {other.name} (building it to time against it)")
@@ -358,9 +406,9 @@ class Run:
             )
             e.setdefault("versus", []).append(json.loads(result.one().path.read_text()))
 
-    def _report(self, base: Result | None, graph: Artifact, engines: list[dict]) -> dict:
-        import json
-
+    def _report(self, base: Result | None, graph: Artifact, engines: list[dict],
+                others: list[dict] = ()) -> dict:
+        """`others`: entries kept from the last report for targets this run did not build."""
         from pipeline.stages import report
 
         inputs = ([graph] if graph else []) + ([base.one()] if base else [])
@@ -369,12 +417,17 @@ class Run:
         inputs += [self.store.artifact(v["file"]) for e in engines for v in e.get("versus", [])
                    if "file" in v]
         skipped = [e for e in engines if e["status"] != "built"]
+        by_id = {e["target"]: e for e in [*engines, *others]}
+        every = [by_id[t.id] for t in self.recipe.targets if t.id in by_id]  # the recipe's order
+        spec = {"recipe": self.recipe.digest, "not_built": skipped}
+        if others:
+            spec["kept"] = list(others)
         result = self.stage(
-            "report", report.VERSION, {"recipe": self.recipe.digest, "not_built": skipped}, inputs,
+            "report", report.VERSION, spec, inputs,
             lambda wd: (report.write(report.assemble(
-                self.recipe, base.meta if base else None, self.graph_meta, engines), wd), {}),
+                self.recipe, base.meta if base else None, self.graph_meta, every), wd), {}),
         )
-        return json.loads(result.outputs["report.json"].path.read_text())
+        return self.store.read_json(result.outputs["report.json"].name)
 
 
 def _not_built(target, status: str, reason: str) -> dict:

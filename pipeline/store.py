@@ -17,7 +17,10 @@ then renames the files, then records them in `files` and empties `pending`. Kill
 between, every file has either its recorded digest or its pending one: that is an
 interrupted commit, not tampering, and the stage (with no record) simply reruns. Any other
 digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
-{sha256, bytes, stage}.)
+{sha256, bytes, stage}.) A recorded JSON file must also still be the object the pipeline
+wrote (`json_problem`), since a manifest rewritten to match a broken file passes the sha256.
+An unreadable manifest stops every command; `run --force` renames it to
+manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pipeline import deps
 from pipeline.errors import InputError, IntegrityError, LockError
 
 MANIFEST = "manifest.json"
+ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
 SCHEMA = 1
 
 
@@ -107,12 +111,7 @@ class Store:
     def lock(self, wait: float | None = None,
              on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
         """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            f = open(self.dir / ".lock", "a+")  # noqa: SIM115 - closed by the `with` below
-        except OSError as e:
-            raise InputError(f"{self.dir}: cannot create the output folder ({e.strerror})",
-                             "check --engines-dir / PIPELINE_ENGINES") from None
+        f = self._open_lock()
         with f:
             deadline = time.monotonic() + (lock_wait() if wait is None else wait)
             told = False
@@ -144,11 +143,37 @@ class Store:
                 f.truncate()
                 fcntl.flock(f, fcntl.LOCK_UN)
 
+    def _open_lock(self):
+        """The folder (created if need be) and its .lock file, open for writing; a folder or
+        file this user may not write is named as such (not as a folder that is missing)."""
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            where = next((p for p in (self.dir, *self.dir.parents) if p.exists()), None)
+            what = (f"cannot create the output folder ({e.strerror}"
+                    + (f"; {where} is not writable by this user)" if where is not None
+                       and where.is_dir() and not os.access(where, os.W_OK | os.X_OK) else ")"))
+            raise InputError(f"{self.dir}: {what}", "check --engines-dir / PIPELINE_ENGINES") from None
+        lock = self.dir / ".lock"
+        try:
+            return open(lock, "a+")  # noqa: SIM115 - closed by the caller's `with`
+        except OSError as e:
+            if lock.exists() and os.access(self.dir, os.W_OK | os.X_OK):
+                raise InputError(f"{lock}: this user cannot open the lock file ({e.strerror})",
+                                 "give this user write access to it (or remove it), then rerun") from None
+            raise InputError(f"{self.dir}: the output folder exists but this user cannot write "
+                             f"into it{' nor its .lock' if lock.exists() else ''} ({e.strerror})",
+                             "fix its permissions or owner, or choose another --engines-dir") from None
+
     def _sweep(self) -> None:
         """Remove what a killed run left behind: .tmp/ and write_atomic's `.NAME.PID.tmp`."""
         if self.tmp.is_symlink() or self.tmp.is_file():  # never work (or delete) through a link
             self.tmp.unlink()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.tmp.exists():
+            raise InputError(f"{self.tmp}: cannot remove what an earlier run left there (a file or "
+                             "folder this user may not delete, e.g. owned by another user)",
+                             "remove it as its owner, then rerun")
         for stray in self.dir.glob(".*.tmp"):
             if stray.is_file():
                 stray.unlink(missing_ok=True)
@@ -167,18 +192,34 @@ class Store:
         try:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise IntegrityError(
-                f"{path}: unreadable manifest ({e})", "delete the folder or rerun with --force"
-            ) from None
+            raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
         problem = _manifest_problem(data)
         if problem:
-            raise IntegrityError(
-                f"{path}: not a manifest this pipeline wrote ({problem})",
-                "delete the folder or rerun with --force",
-            )
+            raise IntegrityError(f"{path}: not a manifest this pipeline wrote ({problem})",
+                                 self._manifest_hint())
         data.setdefault("files", {})
         data.setdefault("stages", {})
         return data
+
+    def _manifest_hint(self) -> str:
+        return (f"rebuild with `pipeline run {self.dir.name} --force`: it keeps this manifest as "
+                f"{MANIFEST}{ASIDE}<time> and starts the folder over")
+
+    def set_aside_bad_manifest(self) -> Path | None:
+        """For --force: an unreadable manifest is renamed (kept, never deleted) and the folder
+        starts over with an empty one. Returns the new name, or None when it was readable."""
+        path = self.dir / MANIFEST
+        try:
+            self.read_manifest()
+            return None
+        except IntegrityError:
+            pass
+        aside = self.dir / f"{MANIFEST}{ASIDE}{time.strftime('%Y%m%dT%H%M%S')}"
+        if aside.exists():
+            aside = aside.with_name(f"{aside.name}-{os.getpid()}")
+        os.replace(path, aside)
+        self._manifest = {"schema": SCHEMA, "files": {}, "stages": {}}
+        return aside
 
     def save_manifest(self, **fields: Any) -> None:
         m = self.manifest
@@ -236,21 +277,58 @@ class Store:
         actual = sha256_file(path)
         pending = self.manifest.get("pending", {}).get(name)
         if actual == pending:  # renamed in by a commit that was interrupted
-            return Artifact(name, path, actual, path.stat().st_size)
-        if actual != entry["sha256"]:
+            artifact = Artifact(name, path, actual, path.stat().st_size)
+        elif actual != entry["sha256"]:
             recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], pending) if d)
             raise IntegrityError(
                 f"{path}: sha256 {actual[:12]}… does not match the manifest's "
                 f"{recorded}; the file changed after it was built",
-                "rebuild with --force",
+                f"rebuild with `pipeline run {self.dir.name} --force`",
             )
-        return Artifact(name, path, actual, entry["bytes"])
+        else:
+            artifact = Artifact(name, path, actual, entry["bytes"])
+        problem = json_problem(path)
+        if problem:
+            raise IntegrityError(f"{path}: {problem}, though its sha256 is the manifest's: the file "
+                                 "and the manifest were changed after the build",
+                                 f"rebuild with `pipeline run {self.dir.name} --force`")
+        return artifact
+
+    def read_json(self, name: str) -> dict:
+        """A recorded JSON artifact (report.json, validate-<target>.json, ...), verified."""
+        return json.loads(self.verify(name).path.read_text())
 
     def verify_all(self) -> None:
         """Refuse the folder if any recorded file that still exists has changed."""
         for name in list(self.manifest["files"]):
             if (self.dir / name).is_file():
                 self.verify(name)
+
+
+def json_problem(path: Path) -> str | None:
+    """What makes a recorded JSON artifact unusable, or None (also None for other files).
+    Every JSON file the stages write is an object; report.json and validate-<target>.json
+    also carry the keys every reader of them relies on."""
+    if path.suffix != ".json":
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+    if not isinstance(data, dict):
+        return f"a JSON {type(data).__name__}, not the object the pipeline wrote"
+    if path.name == "report.json":
+        engines = data.get("engines")
+        if not isinstance(data.get("recipe"), str) or not isinstance(engines, list):
+            return "not a report this pipeline wrote (no `recipe` or `engines`)"
+        if not all(isinstance(e, dict) and isinstance(e.get("target"), str)
+                   and isinstance(e.get("status"), str) for e in engines):
+            return "not a report this pipeline wrote (an engine without `target` or `status`)"
+    elif path.name.startswith("validate-"):
+        if not (isinstance(data.get("target"), str) and isinstance(data.get("status"), str)
+                and isinstance(data.get("gates", []), list)):
+            return "not a validation this pipeline wrote (no `target`, `status` or `gates`)"
+    return None
 
 
 def _manifest_problem(data: Any) -> str | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipeline import deps
 from pipeline.errors import InputError, IntegrityError
-from pipeline.store import MANIFEST, Store, sha256_file
+from pipeline.store import MANIFEST, Store, json_problem, sha256_file
 
 
 @dataclass
@@ -50,8 +50,12 @@ def folders(path: Path) -> list[Path]:
 
 def verify(folder: Path, environment: bool = True) -> Verdict:
     store = Store(folder.parent, folder.name)
-    manifest = store.read_manifest()  # IntegrityError (exit 5) when unreadable
     verdict = Verdict(folder)
+    try:
+        manifest = store.read_manifest()
+    except IntegrityError as e:  # one failed check; the other folders are still verified
+        verdict.checks.append(Check(MANIFEST, False, str(e)))
+        return verdict
     verdict.checks += _files(folder, manifest["files"])
     verdict.checks += _report(folder, manifest["files"])
     if environment:
@@ -72,6 +76,9 @@ def _files(folder: Path, files: dict) -> list[Check]:
         if actual != entry["sha256"]:
             checks.append(Check(name, False, f"sha256 {actual[:16]}… does not match the manifest's "
                                              f"{entry['sha256'][:16]}… ({size} vs {entry['bytes']} bytes)"))
+        elif json_problem(path):  # the manifest was rewritten to match a broken file
+            checks.append(Check(name, False, f"sha256 matches the manifest, but the file is "
+                                             f"{json_problem(path)}"))
         else:
             checks.append(Check(name, True, f"sha256 {actual[:16]}…, {size} bytes"))
     return checks
@@ -80,15 +87,12 @@ def _files(folder: Path, files: dict) -> list[Check]:
 def _report(folder: Path, files: dict) -> list[Check]:
     """The engines the report vouches for are the files the manifest records."""
     path = folder / "report.json"
-    if "report.json" not in files or not path.is_file():
-        return []
-    try:
-        engines = json.loads(path.read_text()).get("engines", [])
-    except (OSError, json.JSONDecodeError):
-        return []  # a changed report.json is already named by its sha256 check
+    if "report.json" not in files or not path.is_file() or json_problem(path):
+        return []  # a broken report.json is already named by the check of its file
+    engines = json.loads(path.read_text())["engines"]
     checks = []
     for e in engines:
-        if e.get("status") != "built" or not e.get("path"):
+        if e.get("status") != "built" or not isinstance(e.get("path"), str) or not e["path"]:
             continue
         name = Path(e["path"]).name
         recorded = (files.get(name) or {}).get("sha256")
@@ -126,7 +130,8 @@ def run(path: Path, environment: bool = True) -> list[Verdict]:
     if bad:
         total = sum(len(v.checks) for v in verdicts)
         names = ", ".join(f"{folder.name}/{c.what}" for folder, c in bad)
+        rebuild = " / ".join(f"`pipeline run {name} --force`"
+                             for name in dict.fromkeys(folder.name for folder, _ in bad))
         raise IntegrityError(f"{len(bad)} of {total} checks failed: {names}",
-                             "rebuild with `pipeline run RECIPE --force`, or use the engines "
-                             "only where they were built")
+                             f"rebuild with {rebuild}, or use the engines only where they were built")
     return verdicts

@@ -95,11 +95,13 @@ def test_target_filter_builds_only_the_named_targets(standard_copy):
     result = standard_copy.run("run", "standard", *FAST, "--target", "onnxruntime")
     assert result.code == 0, result.err
     # the onnxruntime chain is reused (every recorded stage but the report); the report is
-    # rewritten for the one target
+    # rewritten, keeping the other target's entry from the last report of this same recipe
+    before = json.loads((standard_copy.engines / "standard" / "report.json").read_text())
     stages = json.loads((standard_copy.engines / "standard" / "manifest.json").read_text())["stages"]
     assert result.err.count("cached (inputs unchanged)") == len(stages) - 1 and "✓ report" in result.err
     report = json.loads((standard_copy.engines / "standard" / "report.json").read_text())
-    assert [e["target"] for e in report["engines"]] == ["onnxruntime"]
+    assert [e["target"] for e in report["engines"]] == ["onnxruntime", "tensorrt"]
+    assert report["engines"][1] == before["engines"][1]  # kept as it was, not rebuilt
     bad = standard_copy.run("run", "standard", *FAST, "--target", "nosuch")
     assert bad.code == 2 and len(bad.error_lines) == 1
     assert "--target nosuch: recipe `standard` has no such target (targets: onnxruntime, tensorrt)" in bad.err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -131,3 +132,112 @@ def test_debug_shows_the_traceback(project):
     result = project.run("run", "no-such-recipe", "--debug")
     assert result.code != 0
     assert "Traceback" in result.err and "RecipeError" in result.err
+
+
+# ------------------------------------------------------------------ refused before any work
+def _refused(project, args, code, *parts, env=None):
+    result = project.run(*args, env=env)
+    assert result.code == code, result.err
+    assert "Traceback" not in result.err and len(result.error_lines) == 1, result.err
+    for part in parts:
+        assert part in result.error_lines[0], result.error_lines[0]
+    assert not project.engines.exists()  # refused before any stage (or the lock) ran
+    return result.error_lines[0]
+
+
+def _npz(path, **arrays):
+    import numpy as np
+
+    np.savez(path, **arrays)
+    return path.name
+
+
+def test_a_bad_calibration_file_is_named_before_any_work(project):
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(0, 512, size=(4, 2, 16))
+    good = project.path / _npz(project.path / "good.npz", input_ids=ids)
+    (project.path / "cut.npz").write_bytes(good.read_bytes()[:300])
+    cases = {
+        "cut.npz": "not a readable .npz (BadZipFile",
+        _npz(project.path / "k1.npz", **{"in/input_ids": ids[0]}): "array `in/input_ids` is not named in/<sample index>/<input name>",
+        _npz(project.path / "k2.npz", **{"in/x/input_ids": ids[0]}): "array `in/x/input_ids` is not named",
+        _npz(project.path / "range.npz", input_ids=ids + 600): "outside the recipe's range 0..511",
+        _npz(project.path / "none.npz", input_ids=ids[:0]): "holds no samples",
+    }
+    for name, part in cases.items():
+        _refused(project, ("export", "standard-int8", "--set", f"data.calibration.file={name}"), 2,
+                 f"data.calibration.file {name}: ", part)
+
+
+def test_a_model_function_of_the_wrong_kind_is_a_recipe_error(project):
+    from pipeline import deps
+
+    if deps.has("transformers"):
+        _refused(project, ("export", "minilm", "--set", "model.transformers.pretrained=json:dumps"), 2,
+                 "model.transformers.pretrained: `json:dumps()` did not return a model directory (TypeError")
+    # a factory that raises is the recipe's to fix, like one that returns no module: exit 2
+    line = project.run("export", "standard", "--set", "model.zoo=null", "--set", "model.factory=json:dumps")
+    assert line.code == 2 and "Traceback" not in line.err and len(line.error_lines) == 1, line.err
+    assert "model.factory `json:dumps` failed" in line.error_lines[0]
+    assert not (project.engines / "standard" / "model.onnx").exists()
+
+
+def test_expectations_and_devices_are_checked_before_any_work(project):
+    from pipeline import deps
+
+    _refused(project, ("run", "standard", "--set", "expect.faster_than=[nosuch]"), 2,
+             "recipes/standard.yaml: expect.faster_than: unknown recipe `nosuch`")
+    if not deps.gpus():
+        _refused(project, ("run", "standard", "--set", "validate.device=cuda"), 2,
+                 "validate.device: cuda, but this machine has no NVIDIA GPU")
+
+
+def test_an_empty_engines_dir_is_refused(project):
+    result = project.run("run", "standard", "--engines-dir", "")
+    assert result.code == 2 and "'--engines-dir': is empty" in result.err
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PIPELINE_ENGINES": ""}
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard"], cwd=project.path,
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "PIPELINE_ENGINES" in proc.stderr
+    assert not (project.path / "standard").exists() and not project.engines.exists()
+
+
+def test_bench_refuses_itself_and_gives_the_other_recipe_the_same_set(project):
+    _refused(project, ("bench", "standard", "--vs", "standard"), 2, "bench --vs standard: `standard` against itself")
+    project.write("recipes/solo.yaml", "extends: standard.yaml\ntargets: [{kind: onnxruntime}]\n")
+    # valid for standard (two targets), not for solo (one): the --set reaches the other recipe
+    _refused(project, ("bench", "standard", "--vs", "solo", "--set", "targets.1.required=false"), 2,
+             "--set targets.1.required=false")
+
+
+def test_debug_keeps_exit_codes_and_every_command_takes_it(project):
+    (project.path / "empty").mkdir()
+    for args, code in ((("run", "no-such-recipe", "--debug"), 2), (("verify", "empty", "--debug"), 2),
+                       (("--debug", "verify", "empty"), 2), (("inspect", "nosuch.onnx", "--debug"), 2),
+                       (("recipes", "--debug"), 0)):
+        result = project.run(*args)
+        assert result.code == code, (args, result.err)
+        if code:
+            assert "Traceback" in result.err and len(result.error_lines) == 1, (args, result.err)
+
+
+def test_recipes_needs_a_folder_and_quantize_says_why_nothing_is_done(built_standard, project):
+    _refused(project, ("recipes", "--dir", str(project.path / "nosuch")), 2, "nosuch: no such folder")
+    result = built_standard.run("quantize", "standard", *FAST)
+    assert result.code == 0, result.err
+    assert "recipe `standard` has precision.mode fp32" in result.err
+
+
+def test_help_texts(project):
+    bare = project.run()
+    assert bare.code == 0 and "Usage: pipeline" in bare.out + bare.err
+    run_help = project.run("run", "--help").out
+    assert all(s in run_help for s in ("export", "optimize", "precision", "build", "baseline", "validate"))
+    assert "--target" not in project.run("export", "--help").out
+    assert "--target" in project.run("build", "--help").out
+    for command in ("compare", "deploy"):
+        text = project.run(command, "--help").out
+        assert "PIPELINE_ENGINES" in text, text
+    for command in ("verify", "inspect", "recipes", "deploy", "compare", "bench"):
+        assert "--debug" in project.run(command, "--help").out, command

@@ -317,3 +317,27 @@ def test_a_full_disk_is_one_error_line_and_changes_nothing(built_standard, tmp_p
     assert proc.returncode == 4, proc.stderr
     assert len(errors) == 1 and "File too large" in errors[0] and "Traceback" not in proc.stderr
     assert project.snapshot() == before
+
+
+def test_ctrl_c_says_what_is_kept_and_exits_130(built_standard, tmp_path):
+    """One SIGINT (Ctrl-C) while a run waits for the lock: the pipeline's own message, not
+    click's bare "Aborted.", and the folder as it was."""
+    project = Project(tmp_path)
+    shutil.copytree(built_standard.engines, project.engines)
+    folder = project.engines / "standard"
+    before = project.snapshot()
+    held = _hold_lock(folder)
+    try:
+        proc = popen(project, "run", "standard", *FAST, log="run.log")
+        wait_for(lambda: "waiting for pid" in (project.path / "run.log").read_text(), proc, timeout=120)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=60)
+    finally:
+        fcntl.flock(held, fcntl.LOCK_UN)
+        held.close()
+    err = (project.path / "run.log").read_text()
+    assert code == 130, err
+    assert "Interrupted; finished artifacts are kept, a rerun resumes." in err
+    assert "Aborted" not in err and "Traceback" not in err
+    (folder / ".lock").write_text("")  # the holder's pid, written by this test
+    assert project.snapshot() == before

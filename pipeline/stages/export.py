@@ -152,7 +152,9 @@ def _check_outputs(recipe: Recipe, model, args: tuple) -> None:
         with torch.no_grad():
             out = model(*args)
     except Exception as e:
-        raise StageFailed(f"the model fails on a feed of the recipe's inputs ({_first_line(e)})",
+        # Before any export work, so the recipe's `inputs` (or the model) is the cause: a user error.
+        raise RecipeError(f"{recipe.where}: inputs: the model fails on a feed of the recipe's inputs "
+                          f"({_first_line(e)})",
                           "check the inputs' dtype, shape and range against forward()") from e
     count = 1 if isinstance(out, torch.Tensor) else len(out) if isinstance(out, (tuple, list, dict)) else 0
     if count != len(recipe.outputs):
