@@ -61,14 +61,35 @@ def describe(path: Path) -> dict:
     }
 
 
+# ONNX Runtime contrib ops its fusions write in the *default* domain, where ONNX has no such
+# op (ORT registers these schemas there): the domain alone does not give them away.
+ORT_DEFAULT_DOMAIN_OPS = frozenset({
+    "SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "SkipLayerNormalization",
+    "EmbedLayerNormalization", "FastGelu", "BiasGelu", "QuickGelu", "FusedMatMul", "FusedGemm",
+    "FusedConv", "BiasAdd", "BiasSplitGelu",
+})
+
+
+def _default_opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+
+
 def foreign_ops(path: Path) -> dict[str, int]:
-    """Nodes outside the ONNX domains, by "domain.op" (e.g. ONNX Runtime's com.microsoft
-    contrib ops that the `ort_fusions` pass writes): what a plain-ONNX consumer cannot run."""
+    """Nodes a plain-ONNX consumer (TensorRT's parser) cannot run, by name: outside the ONNX
+    domains as "domain.op" (e.g. ONNX Runtime's com.microsoft contrib ops that the
+    `ort_fusions` pass writes), and, by op type alone, default-domain nodes that are no ONNX op
+    at the model's opset (ORT's SimplifiedLayerNormalization and the like, ORT_DEFAULT_DOMAIN_OPS)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    return dict(Counter(f"{n.domain}.{n.op_type}" for n in model.graph.node
-                        if n.domain not in ("", "ai.onnx")))
+    opset = _default_opset(model)
+    out: Counter = Counter()
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx"):
+            out[f"{n.domain}.{n.op_type}"] += 1
+        elif n.op_type in ORT_DEFAULT_DOMAIN_OPS or not onnx.defs.has(n.op_type, opset, ""):
+            out[n.op_type] += 1
+    return dict(out)
 
 
 def _numel(dims) -> int:

@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from types import SimpleNamespace
 
+import numpy as np
 import onnx
 import pytest
 from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromOnnxPath, SaveEngine
@@ -354,12 +355,54 @@ def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(buil
 
     folder = built_standard.engines / "standard"
     assert onnx_info.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
-    assert onnx_info.foreign_ops(folder / "optimized.onnx")["com.microsoft.GroupQueryAttention"] == 2
+    foreign = onnx_info.foreign_ops(folder / "optimized.onnx")
+    assert foreign["com.microsoft.GroupQueryAttention"] == 2
+    assert foreign["SimplifiedLayerNormalization"] == 1  # ORT's, in the default domain
     with pytest.raises(StageFailed) as error:
         trt_backend.check_parseable(folder / "optimized.onnx")
     message = str(error.value)
-    assert message.startswith("TensorRT cannot parse com.microsoft.GroupQueryAttention x2")
+    assert message.startswith("TensorRT cannot parse ") and "com.microsoft.GroupQueryAttention x2" in message
     assert "in optimized.onnx" in message and "\n" not in message
+
+
+def _norm_graph(op_type: str, opset: int, path, **attrs):
+    """x [2, 8] -> op_type(x, scale) in the default domain, saved to path."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    scale = numpy_helper.from_array(np.ones(8, np.float32), "scale")
+    node = helper.make_node(op_type, ["x", "scale"], ["y"], name="norm", **attrs)  # domain ""
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [scale])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_onnx_runtime_ops_in_the_default_domain_are_foreign_too(tmp_path):
+    """ORT registers SimplifiedLayerNormalization in the default domain (its fusions write it
+    there, no com.microsoft prefix); ONNX has no such op, TensorRT's parser neither."""
+    import onnxruntime as ort
+
+    from pipeline import onnx_info
+    from pipeline.errors import StageFailed
+
+    simplified = _norm_graph("SimplifiedLayerNormalization", 17, tmp_path / "simplified.onnx", axis=-1)
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    (y,) = ort.InferenceSession(str(simplified), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.allclose(y, x / np.sqrt((x**2).mean(-1, keepdims=True) + 1e-5), atol=1e-4)  # ORT runs it
+    assert onnx_info.foreign_ops(simplified) == {"SimplifiedLayerNormalization": 1}
+    with pytest.raises(StageFailed) as error:
+        trt_backend.check_parseable(simplified)
+    assert "SimplifiedLayerNormalization x1" in str(error.value)
+    assert "ONNX Runtime contrib ops in the default domain" in str(error.value)
+    # an ONNX op of the model's opset is not foreign: LayerNormalization (opset 17) ...
+    standard = _norm_graph("LayerNormalization", 17, tmp_path / "layernorm.onnx", axis=-1)
+    assert onnx_info.foreign_ops(standard) == {}
+    trt_backend.check_parseable(standard)
+    # ... but is before it exists (opset 16)
+    assert onnx_info.foreign_ops(_norm_graph("LayerNormalization", 16, tmp_path / "old.onnx")) == \
+        {"LayerNormalization": 1}
 
 
 def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, monkeypatch):

@@ -234,16 +234,20 @@ def check_parseable(onnx_path: Path) -> None:
     """StageFailed naming the ops TensorRT cannot parse, before any TensorRT work.
 
     The parser looks an op it does not know up as a plugin of the same name; ONNX Runtime's
-    contrib ops (com.microsoft: MultiHeadAttention, RotaryEmbedding, ...) have none, so the
-    build would fail deep in the parser ("Plugin not found"). run.py hands this target the
+    contrib ops (com.microsoft: MultiHeadAttention, RotaryEmbedding, ...; and those ORT writes
+    in the default domain, SimplifiedLayerNormalization, ...) have none, so the build would
+    fail deep in the parser ("Plugin not found"). run.py hands this target the
     graph of a chain without ORT-only passes (PLAIN_ONNX); what still is foreign came from
     elsewhere (the exporter, a custom pass) and is the user's to change.
     """
     foreign = onnx_info.foreign_ops(onnx_path)
     if foreign:
         ops = ", ".join(f"{op} x{n}" for op, n in sorted(foreign.items()))
-        raise StageFailed(f"TensorRT cannot parse {ops} in {Path(onnx_path).name}",
-                          "TensorRT imports ONNX-domain ops only: drop the pass or export "
+        bare = [op for op in foreign if "." not in op]
+        where = (f"; {', '.join(sorted(bare))}: ONNX Runtime contrib ops in the default domain, "
+                 "no ONNX op" if bare else "")
+        raise StageFailed(f"TensorRT cannot parse {ops} in {Path(onnx_path).name}{where}",
+                          "TensorRT imports ONNX ops only: drop the pass or export "
                           "option that writes these")
 
 

@@ -38,13 +38,40 @@ def baseline_opener(recipe: Recipe):
     return lambda: baseline_runner(recipe, models.load(recipe), baseline_device(recipe))
 
 
-def check_compatible(recipe: Recipe, other: Recipe) -> None:
-    """Both recipes' engines are timed on one feed: their inputs must be the same."""
+def _fmt_range(r) -> str:
+    return f"[{r[0]:g}, {r[1]:g})" if r is not None else "unbounded (standard normal)"
+
+
+def check_compatible(recipe: Recipe, other: Recipe, dims: list[dict[str, int]] | None = None) -> None:
+    """`recipe`'s feeds are timed on `other`'s engines too: RecipeError (exit 2) unless every
+    input has the same name and dtype, its values lie within `other`'s declared range (a
+    token id past the other's vocabulary would index out of its embedding), and its shape at
+    each timed point (`dims`: dim symbol -> size, default the opt point) lies within
+    `other`'s min..max."""
     mine = [(i.name, i.dtype) for i in recipe.inputs]
     theirs = [(i.name, i.dtype) for i in other.inputs]
     if mine != theirs:
         raise RecipeError(f"`{recipe.name}` and `{other.name}` have different inputs "
                           f"({mine} vs {theirs}); their engines cannot be timed on one feed")
+    problems = []
+    for a, b in zip(recipe.inputs, other.inputs):
+        if b.range is not None and a.dtype != "bool" and (
+                a.range is None or a.range[0] < b.range[0] or a.range[1] > b.range[1]):
+            problems.append(f"`{a.name}` values {_fmt_range(a.range)}, {other.name} takes "
+                            f"{_fmt_range(b.range)}")
+        for point in dims or [sweep.opt_dims(recipe)]:
+            shape = [d if isinstance(d, int) else point.get(d.name, d.opt) for d in a.shape]
+            limits = [(d, d) if isinstance(d, int) else (d.min, d.max) for d in b.shape]
+            if len(shape) != len(limits) or any(not lo <= n <= hi for n, (lo, hi) in zip(shape, limits)):
+                allowed = "[" + ", ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in limits) + "]"
+                problems.append(f"`{a.name}` shape {shape}, {other.name} takes {allowed}")
+                break
+    if problems:
+        raise RecipeError(
+            f"`{recipe.name}`'s timing feed, which `{other.name}`'s engines are timed on too, does "
+            f"not fit `{other.name}`'s inputs: " + "; ".join(problems),
+            f"put the recipe with the narrower inputs first (e.g. `{other.name}` before "
+            f"`{recipe.name}`), or give both recipes the same inputs")
 
 
 def _timing_feed(recipe: Recipe):
@@ -93,7 +120,7 @@ def bench(recipe: Recipe, engines: dict[str, Path], other: Recipe | None = None,
         openers[f"{recipe.name}/{tid}"] = engine_opener(recipe, targets[tid], path)
         pairs.append((f"{recipe.name}/{BASELINE}", f"{recipe.name}/{tid}"))
     if other is not None:
-        check_compatible(recipe, other)
+        check_compatible(recipe, other, [dims for _, dims, _ in sweep.shapes(recipe, feed)])
         others = {t.id: t for t in other.targets}
         openers[f"{other.name}/{BASELINE}"] = baseline_opener(other)
         pairs.append((f"{other.name}/{BASELINE}", f"{recipe.name}/{BASELINE}"))

@@ -2,7 +2,9 @@
 
 A tag is raised only with evidence from the measurements: a category whose time grew by a
 meaningful share of A's total, fused attention that A has and B lost, an effective
-precision below the one B asked for. Each tag carries the numbers that raised it.
+precision below the one B asked for. Each tag carries the numbers that raised it. When A and
+B are different models (parameter count or timed shape), that comes first and the other
+tags are marked secondary: a bigger model's extra time says nothing about its precision.
 """
 
 from __future__ import annotations
@@ -41,9 +43,36 @@ def category_deltas(a: dict, b: dict) -> list[dict]:
     return rows
 
 
+def _nbits_words(nbits: dict | None) -> str:
+    """What B's MatMulNBits compute, from their accuracy_level (read from the engine graph)."""
+    levels = {int(k) for k in (nbits or {}).get("accuracy_levels", {})}
+    if not levels:
+        return "low-bit weights dequantized inside every matrix multiply"
+    if min(levels) >= 4:
+        return ("4-bit weights dequantized and activations quantized to int8 per block inside "
+                "every matrix multiply, accuracy_level 4")
+    if max(levels) < 4:
+        return ("low-bit weights dequantized inside every matrix multiply, products in float, "
+                f"accuracy_level {'/'.join(str(x) for x in sorted(levels))}")
+    return f"mixed accuracy levels: {nbits['compute']}"
+
+
+def size_tag(models_differ: str | None) -> list[dict]:
+    """First tag when A and B are different models: then size, not precision, explains."""
+    if not models_differ:
+        return []
+    return [{"tag": "different model (size or timed shape)", "evidence": models_differ}]
+
+
 def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
-         effective_b: dict | None = None) -> list[dict]:
-    """Likely causes of B's extra time, each with its evidence (empty when B is not slower)."""
+         effective_b: dict | None = None, nbits_b: dict | None = None,
+         models_differ: str | None = None) -> list[dict]:
+    """Likely causes of B's extra time, each with its evidence (empty when B is not slower).
+
+    `nbits_b`: effective.nbits_summary of B's engine. `models_differ`: why A and B are not the
+    same model (compare says so up front); the size tag then comes first and the rest are
+    marked secondary, since a bigger model's extra time is no evidence about its precision.
+    """
     by_cat = {r["category"]: r for r in deltas}
     out = []
 
@@ -58,11 +87,12 @@ def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
     if grew("quantize/dequantize"):
         out.append({"tag": "Q/DQ or dequantization overhead", "evidence": evidence("quantize/dequantize")})
     elif ops_b["MatMulNBits"] > ops_a["MatMulNBits"] and grew("matmul/conv"):
-        # weight-only low-bit MatMuls dequantize their weights inside the kernel: the cost
-        # shows up as matrix-multiply time, not as separate DequantizeLinear nodes
+        # low-bit MatMuls dequantize their weights (and, at accuracy_level 4, quantize their
+        # activations) inside the kernel: the cost shows up as matrix-multiply time, not as
+        # separate DequantizeLinear nodes
         out.append({"tag": "Q/DQ or dequantization overhead",
-                    "evidence": f"{ops_b['MatMulNBits']} MatMulNBits (low-bit weights dequantized "
-                                "inside every matrix multiply); " + evidence("matmul/conv")})
+                    "evidence": f"{ops_b['MatMulNBits']} MatMulNBits ({_nbits_words(nbits_b)}); "
+                                + evidence("matmul/conv")})
     fused_a = sum(ops_a[o] for o in FUSED_ATTENTION)
     fused_b = sum(ops_b[o] for o in FUSED_ATTENTION)
     if fused_b < fused_a:
@@ -73,14 +103,20 @@ def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
         out.append({"tag": "casts and reformats", "evidence": evidence("cast/reformat")})
     if effective_b and effective_b.get("share") is not None and effective_b.get("required") is not None \
             and effective_b["share"] < effective_b["required"]:
+        bar = effective_b.get("bar") or "the recipe's require_effective_precision"
         out.append({"tag": "float fallback",
-                    "evidence": f"{effective_b['share']:.0%} of MatMul/Gemm work in "
-                                f"{effective_b.get('precision', 'the requested precision')}, "
-                                f"{effective_b['required']:.0%} required"})
+                    "evidence": f"{effective_b['share']:.0%} of "
+                                f"{effective_b.get('scope', 'MatMul/Gemm FLOPs')} in integer kernels "
+                                f"(engine precision {effective_b.get('precision') or '?'}), below "
+                                f"the {effective_b['required']:.0%} bar ({bar})"})
     if grew("gather/scatter/where"):
         out.append({"tag": "sparse-attention index overhead", "evidence": evidence("gather/scatter/where")})
     if grew("matmul/conv"):
         out.append({"tag": "more matrix-multiply time", "evidence": evidence("matmul/conv")})
     if grew("elementwise"):
         out.append({"tag": "more elementwise work (unfused or added ops)", "evidence": evidence("elementwise")})
+    if models_differ:
+        for t in out:
+            t["secondary"] = True
+        return size_tag(models_differ) + out
     return out

@@ -18,7 +18,13 @@ from pipeline.store import write_atomic
 
 # ------------------------------------------------------------------ tables as rows
 ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "top-1",
-                  "p50 ms", "p99 ms", "req/s", "peak RSS MB", "engine MB", "build s"]
+                  "p50 ms", "p99 ms", "req/s (1000/p50, 1 stream)", "peak RSS MiB (validate process)",
+                  "engine MiB", "build s"]
+ENGINE_NOTE = ("Accuracy: each engine against its own recipe's PyTorch baseline (validation feeds). "
+               "p50, p99: the interleaved run below; req/s = 1000 / p50, one request at a time "
+               "(single stream, no batching of requests). Peak RSS: the whole validate process of "
+               "that engine (PyTorch baseline, engine session and the harness together), MiB. "
+               "Engine: the engine file, MiB.")
 
 
 def engine_rows(result: dict) -> list[list[str]]:
@@ -68,12 +74,46 @@ def layer_rows(explained: dict) -> list[list[str]]:
 
 def cause_line(versus: dict) -> str:
     """One line: the likely causes when B is slower; what grew anyway when it is not."""
+    if versus.get("models_differ"):
+        rest = "; ".join(t["tag"] for t in versus["tags"] if t.get("secondary"))
+        return (f"{versus.get('verdict')}, but A and B are different models (first tag): the "
+                "difference in time is first the models' own, not evidence about precision"
+                + (f"; secondary, what else grew: {rest}" if rest else ""))
     tags = "; ".join(t["tag"] for t in versus["tags"])
     if versus.get("verdict") == "slower":
         return f"slower, likely causes: {tags or 'no single category grew by 5% of the total'}"
     if not tags:
         return f"not slower ({versus.get('verdict')}); no category grew by 5% of the total"
     return f"not slower ({versus.get('verdict')}), though these grew: {tags}"
+
+
+def profile_vs_measured(versus: dict) -> str | None:
+    """The profiled totals beside the measured p50s: they differ, and the reader must know."""
+    total = versus.get("profiled_total_us")
+    if not total:
+        return None
+    a, b = total["a"], total["b"]
+    line = (f"Profiled totals (kernel time summed over nodes, ORT profiler on): A {a:.0f} us, "
+            f"B {b:.0f} us per request ({b / a if a else float('nan'):.2f}x)")
+    m = versus.get("measured")
+    if m:
+        lo, hi = m["ci95"]
+        line += (f"; measured without the profiler (interleaved p50s above): A {m['a_p50_ms']:.3f} ms, "
+                 f"B {m['b_p50_ms']:.3f} ms, B time / A time {m['time_ratio']:.2f}x [{lo:.2f}, {hi:.2f}]")
+    return (line + ". Profiling adds a cost to every node, so it inflates graphs of many small "
+            "nodes more (see the node counts): read the categories as where the time goes, and "
+            "the speed from the measured ratio.")
+
+
+def models_line(result: dict) -> str | None:
+    """Each model's size and opt shape, one line (compare.json schema 2)."""
+    info = result.get("models")
+    if not info:
+        return None
+    return "Models: " + "; ".join(
+        f"`{name}` {m['parameters']:,} parameters, opt {' '.join(f'{k}={v}' for k, v in m['opt_dims'].items())}"
+        if m.get("parameters") else f"`{name}` parameters unknown"
+        for name, m in info.items()) + "."
 
 
 # ------------------------------------------------------------------ terminal
@@ -87,11 +127,13 @@ def tables(result: dict) -> list[Table]:
         return t
 
     ref = result["reference"]
-    out = [table("engines side by side", ENGINE_HEADERS, engine_rows(result)),
+    out = [table("engines side by side", ENGINE_HEADERS, engine_rows(result),
+                 caption=" ".join(x for x in (models_line(result), *_differ_lines(result)) if x)),
            table(f"speed vs {ref} (interleaved, one process)", VERDICT_HEADERS, verdict_rows(result))]
     for name, v in result["time_explained"]["versus"].items():
         out.append(table(f"where the time went: {name} vs {ref} (ONNX Runtime profile)",
-                         DELTA_HEADERS, delta_rows(v), caption=cause_line(v)))
+                         DELTA_HEADERS, delta_rows(v),
+                         caption=" ".join(x for x in (cause_line(v), profile_vs_measured(v)) if x)))
     for name, e in result["error_explained"].items():
         out.append(table(f"where the error came from: {name} (first diverging layers)",
                          LAYER_HEADERS, layer_rows(e)))
@@ -135,21 +177,31 @@ def _md_table(headers, rows) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def _differ_lines(result: dict) -> list[str]:
+    return [f"NOT THE SAME MODEL: {name} vs {result['reference']}: {why}; its slowdown or speedup "
+            "is first the model's size, not its precision or graph."
+            for name, why in (result.get("models_differ") or {}).items()]
+
+
 def markdown(result: dict, images: dict[str, str]) -> str:
     ref = result["reference"]
     lines = [f"# compare: {' vs '.join(result['recipes'])}", "", f"created {result['created']}; "
-             f"reference (A) = `{ref}`; shared engines: {', '.join(result['shared_targets']) or 'none'}", "",
-             "## Engines side by side", "", *_md_table(ENGINE_HEADERS, engine_rows(result)), "",
-             "Accuracy: each engine against its own recipe's PyTorch baseline (validation feeds). "
-             "Latency and req/s: the interleaved run below.", "",
+             f"reference (A) = `{ref}`; shared engines: {', '.join(result['shared_targets']) or 'none'}", ""]
+    lines += [x for line in (models_line(result), *_differ_lines(result)) if line
+              for x in (f"**{line}**" if line.startswith("NOT") else line, "")]
+    lines += ["## Engines side by side", "", *_md_table(ENGINE_HEADERS, engine_rows(result)), "",
+              ENGINE_NOTE, "",
              f"## Speed vs {ref}", "", *_md_table(VERDICT_HEADERS, verdict_rows(result)), "",
              f"How: {result['method']['timing']}.", ""]
     if "latency" in images:
         lines += [f"![latency distributions]({images['latency']})", ""]
     for name, v in result["time_explained"]["versus"].items():
-        lines += [f"## Where the time went: {name} vs {ref}", "", *_md_table(DELTA_HEADERS, delta_rows(v)), "",
-                  f"**{cause_line(v)}**", ""]
-        lines += [f"- **{t['tag']}**: {t['evidence']}" for t in v["tags"]]
+        lines += [f"## Where the time went: {name} vs {ref}", "", *_md_table(DELTA_HEADERS, delta_rows(v)), ""]
+        if profile_vs_measured(v):
+            lines += [profile_vs_measured(v), ""]
+        lines += [f"**{cause_line(v)}**", ""]
+        lines += [f"- **{t['tag']}**{' (secondary)' if t.get('secondary') else ''}: {t['evidence']}"
+                  for t in v["tags"]]
         lines += ["", f"How: {result['method']['profiles']}.", ""]
     if "categories" in images:
         lines += [f"![time by category]({images['categories']})", ""]
@@ -180,7 +232,10 @@ def page(result: dict, pngs: dict[str, Path]) -> str:
     img = {k: "data:image/png;base64," + base64.b64encode(p.read_bytes()).decode() for k, p in pngs.items()}
     parts = [f"<h1>compare: {html.escape(' vs '.join(result['recipes']))}</h1>",
              f"<p class=how>created {result['created']}; reference (A) = {html.escape(ref)}</p>",
+             *(f"<p class=how>{html.escape(x)}</p>" for x in (models_line(result),) if x),
+             *(f"<p class=tag>{html.escape(x)}</p>" for x in _differ_lines(result)),
              "<h2>Engines side by side</h2>", _html_table(ENGINE_HEADERS, engine_rows(result), "engines"),
+             f"<p class=how>{html.escape(ENGINE_NOTE)}</p>",
              f"<h2>Speed vs {html.escape(ref)}</h2>", _html_table(VERDICT_HEADERS, verdict_rows(result), "verdicts"),
              f"<p class=how>{html.escape(result['method']['timing'])}</p>"]
     if "latency" in img:
@@ -188,8 +243,10 @@ def page(result: dict, pngs: dict[str, Path]) -> str:
     for name, v in result["time_explained"]["versus"].items():
         parts += [f"<h2>Where the time went: {html.escape(name)} vs {html.escape(ref)}</h2>",
                   _html_table(DELTA_HEADERS, delta_rows(v), f"delta-{html.escape(name)}"),
+                  *(f"<p class=how>{html.escape(x)}</p>" for x in (profile_vs_measured(v),) if x),
                   f"<p class=tag>{html.escape(cause_line(v))}</p><ul>"]
-        parts += [f"<li><span class=tag>{html.escape(t['tag'])}</span>: {html.escape(t['evidence'])}</li>"
+        parts += [f"<li><span class=tag>{html.escape(t['tag'])}</span>"
+                  f"{' (secondary)' if t.get('secondary') else ''}: {html.escape(t['evidence'])}</li>"
                   for t in v["tags"]]
         parts.append("</ul>")
     if "categories" in img:

@@ -1,26 +1,46 @@
-"""Effective precision: which MatMul/Gemm FLOPs ONNX Runtime really runs in integer kernels.
+"""Effective precision: which matrix-multiply FLOPs ONNX Runtime really runs in integer kernels.
 
 A Q/DQ graph says what *may* run in int8; ONNX Runtime's graph optimizer decides what
 does. Where it finds no integer kernel for a Q/DQ group, the float MatMul stays between
 DequantizeLinear and QuantizeLinear ("fake quantized"): int8 accuracy, float speed, plus
 the Q/DQ overhead. This runs the engine (the saved session-optimized graph) once with
-ORT's profiler and attributes each MatMul-family kernel's FLOPs, from the shapes it
-actually ran with, to one of: integer, fake-quantized float, float.
+ORT's profiler and attributes each kernel's FLOPs, from the shapes it actually ran with, to
+one of: integer, fake-quantized float, float, attention (float).
 
-FLOPs of one kernel = 2 * numel(Y) * K, with K = numel(A) * N / numel(Y) (A the first input,
-N the last dim of Y): right for MatMul, Gemm, FusedMatMul and the quantized variants,
-transposed or not, as long as A is not broadcast.
+- MatMul family: FLOPs of one kernel = 2 * numel(Y) * K, with K = numel(A) * N / numel(Y)
+  (A the first input, N the last dim of Y): right for MatMul, Gemm, FusedMatMul and the
+  quantized variants, transposed or not, as long as A is not broadcast.
+- MatMulNBits (low-bit weights) is integer compute only at `accuracy_level` 4: ORT's
+  documented levels are 0 unset (fp32), 1 fp32, 2 fp16, 3 bf16, 4 int8 -- the level at
+  which the activation A is quantized (per block, at run time) or down-cast. Below 4 the
+  weights are dequantized and the product runs in float. ORT's DQ -> MatMulNBits fusion
+  writes level 4 by default (session config `session.qdq_matmulnbits_accuracy_level`), so
+  the level is read from the engine's graph, never assumed from the op name.
+- Fused attention (MultiHeadAttention, GroupQueryAttention, ...): QK^T and probabilities x V
+  are activation x activation products that run in float. Per node: 4 * numel(Y) * L (Y the
+  attention output [B, S, heads * head_size], L the key length: 2 * B*S*L*D for each
+  product), dense (the CPU kernels compute the full S x L scores and mask them). Attention
+  and QAttention also hold their input projection (counted like a MatMul: float, integer).
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 INTEGER = {"QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-           "MatMulNBits", "QGemm", "MatMulBnb4", "QAttention", "DynamicQuantizeLSTM"}
+           "QGemm", "MatMulBnb4", "QAttention", "DynamicQuantizeLSTM"}
 FLOAT = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulFloat8"}
+NBITS = "MatMulNBits"  # integer or float by its accuracy_level attribute
+ATTENTION = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
+             "PackedMultiHeadAttention", "SparseAttention", "QAttention"}
+# ORT's documented accuracy_level of MatMulNBits: the type input A is computed in
+ACCURACY_LEVELS = {0: "fp32", 1: "fp32", 2: "fp16", 3: "bf16", 4: "int8"}
+INT8_LEVEL = 4
+KINDS = ("integer", "fake_quantized", "float", "attention")
+SCOPE = "matrix-multiply FLOPs (MatMul/Gemm family, and attention's QK^T and PV products)"
 
 
 def _numel(shape: list[int]) -> int:
@@ -31,6 +51,66 @@ def _shapes(entries: list[dict]) -> list[list[int]]:
     return [next(iter(e.values())) for e in entries]
 
 
+def _attr(node, name: str, default=None):
+    return next((a.i for a in node.attribute if a.name == name), default)
+
+
+def nbits_levels(graph) -> dict[str, int]:
+    """MatMulNBits node name -> accuracy_level (0 when the attribute is absent: ORT's default)."""
+    return {n.name: int(_attr(n, "accuracy_level", 0)) for n in graph.node if n.op_type == NBITS}
+
+
+def nbits_summary(levels: dict[str, int]) -> dict | None:
+    """What the engine's MatMulNBits nodes compute in, from their accuracy_level."""
+    if not levels:
+        return None
+    counts = Counter(levels.values())
+    parts = []
+    for level, n in sorted(counts.items()):
+        a = ACCURACY_LEVELS.get(level, f"level {level}")
+        parts.append(f"{n} at accuracy_level {level}: "
+                     + ("activations quantized to int8 per block at run time, integer products"
+                        if level >= INT8_LEVEL else f"weights dequantized, products in {a}"))
+    return {"nodes": len(levels), "accuracy_levels": {str(k): v for k, v in sorted(counts.items())},
+            "activations": sorted({ACCURACY_LEVELS.get(k, f"level {k}") for k in counts}),
+            "compute": "; ".join(parts)}
+
+
+def accuracy_levels(onnx_path: Path) -> dict | None:
+    """nbits_summary of one ONNX file (None when it has no MatMulNBits)."""
+    import onnx
+
+    return nbits_summary(nbits_levels(onnx.load(str(onnx_path), load_external_data=False).graph))
+
+
+def _key_length(inputs: list[list[int]], outputs: list[list[int]], y: list[int]) -> int:
+    """L of a fused attention kernel: present_key [B, N, L, H] (or Attention's present
+    [2, B, N, L, H]), else the key input ([B, N, L, H] or [B, L, D]), else S."""
+    for shape in outputs[1:]:
+        if len(shape) == 4:
+            return shape[2]
+        if len(shape) == 5:
+            return shape[3]
+    if len(inputs) > 1 and len(inputs[1]) in (3, 4):
+        return inputs[1][2] if len(inputs[1]) == 4 else inputs[1][1]
+    return y[1] if len(y) >= 2 else 1
+
+
+def _kernel_flops(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> list[tuple[str, float]]:
+    """(part, FLOPs) of one kernel run: part "matmul" or "attention"."""
+    a, y = inputs[0] if inputs else [], outputs[0] if outputs else []
+    if not y or not a or _numel(y) == 0:
+        return []
+    out = []
+    if op in ATTENTION:
+        out.append(("attention", 4.0 * _numel(y) * _key_length(inputs, outputs, y)))
+        if op in ("Attention", "QAttention") and len(inputs) > 1 and len(inputs[1]) == 2:
+            out.append(("matmul", 2.0 * _numel(a) * inputs[1][-1]))  # the fused QKV projection
+        return out
+    k = _numel(a) * y[-1] / _numel(y)
+    return [("matmul", 2.0 * _numel(y) * k)]
+
+
 def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
     import onnx
     import onnxruntime as ort
@@ -39,6 +119,7 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
     producer = {o: n for n in graph.node for o in n.output}
     fed_by_dq = {n.name: any(getattr(producer.get(i), "op_type", "") == "DequantizeLinear"
                              for i in n.input[:2]) for n in graph.node}
+    levels = nbits_levels(graph)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # already optimized
@@ -51,8 +132,13 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
     profile = Path(session.end_profiling())
     events = json.loads(profile.read_text())
     profile.unlink()
+    return summarize(events, fed_by_dq, levels, {k: list(v.shape) for k, v in feed.items()})
 
-    flops = {"integer": 0.0, "fake_quantized": 0.0, "float": 0.0}
+
+def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, int],
+              feed_shapes: dict) -> dict:
+    """Fold one request's profile events into FLOPs by kind (measure(), without a session)."""
+    flops = dict.fromkeys(KINDS, 0.0)
     by_op: dict[str, float] = {}
     float_nodes: list[dict] = []
     seen = set()
@@ -60,43 +146,55 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
         args = event.get("args") or {}
         op = args.get("op_name")
         name = event.get("name", "").removesuffix("_kernel_time")
-        if event.get("cat") != "Node" or op not in INTEGER | FLOAT or name in seen:
+        if event.get("cat") != "Node" or op not in INTEGER | FLOAT | ATTENTION | {NBITS} or name in seen:
             continue
         if not event.get("name", "").endswith("_kernel_time"):
             continue
         seen.add(name)
-        a, y = _shapes(args["input_type_shape"])[0], _shapes(args["output_type_shape"])[0]
-        if not y or not a or _numel(y) == 0:
-            continue
-        k = _numel(a) * y[-1] / _numel(y)
-        f = 2.0 * _numel(y) * k
-        kind = "integer" if op in INTEGER else "fake_quantized" if fed_by_dq.get(name) else "float"
-        flops[kind] += f
-        by_op[op] = by_op.get(op, 0.0) + f
-        if kind != "integer":
-            float_nodes.append({"node": name, "op": op, "kind": kind, "mflops": round(f / 1e6, 3)})
+        parts = _kernel_flops(op, _shapes(args["input_type_shape"]), _shapes(args["output_type_shape"]))
+        for part, f in parts:
+            if part == "attention":
+                kind, label = "attention", f"{op} (QK^T, PV)"
+            elif op == NBITS:
+                level = levels.get(name, 0)
+                kind = "integer" if level >= INT8_LEVEL else "float"
+                label = f"{op} (accuracy_level {level})"
+            else:
+                kind = ("integer" if op in INTEGER else
+                        "fake_quantized" if fed_by_dq.get(name) else "float")
+                label = op
+            flops[kind] += f
+            by_op[label] = by_op.get(label, 0.0) + f
+            if kind != "integer":
+                float_nodes.append({"node": name, "op": label, "kind": kind, "mflops": round(f / 1e6, 3)})
     total = sum(flops.values())
     float_nodes.sort(key=lambda n: -n["mflops"])
     return {
         "integer_share": flops["integer"] / total if total else 0.0,
+        "scope": SCOPE,
         "mflops": {k: round(v / 1e6, 3) for k, v in flops.items()},
         "by_op_mflops": {k: round(v / 1e6, 3) for k, v in sorted(by_op.items())},
         "largest_non_integer": float_nodes[:5],
         "non_integer_nodes": len(float_nodes),
-        "feed_shapes": {k: list(v.shape) for k, v in feed.items()},
+        "matmulnbits": nbits_summary(levels),
+        "feed_shapes": feed_shapes,
         "method": "ORT profiler on the engine (session-optimized graph), one request at the opt "
-                  "shape; MatMul-family kernels only",
+                  "shape; FLOPs from the shapes each kernel ran with: MatMul family 2*M*N*K, "
+                  "fused attention 4*numel(output)*key length (QK^T and PV, dense, float); "
+                  "MatMulNBits counts as integer only at accuracy_level 4 (int8 activations)",
     }
 
 
 def gate(result: dict, required: float) -> dict:
     share = result["integer_share"]
-    detail = f"{share:.3f} of MatMul/Gemm FLOPs in integer kernels >= {required:g}"
+    scope = "matrix-multiply FLOPs (attention products included)"
+    detail = f"{share:.3f} of {scope} in integer kernels >= {required:g}"
     if share < required:
         worst = ", ".join(f"{n['node']} ({n['op']}, {n['kind'].replace('_', '-')}, {n['mflops']:g} MFLOP)"
                           for n in result["largest_non_integer"][:3])
-        detail = (f"only {share:.3f} of MatMul/Gemm FLOPs run in integer kernels (< {required:g}); "
-                  f"{result['non_integer_nodes']} MatMul kernels run in float, largest: {worst}. "
+        detail = (f"only {share:.3f} of {scope} run in integer kernels (< {required:g}); "
+                  f"{result['non_integer_nodes']} kernels run in float, largest: {worst}. "
                   "fake-quantized = Q/DQ around a float kernel (ORT found no integer kernel for "
-                  "the group); float = excluded or not quantized")
+                  "the group); float = excluded, not quantized, or MatMulNBits below "
+                  "accuracy_level 4; attention = QK^T and PV inside fused attention")
     return {"name": "effective_precision", "passed": share >= required, "detail": detail}

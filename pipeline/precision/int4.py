@@ -7,7 +7,10 @@ parses (INT4 weight-only GEMM from block-quantized DequantizeLinear) while it ha
 MatMulNBits; and ONNX Runtime runs it anyway, fusing DequantizeLinear -> MatMul into its
 MatMulNBits kernel during graph optimization (checked by effective.py on the engine).
 Symmetric blocks (zero point 0), one FP32 scale per `block_size` weights along K.
-Activations stay float.
+Activations stay float in this graph, but not necessarily in the engine: ORT's fusion writes
+MatMulNBits with accuracy_level 4 by default (session config
+`session.qdq_matmulnbits_accuracy_level`), which quantizes each MatMul's activations to int8
+per block at run time. effective.py reads the level from the engine and reports it.
 """
 
 from __future__ import annotations

@@ -53,13 +53,23 @@ def markdown(p: dict) -> list[str]:
 
 def effective_markdown(e: dict) -> list[str]:
     m = e["mflops"]
+    if "attention" in m:  # since attention products are counted (effective.SCOPE)
+        scope = ("of matrix-multiply FLOPs in integer kernels, attention's QK^T and PV products "
+                 "included")
+        attention = f", attention products (float) {m['attention']:g}"
+    else:  # a report written before: projection MatMul/Gemm only
+        scope, attention = "of projection MatMul/Gemm FLOPs in integer kernels (attention products excluded)", ""
     lines = ["", f"Effective precision (ONNX Runtime, after its graph optimization): "
-             f"**{e['integer_share']:.1%}** of MatMul/Gemm FLOPs in integer kernels "
+             f"**{e['integer_share']:.1%}** {scope} "
              f"(integer {m['integer']:g}, fake-quantized float {m['fake_quantized']:g}, float "
-             f"{m['float']:g} MFLOP per request at {e['feed_shapes']}); by kernel: "
+             f"{m['float']:g}{attention} MFLOP per request at {e['feed_shapes']}); by kernel: "
              + ", ".join(f"{k} {v:g}" for k, v in e["by_op_mflops"].items()) + "."]
+    nbits = e.get("matmulnbits")
+    if nbits:
+        lines.append(f"MatMulNBits kernels ({nbits['nodes']}, accuracy_level read from the engine's "
+                     f"graph): {nbits['compute']}.")
     if e["largest_non_integer"]:
-        lines.append("Largest non-integer MatMuls: " + ", ".join(
+        lines.append("Largest non-integer kernels: " + ", ".join(
             f"`{n['node']}` ({n['op']}, {n['kind']}, {n['mflops']:g} MFLOP)"
             for n in e["largest_non_integer"]) + ".")
     return lines

@@ -2,13 +2,17 @@
 
     pipeline compare standard flash-int8 [...]
 
-1. Each recipe is run up to its report (cached stages are reused).
+0. The first recipe's timing feed must fit every other recipe's inputs (exit 2 otherwise).
+1. Each recipe is run up to its report (cached stages are reused). Up front: each model's
+   parameters and opt shape; where a recipe's model is not the first's (parameters 2x
+   apart, another opt shape), compare says so and ranks that first among the causes.
 2. Speed: every engine the recipes share (by target id), and each recipe's PyTorch baseline,
    timed interleaved in one process at the first recipe's opt shape; each other recipe is
    compared with the first (B time / A time, 95% interval over the interleaved rounds, verdict).
 3. Where the time went: ONNX Runtime per-node profiles of each recipe's onnxruntime engine,
    grouped into categories; the per-category delta to the first recipe, and tags naming the
-   likely causes (explain.causes).
+   likely causes (explain.causes). The profiled totals are stated beside the measured p50s:
+   the profiler adds a cost per node, so it inflates graphs of many small nodes.
 4. Where the error came from: for a recipe with a precision stage, intermediate tensors of
    its typed graph against the float graph it was made from (explain.layers).
 
@@ -28,7 +32,7 @@ from pipeline.recipe import Recipe
 from pipeline.stages.build import engine_name
 from pipeline.store import Store, now
 
-SCHEMA = 1
+SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
 PROFILED_KIND = "onnxruntime"
 
 
@@ -48,14 +52,73 @@ def _graph_before_precision(store: Store) -> tuple[Path, Path] | None:
     return store.dir / before, store.dir / stages["precision"]["outputs"][0]
 
 
+# The effective-precision bar of the "float fallback" tag when the recipe sets none.
+DEFAULT_EFFECTIVE_BAR = 0.9
+# Parameter counts further apart than this make A and B different models, not variants.
+MODEL_SIZE_RATIO = 2.0
+
+
 def _effective(entry: dict, recipe: Recipe) -> dict | None:
+    """Effective precision of B's engine against the bar the "float fallback" tag uses: the
+    recipe's require_effective_precision on the share its gate judges (attention products
+    included), else DEFAULT_EFFECTIVE_BAR on the projections' share (attention products are
+    never quantized, so they are no fallback), each saying which it is."""
     eff = entry.get("effective_precision")
     spec = getattr(recipe, "precision", None)
     if not eff or "integer_share" not in eff:
         return None
     required = getattr(spec, "require_effective_precision", None)
-    return {"share": eff["integer_share"], "required": required if required is not None else 0.9,
+    if required is not None:
+        return {"share": eff["integer_share"], "required": required,
+                "scope": "matrix-multiply FLOPs (attention products included)"
+                         if "attention" in eff["mflops"] else "MatMul/Gemm FLOPs",
+                "bar": "the recipe's precision.require_effective_precision",
+                "precision": entry.get("precision")}
+    m = eff["mflops"]
+    projections = m["integer"] + m["fake_quantized"] + m["float"]
+    return {"share": m["integer"] / projections if projections else 0.0,
+            "required": DEFAULT_EFFECTIVE_BAR,
+            "scope": "projection MatMul/Gemm FLOPs (attention products excluded)",
+            "bar": f"compare's default bar: `{recipe.name}` sets no precision.require_effective_precision",
             "precision": entry.get("precision")}
+
+
+def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
+    """Per recipe: parameters of its exported model (ONNX initializer elements) and its own
+    opt shape (the dims it is tuned for)."""
+    from pipeline import onnx_info
+
+    out = {}
+    for r in recipes:
+        store = Store(root, r.name)
+        export = store.manifest["stages"].get("export")
+        params = None
+        if export:
+            params = onnx_info.describe(store.dir / export["outputs"][0])["parameters"]
+        out[r.name] = {"parameters": params, "opt_dims": sweep.opt_dims(r),
+                       "description": r.description}
+    return out
+
+
+def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> dict[str, str]:
+    """recipe -> why it is not the same model as the first one at the timed shape (only
+    recipes that differ): parameters MODEL_SIZE_RATIO or more apart, or another opt shape."""
+    first = recipes[0].name
+    a = info[first]
+    out = {}
+    for r in recipes[1:]:
+        b = info[r.name]
+        why = []
+        pa, pb = a["parameters"], b["parameters"]
+        if pa and pb and max(pa, pb) / min(pa, pb) >= MODEL_SIZE_RATIO:
+            why.append(f"`{r.name}`'s model has {pb / pa:.1f}x the parameters of `{first}`'s "
+                       f"({pb:,} vs {pa:,}, initializer elements of the exported ONNX)")
+        if b["opt_dims"] != a["opt_dims"]:
+            why.append(f"both are timed at `{first}`'s opt shape ({sweep.label(a['opt_dims'])}); "
+                       f"`{r.name}` is tuned for {sweep.label(b['opt_dims'])}")
+        if why:
+            out[r.name] = "; ".join(why)
+    return out
 
 
 def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
@@ -96,9 +159,24 @@ def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tupl
     return result, samples, shared
 
 
-def explain_time(recipes: list[Recipe], reports: dict[str, dict], verdicts: dict[str, str]) -> dict:
+def _measured(timed: dict, a: str, b: str) -> dict | None:
+    """The interleaved timing's p50s and ratio of runners a and b (no profiler attached)."""
+    shape = timed["shapes"][0]
+    c = next((c for c in shape["comparisons"] if c["a"] == a and c["b"] == b), None)
+    lat = shape["latency_ms"]
+    if c is None or a not in lat or b not in lat:
+        return None
+    return {"a_p50_ms": lat[a]["p50"], "b_p50_ms": lat[b]["p50"], "time_ratio": c["time_ratio"],
+            "ci95": c["ci95"], "verdict": c["verdict"]}
+
+
+def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
+                 differ: dict[str, str] | None = None) -> dict:
     """Profiles of each recipe's onnxruntime engine (taking turns); deltas and tags vs the
-    first recipe. `verdicts`: recipe -> speed verdict of its engine vs the first's."""
+    first recipe, beside the interleaved timing of the same engines (`timed`). `differ`:
+    recipe -> why its model is not the first's (model_differences)."""
+    from pipeline.precision import effective
+
     first = recipes[0]
     entries = {r.name: next((e for e in _built(reports[r.name]).values() if e["kind"] == PROFILED_KIND), None)
                for r in recipes}
@@ -111,6 +189,7 @@ def explain_time(recipes: list[Recipe], reports: dict[str, dict], verdicts: dict
                                         ab._timing_feed(first), threads=first.validation.threads,
                                         session_config=fp8)
     ops = {k: causes.op_histogram(Path(e["path"])) for k, e in entries.items()}
+    nbits = {k: effective.accuracy_levels(Path(e["path"])) for k, e in entries.items()}
     for name, p in profiles.items():
         out["profiles"][name] = {"total_us": p["total_us"], "categories": p["categories"],
                                  "top_nodes": p["nodes"][:10], "method": p["method"]}
@@ -120,10 +199,16 @@ def explain_time(recipes: list[Recipe], reports: dict[str, dict], verdicts: dict
         if r.name not in profiles:
             continue
         deltas = causes.category_deltas(profiles[first.name], profiles[r.name])
+        measured = _measured(timed, f"{first.name}/{entries[first.name]['target']}",
+                             f"{r.name}/{entries[r.name]['target']}")
         out["versus"][r.name] = {
-            "verdict": verdicts.get(r.name),
+            "verdict": (measured or {}).get("verdict"),
             "deltas": deltas,
-            "tags": causes.tags(deltas, ops[first.name], ops[r.name], _effective(entries[r.name], r)),
+            "profiled_total_us": {"a": profiles[first.name]["total_us"], "b": profiles[r.name]["total_us"]},
+            "measured": measured,
+            "models_differ": (differ or {}).get(r.name),
+            "tags": causes.tags(deltas, ops[first.name], ops[r.name], _effective(entries[r.name], r),
+                                nbits_b=nbits[r.name], models_differ=(differ or {}).get(r.name)),
         }
     return out
 
@@ -172,14 +257,15 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
     names = [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
+    for other in recipes[1:]:  # before anything is built: one feed is timed on every engine
+        ab.check_compatible(recipes[0], other)
     reports = run_all(recipes, root, force, progress, verbose)
+    info = models(recipes, root)
+    differ = model_differences(recipes, info)
     with progress.stage("compare: timing"):
         timed, samples, shared = measure(recipes, reports, root)
-    first = timed["shapes"][0]["comparisons"]
-    verdicts = {c["b"].split("/")[0]: c["verdict"] for c in first
-                if c["b"].endswith(f"/{PROFILED_KIND}")}
     with progress.stage("compare: profiles"):
-        time_explained = explain_time(recipes, reports, verdicts)
+        time_explained = explain_time(recipes, reports, timed, differ)
     with progress.stage("compare: layer errors"):
         error_explained = explain_error(recipes, root)
     folder = Path(root) / "compare" / "-vs-".join(names)
@@ -187,6 +273,7 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
     result = {
         "schema": SCHEMA, "created": now(), "recipes": names, "shared_targets": shared,
         "reference": names[0],
+        "models": info, "models_differ": differ,
         "engines": side_by_side(recipes, reports, timed, root),
         "timing": timed, "time_explained": time_explained, "error_explained": error_explained,
         "method": {

@@ -21,7 +21,7 @@ from pipeline.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-VERSION = 4  # 4: min_seconds is each runner's own timed time; contention warnings
+VERSION = 5  # 4: min_seconds per runner, contention warnings; 5: effective precision counts attention
 BASELINE = "torch-eager"
 
 PROTOCOL = (
