@@ -126,7 +126,8 @@ class Run:
         record = {"key": key, "outputs": list(produced), "meta": meta,
                   "seconds": round(seconds, 3), "finished": now()}
         outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
-                                          recipe_sha256=self.recipe.digest)
+                                          recipe_sha256=self.recipe.digest,
+                                          recipe_file=self.recipe.where)
         self.work_done = True
         self.progress.done(stage_id, seconds)
         return Result(outputs, meta, cached=False)
@@ -158,6 +159,7 @@ class Run:
                                        f"kept as {aside.name}; every stage is rebuilt")
             self._forget_stale_stages()
             if not self.force:
+                self._check_folder_owner()
                 # Before any work: a file changed by hand stops the run with nothing rewritten.
                 self.store.verify_all()
             graph = None
@@ -226,6 +228,26 @@ class Run:
             kind, _, target = stage_id.partition(":")
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
+
+    def _check_folder_owner(self) -> None:
+        """engines/<name>/ is named after the recipe file's stem, so two files of one name
+        (recipes/standard.yaml, recipes/old/standard.yaml) would overwrite each other's
+        engines. Refused while the file that built the folder still exists and is another
+        file; a folder whose recipe file moved (or a run from another directory) is not."""
+        recorded = self.store.manifest.get("recipe_file")
+        if not recorded or self.recipe.source is None:
+            return
+        built_by = Path(recorded)
+        try:
+            same = built_by.exists() and built_by.samefile(self.recipe.source)
+        except OSError:
+            return
+        if built_by.exists() and not same:
+            raise RecipeError(
+                f"{self.store.dir}: holds the engines of {recorded}, not of {self.recipe.where} "
+                f"(two recipe files named `{self.recipe.name}`)",
+                "rename one of the files, give this one another --engines-dir, or rerun with "
+                "--force to rebuild the folder from this file")
 
     def _check_baseline_device(self) -> None:
         """validate.device: cuda needs a GPU and a CUDA build of torch (found without

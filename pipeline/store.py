@@ -30,6 +30,7 @@ import datetime as _dt
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -86,10 +87,15 @@ def _fsync_dir(path: Path) -> None:
 
 def lock_wait() -> float:
     """Seconds a run waits for another run's lock (env PIPELINE_LOCK_WAIT, default 600)."""
+    text = os.environ.get("PIPELINE_LOCK_WAIT", "600")
     try:
-        return max(0.0, float(os.environ.get("PIPELINE_LOCK_WAIT", "600")))
+        seconds = float(text)
     except ValueError:
-        return 600.0
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InputError(f"PIPELINE_LOCK_WAIT={text!r}: not a number of seconds",
+                         "set it to seconds >= 0 (e.g. PIPELINE_LOCK_WAIT=60), or unset it for 600")
+    return seconds
 
 
 def dumps(obj: Any) -> str:

@@ -241,3 +241,11 @@ def test_help_texts(project):
         assert "PIPELINE_ENGINES" in text, text
     for command in ("verify", "inspect", "recipes", "deploy", "compare", "bench"):
         assert "--debug" in project.run(command, "--help").out, command
+
+
+def test_a_lock_wait_that_is_not_seconds_is_refused(project):
+    result = project.run("run", "standard", env={"PIPELINE_LOCK_WAIT": "abc"})
+    assert result.code == 2 and result.error_lines == [
+        "Error: PIPELINE_LOCK_WAIT='abc': not a number of seconds (set it to seconds >= 0 "
+        "(e.g. PIPELINE_LOCK_WAIT=60), or unset it for 600)"], result.err
+    assert not list(project.engines.rglob("*.onnx"))  # refused before any work

@@ -160,3 +160,19 @@ def test_folders_another_user_owns_are_named_as_such(built_standard, request):
     assert proc.returncode == 2, proc.stderr
     assert "engines/standard/.tmp: cannot remove what an earlier run left there" in proc.stderr
     assert "File exists" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_second_recipe_file_of_the_same_name_cannot_overwrite_the_folder(standard_copy):
+    """engines/<stem>/ is named after the file: recipes/old/standard.yaml must not rebuild
+    (and so overwrite) the engines recipes/standard.yaml built."""
+    original = (standard_copy.path / "recipes" / "standard.yaml").read_text()
+    standard_copy.write("recipes/old/standard.yaml",
+                        original.replace("extends: base/", "extends: ../base/")
+                        .replace("description: ", "description: an older copy of ", 1))
+    before = standard_copy.snapshot()
+    result = standard_copy.run("export", "recipes/old/standard.yaml")
+    assert result.code == 2 and len(result.error_lines) == 1, result.err
+    assert ("engines/standard: holds the engines of recipes/standard.yaml, not of "
+            "recipes/old/standard.yaml (two recipe files named `standard`)") in result.err
+    assert standard_copy.snapshot() == before
+    assert standard_copy.run("run", "standard", *FAST).code == 0  # its own file still may
