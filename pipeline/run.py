@@ -238,6 +238,8 @@ class Run:
         if not recorded or self.recipe.source is None:
             return
         built_by = Path(recorded)
+        if built_by.stem != self.recipe.name:
+            return  # a folder copied under another name, not a second file of this name
         try:
             same = built_by.exists() and built_by.samefile(self.recipe.source)
         except OSError:
