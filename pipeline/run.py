@@ -89,6 +89,7 @@ class Run:
         self.work_done = False
         self.model_code = models.code_digest(recipe)  # model source edits invalidate every stage
         self.graph_meta: dict[str, dict] = {}  # graph stage name -> its meta, for the report
+        self.faster_than: dict[str, Recipe] = {}  # expect.faster_than, loaded before any work
         self._exported: Artifact | None = None  # the first graph stage's output
         self._plain_graph: Artifact | None = None  # the plain-ONNX chain's graph, once built
 
@@ -267,7 +268,6 @@ class Run:
         """expect.faster_than: every recipe named loads and is another recipe, before any work."""
         from pipeline import recipe as recipe_mod
 
-        self._faster_than: dict[str, Recipe] = {}
         for ref in self.recipe.expect.faster_than:
             try:
                 other = recipe_mod.load(ref)
@@ -275,7 +275,7 @@ class Run:
                 raise RecipeError(f"{self.recipe.where}: expect.faster_than: {e.message}", e.hint) from None
             if other.name == self.recipe.name:
                 raise RecipeError(f"{self.recipe.where}: expect.faster_than: `{ref}` is this recipe itself")
-            self._faster_than[ref] = other
+            self.faster_than[ref] = other
 
     def _other_targets(self) -> list[dict]:
         """With --target, the entries the last report holds for the recipe's other targets
@@ -388,24 +388,21 @@ class Run:
         """expect: gates on every built engine; faster_than first times the A/Bs it needs."""
         from pipeline.bench import gates
 
-        for ref in self.recipe.expect.faster_than:
-            self._versus(ref, [e for e in engines if e["status"] == "built"])
+        for ref, other in self.faster_than.items():
+            self._versus(ref, other, [e for e in engines if e["status"] == "built"])
         for e in engines:
             if e["status"] == "built":
                 e["gates"] = e["gates"] + gates.expect(self.recipe, e)
 
-    def _versus(self, ref: str, engines: list[dict]) -> None:
-        """Build recipe `ref` (its own Run and lock), then time each engine against its twin."""
+    def _versus(self, ref: str, other: Recipe, engines: list[dict]) -> None:
+        """Build recipe `other` (named `ref`; its own Run and lock), then time each engine
+        against its twin."""
         import dataclasses
         import json
 
-        from pipeline import recipe as recipe_mod
         from pipeline.bench import ab
         from pipeline.stages import build
 
-        other = getattr(self, "_faster_than", {}).get(ref) or recipe_mod.load(ref)
-        if other.name == self.recipe.name:
-            raise RecipeError(f"expect.faster_than: `{ref}` is this recipe itself")
         self.progress.note(f"expect.faster_than: {other.name} (building it to time against it)")
         Run(other, self.store.dir.parent, progress=self.progress, verbose=self.verbose).execute("build")
         other_store = Store(self.store.dir.parent, other.name)
