@@ -265,9 +265,8 @@ def test_two_runs_of_one_recipe_take_turns(built_standard, tmp_path):
     assert report["engines"][0]["latency_ms"]["n"] >= 33
 
 
-def test_a_run_that_cannot_get_the_lock_fails_cleanly(built_standard, tmp_path):
-    project = Project(tmp_path)
-    shutil.copytree(built_standard.engines, project.engines)
+def test_a_run_that_cannot_get_the_lock_fails_cleanly(standard_copy):
+    project = standard_copy
     folder = project.engines / "standard"
     before = project.snapshot()
     held = _hold_lock(folder)
@@ -319,11 +318,10 @@ def test_a_full_disk_is_one_error_line_and_changes_nothing(built_standard, tmp_p
     assert project.snapshot() == before
 
 
-def test_ctrl_c_says_what_is_kept_and_exits_130(built_standard, tmp_path):
+def test_ctrl_c_says_what_is_kept_and_exits_130(standard_copy):
     """One SIGINT (Ctrl-C) while a run waits for the lock: the pipeline's own message, not
     click's bare "Aborted.", and the folder as it was."""
-    project = Project(tmp_path)
-    shutil.copytree(built_standard.engines, project.engines)
+    project = standard_copy
     folder = project.engines / "standard"
     before = project.snapshot()
     held = _hold_lock(folder)
