@@ -18,7 +18,7 @@ between, every file has either its recorded digest or its pending one: that is a
 interrupted commit, not tampering, and the stage (with no record) simply reruns. Any other
 digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
 {sha256, bytes, stage}.) A recorded JSON file must also still be the object the pipeline
-wrote (`json_problem`), since a manifest rewritten to match a broken file passes the sha256.
+wrote (`read_recorded_json`), since a manifest rewritten to match a broken file passes the sha256.
 An unreadable manifest stops every command; `run --force` renames it to
 manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
 """
@@ -274,6 +274,14 @@ class Store:
 
     def verify(self, name: str) -> Artifact:
         """The recorded artifact, after checking the file still has its recorded sha256."""
+        return self._verified(name)[0]
+
+    def read_json(self, name: str) -> dict:
+        """A recorded JSON artifact (report.json, validate-<target>.json, ...), verified."""
+        return self._verified(name)[1]
+
+    def _verified(self, name: str) -> tuple[Artifact, Any]:
+        """(artifact, its JSON content or None): the file read and parsed once."""
         entry = self.manifest["files"].get(name)
         path = self.dir / name
         if entry is None:
@@ -293,16 +301,12 @@ class Store:
             )
         else:
             artifact = Artifact(name, path, actual, entry["bytes"])
-        problem = json_problem(path)
+        data, problem = read_recorded_json(path)
         if problem:
             raise IntegrityError(f"{path}: {problem}, though its sha256 is the manifest's: the file "
                                  "and the manifest were changed after the build",
                                  f"rebuild with `pipeline run {self.dir.name} --force`")
-        return artifact
-
-    def read_json(self, name: str) -> dict:
-        """A recorded JSON artifact (report.json, validate-<target>.json, ...), verified."""
-        return json.loads(self.verify(name).path.read_text())
+        return artifact, data
 
     def verify_all(self) -> None:
         """Refuse the folder if any recorded file that still exists has changed."""
@@ -311,26 +315,31 @@ class Store:
                 self.verify(name)
 
 
-def json_problem(path: Path) -> str | None:
-    """What makes a recorded JSON artifact unusable, or None (also None for other files).
-    Every JSON file the stages write is an object; report.json and validate-<target>.json
-    also carry the keys every reader of them relies on."""
+def read_recorded_json(path: Path) -> tuple[Any, str | None]:
+    """(content, problem) of a recorded file: (None, None) for a file that is not JSON; else
+    the parsed object and what makes it unusable, or None. Every JSON file the stages write
+    is an object; report.json and validate-<target>.json also carry the keys every reader
+    of them relies on."""
     if path.suffix != ".json":
-        return None
+        return None, None
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        return f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+        return None, f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+    return data, _json_problem(path.name, data)
+
+
+def _json_problem(name: str, data: Any) -> str | None:
     if not isinstance(data, dict):
         return f"a JSON {type(data).__name__}, not the object the pipeline wrote"
-    if path.name == "report.json":
+    if name == "report.json":
         engines = data.get("engines")
         if not isinstance(data.get("recipe"), str) or not isinstance(engines, list):
             return "not a report this pipeline wrote (no `recipe` or `engines`)"
         if not all(isinstance(e, dict) and isinstance(e.get("target"), str)
                    and isinstance(e.get("status"), str) for e in engines):
             return "not a report this pipeline wrote (an engine without `target` or `status`)"
-    elif path.name.startswith("validate-"):
+    elif name.startswith("validate-"):
         if not (isinstance(data.get("target"), str) and isinstance(data.get("status"), str)
                 and isinstance(data.get("gates", []), list)):
             return "not a validation this pipeline wrote (no `target`, `status` or `gates`)"

@@ -11,13 +11,12 @@ Every mismatch is one line; any mismatch makes the command fail (IntegrityError,
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import deps
 from pipeline.errors import InputError, IntegrityError
-from pipeline.store import MANIFEST, Store, json_problem, sha256_file
+from pipeline.store import MANIFEST, Store, read_recorded_json, sha256_file
 
 
 @dataclass
@@ -76,9 +75,8 @@ def _files(folder: Path, files: dict) -> list[Check]:
         if actual != entry["sha256"]:
             checks.append(Check(name, False, f"sha256 {actual[:16]}… does not match the manifest's "
                                              f"{entry['sha256'][:16]}… ({size} vs {entry['bytes']} bytes)"))
-        elif json_problem(path):  # the manifest was rewritten to match a broken file
-            checks.append(Check(name, False, f"sha256 matches the manifest, but the file is "
-                                             f"{json_problem(path)}"))
+        elif problem := read_recorded_json(path)[1]:  # the manifest was rewritten to match a broken file
+            checks.append(Check(name, False, f"sha256 matches the manifest, but the file is {problem}"))
         else:
             checks.append(Check(name, True, f"sha256 {actual[:16]}…, {size} bytes"))
     return checks
@@ -87,9 +85,12 @@ def _files(folder: Path, files: dict) -> list[Check]:
 def _report(folder: Path, files: dict) -> list[Check]:
     """The engines the report vouches for are the files the manifest records."""
     path = folder / "report.json"
-    if "report.json" not in files or not path.is_file() or json_problem(path):
+    if "report.json" not in files or not path.is_file():
+        return []
+    report, problem = read_recorded_json(path)
+    if problem:
         return []  # a broken report.json is already named by the check of its file
-    engines = json.loads(path.read_text())["engines"]
+    engines = report["engines"]
     checks = []
     for e in engines:
         if e.get("status") != "built" or not isinstance(e.get("path"), str) or not e["path"]:
