@@ -16,6 +16,7 @@ import numpy as np
 
 from pipeline.errors import InputError
 from pipeline.recipe import Dim, InputSpec, Recipe
+from pipeline.text import first_line
 
 Feed = dict[str, np.ndarray]
 Split = Literal["validation", "calibration", "export"]
@@ -140,8 +141,7 @@ def _load_npz(path, where: str) -> list[Feed]:
     except IsADirectoryError:
         raise InputError(f"{where}: is a folder, not an .npz file") from None
     except Exception as e:  # truncated or foreign files fail inside zipfile/zlib/numpy in any way
-        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise InputError(f"{where}: not a readable .npz ({type(e).__name__}{': ' + text if text else ''})",
+        raise InputError(f"{where}: not a readable .npz ({first_line(e, 200, with_type=True)})",
                          _NPZ_HINT) from None
     if arrays and all(k.startswith("in/") for k in arrays):
         return _saved_feeds(arrays, where)

@@ -17,6 +17,7 @@ from typing import Any
 from pipeline import deps
 from pipeline.errors import InputError, PipelineError, RecipeError
 from pipeline.recipe import ModelSpec, Recipe
+from pipeline.text import first_line
 from pipeline.zoo import ZOO
 
 
@@ -34,11 +35,6 @@ def _factory(spec: ModelSpec, where: str) -> Callable[..., Any]:
     if not callable(fn):
         raise RecipeError(f"{where}: model.factory: `{module_name}` has no function `{attr}`")
     return fn
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else "no message"
 
 
 def _where(recipe: Recipe) -> str:
@@ -110,7 +106,7 @@ def load(recipe: Recipe):
         except Exception as e:  # the user's factory (or its kwargs) is the recipe's to fix
             raise RecipeError(
                 f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}` failed "
-                f"with model.kwargs {recipe.model.kwargs} ({type(e).__name__}: {_first_line(e)})",
+                f"with model.kwargs {recipe.model.kwargs} ({first_line(e, with_type=True)})",
                 "rerun with --debug for the trace") from e
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(
@@ -130,7 +126,7 @@ def _weights_header(path: Path, where: str) -> dict[str, tuple]:
             return {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
         raise InputError(f"{where}: model.weights: {path} is not a readable safetensors file "
-                         f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})",
+                         f"({first_line(e)})",
                          "save it with safetensors.torch.save_file(model.state_dict(), path)") from None
 
 
@@ -198,7 +194,7 @@ def pretrained_dir(ref: str, where: str) -> Path:
             path = Path(fn())
         except Exception as e:  # a function of the wrong kind, or one that fails
             raise RecipeError(f"{where}: model.transformers.pretrained: `{ref}()` did not return a "
-                              f"model directory ({type(e).__name__}: {_first_line(e)})",
+                              f"model directory ({first_line(e, with_type=True)})",
                               "name a function taking no arguments that returns a local path") from None
     else:
         path = Path(ref)

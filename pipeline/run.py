@@ -41,6 +41,7 @@ from pipeline.errors import (
 )
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.store import Artifact, Store, now
+from pipeline.text import first_line
 from pipeline.ui import Progress
 
 # Graph stages, in order (modules under pipeline.stages).
@@ -118,9 +119,8 @@ class Run:
             if isinstance(e, Exception) and not isinstance(e, PipelineError):
                 # A library failing on this stage's input (a corrupt graph, memory, a full disk)
                 # is a failed stage for the user; --debug still shows the original trace.
-                text = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
                 used = f" on {', '.join(a.name for a in inputs)}" if inputs else ""
-                raise StageFailed(f"{stage_id} failed{used}: {type(e).__name__}: {text}".rstrip(": "),
+                raise StageFailed(f"{stage_id} failed{used}: {first_line(e, with_type=True)}",
                                   "rerun with --debug for the trace") from e
             raise
         seconds = time.perf_counter() - t0

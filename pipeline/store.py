@@ -41,6 +41,7 @@ from typing import Any
 
 from pipeline import deps
 from pipeline.errors import InputError, IntegrityError, LockError
+from pipeline.text import first_line
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
@@ -325,7 +326,7 @@ def read_recorded_json(path: Path) -> tuple[Any, str | None]:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, f"not valid JSON ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+        return None, f"not valid JSON ({first_line(e, 120)})"
     return data, _json_problem(path.name, data)
 
 

@@ -16,6 +16,7 @@ from polygraphy.backend.base import BaseRunner
 from pipeline import deps
 from pipeline.errors import StageFailed
 from pipeline.recipe import OnnxRuntimeTarget, Recipe
+from pipeline.text import first_line
 
 EXTENSION = ".onnx"
 
@@ -68,7 +69,7 @@ def _session(path: Path, target: OnnxRuntimeTarget, level, threads: int | None,
     try:
         session = ort.InferenceSession(str(path), options, providers=wanted)
     except Exception as e:  # ORT raises its own classes: a truncated or corrupt graph lands here
-        detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        detail = first_line(e)
         raise StageFailed(f"onnxruntime cannot load {path.name}: {detail}",
                           "the file is damaged; rebuild with --force") from e
     # No silent fallback: onnxruntime-gpu quietly drops to CPU when CUDA cannot load.

@@ -13,8 +13,8 @@ from rich.table import Table
 
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
-from pipeline.stages.report import fmt
 from pipeline.store import write_atomic
+from pipeline.text import fmt
 
 # ------------------------------------------------------------------ tables as rows
 ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "top-1",

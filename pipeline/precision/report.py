@@ -5,7 +5,7 @@ Rendered from report.json alone, like the rest of the report.
 
 from __future__ import annotations
 
-from pipeline.stages.report import fmt
+from pipeline.text import fmt
 
 
 def markdown(p: dict) -> list[str]:

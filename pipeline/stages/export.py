@@ -17,6 +17,7 @@ from pathlib import Path
 from pipeline import data, metrics, models
 from pipeline.errors import PipelineError, RecipeError, StageFailed
 from pipeline.recipe import Dim, Recipe
+from pipeline.text import first_line
 
 NAME, VERSION = "export", 1
 SECTIONS = ("model", "inputs", "outputs", "export", "data")
@@ -106,9 +107,8 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         with contextlib.redirect_stdout(log), _quiet_torch_logs(verbose), torch.no_grad():
             torch.onnx.export(model, args, str(out_path), **kwargs)
     except Exception as e:
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise StageFailed(
-            f"export ({recipe.export.exporter}) failed: {type(e).__name__}: {detail}",
+            f"export ({recipe.export.exporter}) failed: {first_line(e, with_type=True)}",
             "rerun with --debug for the trace, or try export.exporter: torchscript",
         ) from e
     seconds = time.perf_counter() - t0
@@ -120,14 +120,14 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         onnx.checker.check_model(proto)
     except Exception as e:  # the exporter wrote a graph ONNX itself rejects
         raise StageFailed(f"export ({recipe.export.exporter}) wrote an invalid ONNX graph: "
-                          f"{_first_line(e)}", "try export.exporter: torchscript") from e
+                          f"{first_line(e, with_type=True)}", "try export.exporter: torchscript") from e
     try:
         parity = check_parity(recipe, model, out_path)
     except PipelineError:
         raise
     except Exception as e:  # e.g. out of memory at the max shape
         raise StageFailed(
-            f"export parity check failed to run the graph at the opt/max shapes: {_first_line(e)}",
+            f"export parity check failed to run the graph at the opt/max shapes: {first_line(e, with_type=True)}",
             "lower the inputs' max dims if memory ran out") from e
     return {"model.onnx": out_path}, {
         "exporter": recipe.export.exporter,
@@ -136,11 +136,6 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         "export_seconds": seconds,
         "parity": parity,
     }
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
 
 
 def _check_outputs(recipe: Recipe, model, args: tuple) -> None:
@@ -154,7 +149,7 @@ def _check_outputs(recipe: Recipe, model, args: tuple) -> None:
     except Exception as e:
         # Before any export work, so the recipe's `inputs` (or the model) is the cause: a user error.
         raise RecipeError(f"{recipe.where}: inputs: the model fails on a feed of the recipe's inputs "
-                          f"({_first_line(e)})",
+                          f"({first_line(e, with_type=True)})",
                           "check the inputs' dtype, shape and range against forward()") from e
     count = 1 if isinstance(out, torch.Tensor) else len(out) if isinstance(out, (tuple, list, dict)) else 0
     if count != len(recipe.outputs):

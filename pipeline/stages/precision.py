@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline import data
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe
+from pipeline.text import first_line
 
 NAME, VERSION = "precision", 1
 SECTIONS = ("precision", "data", "inputs", "outputs")
@@ -60,7 +61,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         reference = evaluate.run(graph.path, feeds, recipe.outputs)
         typed = evaluate.run(out, feeds, recipe.outputs, fp8)
     except Exception as e:  # e.g. no CPU kernel for bf16
-        parity = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        parity = {"error": first_line(e, with_type=True)}
     else:
         parity = evaluate.compare(reference, typed, recipe.top1_outputs())
         if parity["nonfinite"]:

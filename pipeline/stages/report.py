@@ -15,6 +15,7 @@ from rich.table import Table
 from pipeline import deps
 from pipeline.recipe import Recipe
 from pipeline.store import now
+from pipeline.text import fmt
 
 VERSION = 2  # 2: warnings (contention, baseline drift)
 SCHEMA = 1
@@ -71,11 +72,6 @@ def write(report: dict, workdir: Path) -> dict[str, Path]:
 
 
 # ------------------------------------------------------------------------ rendering
-def fmt(value, spec: str = ".3f") -> str:
-    """A number for a table, or an em dash when there is none."""
-    return "—" if value is None else format(value, spec)
-
-
 def _speedup(engine: dict) -> str:
     s = engine.get("speedup_vs_baseline")
     if not s:

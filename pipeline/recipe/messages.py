@@ -1,6 +1,6 @@
 """The one-line messages a bad recipe gets: the file (or `--set`) that set the key, the key
 path as YAML spells it, and what is allowed, from pydantic's validation errors and the
-recipe schema itself (recipe_loader.py loads; this module only words what went wrong)."""
+recipe schema itself (recipe/loader.py loads; this module only words what went wrong)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline.recipe import ModelSpec, Recipe, _LocatedError, _NestedError
-from pipeline.targets import TARGET_KINDS
+from pipeline.recipe.base import LocatedError, NestedError
+from pipeline.recipe.schema import ModelSpec, Recipe
+from pipeline.recipe.targets import TARGET_KINDS
 
 Origin = dict[tuple, str]  # key path -> file (or --set) that set it
 
@@ -75,10 +76,10 @@ def _flatten(error: ValidationError, prefix: tuple = ()) -> list[tuple[tuple, st
         loc = _clean_loc(raw_loc)
         ctx = err.get("ctx") or {}
         nested = ctx.get("error")
-        if isinstance(nested, _NestedError):
+        if isinstance(nested, NestedError):
             out.extend(_flatten(nested.error, loc + (nested.prefix,)))
             continue
-        if isinstance(nested, _LocatedError):
+        if isinstance(nested, LocatedError):
             out.append((loc + nested.loc, nested.message))
             continue
         if err["type"] == "union_tag_not_found":  # a target without `kind:`

@@ -6,14 +6,12 @@ in TARGET_KINDS, and a backend module registered in pipeline/backends.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal, Union
+from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from pipeline.recipe_base import Dim, Strict
+from pipeline.recipe.base import Dim, Strict
 
-if TYPE_CHECKING:
-    from pipeline.recipe import Recipe
 
 class TargetBase(Strict):
     name: str | None = Field(
@@ -27,7 +25,7 @@ class TargetBase(Strict):
     def id(self) -> str:
         return self.name or self.kind  # type: ignore[attr-defined]
 
-    def check(self, recipe: Recipe) -> None:
+    def check(self, recipe) -> None:  # recipe: a pipeline.recipe.Recipe
         """Cross-checks against the whole recipe (raise ValueError); none by default."""
 
 
@@ -81,7 +79,7 @@ class TensorRTTarget(TargetBase):
         0.5, gt=0, le=1, description="Share required by `require_effective_precision`."
     )
 
-    def check(self, recipe: Recipe) -> None:
+    def check(self, recipe) -> None:  # recipe: a pipeline.recipe.Recipe
         symbols = {d.name for i in recipe.inputs for d in i.shape if isinstance(d, Dim) and d.name}
         for n, profile in enumerate(self.profiles):
             unknown = sorted(set(profile) - symbols)

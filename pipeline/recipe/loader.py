@@ -1,5 +1,5 @@
 """Loading recipes: YAML (safe loader only, no repeated keys), `extends:` base files,
-`--set` overrides and path confinement; the wording of their errors is recipe_messages.py."""
+`--set` overrides and path confinement; the wording of their errors is recipe/messages.py."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ from pydantic import BaseModel, ValidationError
 
 from pipeline import paths
 from pipeline.errors import RecipeError
-from pipeline.recipe import Recipe
-from pipeline.recipe_messages import (
+from pipeline.recipe.messages import (
     Origin,
     allowed_keys,
     format_validation_error,
     key_text,
     source_of,
 )
+from pipeline.recipe.schema import Recipe
+from pipeline.text import display_path
 
 
 def recipes_dir() -> Path:
@@ -53,22 +54,22 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
     """Load, merge (`extends:`), override (`--set`) and validate a recipe."""
     path = resolve_path(str(ref))
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", path.stem):  # it names engines/<stem>/
-        raise RecipeError(f"{_display(path)}: a recipe file name must start with an ASCII letter or "
+        raise RecipeError(f"{display_path(path)}: a recipe file name must start with an ASCII letter or "
                           f"digit and hold only ASCII letters, digits, `.`, `_`, `-` (got {path.stem!r})")
     raw, origin = _load_merged(path, chain=())
     for item in overrides:
         _apply_override(raw, origin, item)
     for key in LOADER_ONLY:  # Recipe fields the loader sets: never from YAML or --set
         if key in raw:
-            source = source_of((key,), origin) or _display(path)
+            source = source_of((key,), origin) or display_path(path)
             raise RecipeError(f"{source}: {key}: unknown key; allowed: {', '.join(allowed_keys(()))}",
                               "the loader sets `name` and `source` from the recipe's file")
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
-        raise RecipeError(format_validation_error(e, _display(path), origin)) from None
+        raise RecipeError(format_validation_error(e, display_path(path), origin)) from None
     except RecursionError:  # a list/dict that contains itself, e.g. from --set
-        raise RecipeError(f"{_display(path)}: the recipe nests too deeply") from None
+        raise RecipeError(f"{display_path(path)}: the recipe nests too deeply") from None
     _confine_paths(recipe, path, origin)
     recipe.name = path.stem
     recipe.source = path
@@ -85,7 +86,7 @@ def _confine_paths(recipe: Recipe, path: Path, origin: Origin) -> None:
     for loc, value in _path_fields(recipe, ()):
         problem = paths.escape(value, roots)
         if problem:
-            source = source_of(loc, origin) or _display(path)
+            source = source_of(loc, origin) or display_path(path)
             raise RecipeError(f"{source}: {'.'.join(map(str, loc))}: {problem}")
 
 
@@ -101,37 +102,31 @@ def _path_fields(node: Any, loc: tuple):
             yield from _path_fields(item, (*loc, i))
 
 
-def _display(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
 
 def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
-        raise RecipeError(f"{_display(path)}: cannot read ({e.strerror})") from None
+        raise RecipeError(f"{display_path(path)}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
-        raise RecipeError(f"{_display(path)}: not UTF-8 text (byte {e.start}); a recipe is YAML") from None
+        raise RecipeError(f"{display_path(path)}: not UTF-8 text (byte {e.start}); a recipe is YAML") from None
     try:
-        data = _parse_yaml(text, _display(path))  # safe: plain data only, never Python objects
+        data = _parse_yaml(text, display_path(path))  # safe: plain data only, never Python objects
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise RecipeError(f"{_display(path)}:{where}: malformed YAML: {problem}") from None
+        raise RecipeError(f"{display_path(path)}:{where}: malformed YAML: {problem}") from None
     except RecursionError:
-        raise RecipeError(f"{_display(path)}: malformed YAML: nested too deeply") from None
-    _check_tree(data, _display(path))
+        raise RecipeError(f"{display_path(path)}: malformed YAML: nested too deeply") from None
+    _check_tree(data, display_path(path))
     if data is None:
-        raise RecipeError(f"{_display(path)}: the file is empty",
+        raise RecipeError(f"{display_path(path)}: the file is empty",
                           "a recipe needs at least `model`, `inputs` and `targets`, or "
                           "`extends:` a recipe that has them")
     if not isinstance(data, dict):
         raise RecipeError(
-            f"{_display(path)}: a recipe is a mapping of sections, got {type(data).__name__}"
+            f"{display_path(path)}: a recipe is a mapping of sections, got {type(data).__name__}"
         )
     return data
 
@@ -215,27 +210,27 @@ def _check_tree(data: Any, where: str) -> None:
 def _load_merged(path: Path, chain: tuple[Path, ...]) -> tuple[dict, Origin]:
     resolved = path.resolve()
     if resolved in chain:
-        cycle = " -> ".join(_display(p) for p in (*chain, resolved))
-        raise RecipeError(f"{_display(path)}: extends: cycle {cycle}")
+        cycle = " -> ".join(display_path(p) for p in (*chain, resolved))
+        raise RecipeError(f"{display_path(path)}: extends: cycle {cycle}")
     data = _read_yaml(path)
     base_ref = data.pop("extends", None)
-    own_origin = _origins(data, _display(path))
+    own_origin = _origins(data, display_path(path))
     if base_ref is None:
         return data, own_origin
     if not isinstance(base_ref, str):
-        raise RecipeError(f"{_display(path)}: extends: must be a file name (got {base_ref!r})")
+        raise RecipeError(f"{display_path(path)}: extends: must be a file name (got {base_ref!r})")
     base_path = path.parent / base_ref
     if not base_ref.strip() or "\0" in base_ref or not base_path.name:
-        raise RecipeError(f"{_display(path)}: extends: must be a file name (got {base_ref!r})")
+        raise RecipeError(f"{display_path(path)}: extends: must be a file name (got {base_ref!r})")
     if base_path.suffix not in (".yaml", ".yml"):
         base_path = base_path.with_name(base_path.name + ".yaml")
     # A base stays inside the project, the first recipe's folder or a data folder.
     problem = paths.escape(base_path, paths.allowed_roots((chain[0] if chain else resolved).parent))
     if problem:
-        raise RecipeError(f"{_display(path)}: extends: {problem}")
+        raise RecipeError(f"{display_path(path)}: extends: {problem}")
     if not base_path.is_file():
         raise RecipeError(
-            f"{_display(path)}: extends: {base_ref}: no such file {_display(base_path)}",
+            f"{display_path(path)}: extends: {base_ref}: no such file {display_path(base_path)}",
             "paths are relative to the recipe's folder",
         )
     base, origin = _load_merged(base_path, (*chain, resolved))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DType = Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"]
 INTEGER_DTYPES = ("int64", "int32")
@@ -43,3 +43,22 @@ class Dim(Strict):
         if not self.min <= self.opt <= self.max:
             raise ValueError(f"needs min <= opt <= max (got {self.min}, {self.opt}, {self.max})")
         return self
+
+class NestedError(ValueError):
+    """Carries a ValidationError of a nested schema validated by hand (zoo kwargs)."""
+
+    def __init__(self, prefix: str, error: ValidationError):
+        super().__init__(str(error))
+        self.prefix = prefix
+        self.error = error
+
+
+class LocatedError(ValueError):
+    """A cross-check's problem at a key path below the model that raised it (e.g.
+    `validate.latency.sweep.batch` from the Recipe), so the message names that key once and
+    the loader blames the file or --set that set it."""
+
+    def __init__(self, loc: tuple, message: str):
+        super().__init__(message)
+        self.loc = loc
+        self.message = message

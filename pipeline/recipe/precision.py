@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pipeline.recipe_base import Strict
+from pipeline.recipe.base import Strict
 
 
 class BudgetSpec(Strict):

@@ -1,4 +1,4 @@
-"""Recipes: the pydantic schema of a recipe and its sections (loading: recipe_loader.py).
+"""Recipes: the pydantic schema of a recipe and its sections (loading: loader.py).
 
 The schema is the documentation: every field has a description, and `extra="forbid"`
 everywhere so a misspelt key is an error instead of a silently ignored setting. A recipe
@@ -16,8 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.passes import names as _pass_names
-from pipeline.precision.spec import FP32_BLOCK_LIST, BudgetSpec, PrecisionSpec, SensitivitySpec  # noqa: F401
-from pipeline.recipe_base import (  # noqa: F401
+from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
     _INT_LIMITS,
     INTEGER_DTYPES,
@@ -25,15 +24,19 @@ from pipeline.recipe_base import (  # noqa: F401
     SEED_MAX,
     Dim,
     DType,
+    LocatedError,
+    NestedError,
     Strict,
 )
-from pipeline.targets import (  # noqa: F401
+from pipeline.recipe.precision import FP32_BLOCK_LIST, BudgetSpec, PrecisionSpec, SensitivitySpec  # noqa: F401
+from pipeline.recipe.targets import (  # noqa: F401
     AOTInductorTarget,
     OnnxRuntimeTarget,
     Target,
     TargetBase,
     TensorRTTarget,
 )
+from pipeline.text import display_path
 from pipeline.zoo import ZOO
 
 PASS_NAMES = _pass_names()
@@ -94,28 +97,10 @@ class ModelSpec(Strict):
                 self.kwargs = schema.model_validate(self.kwargs).model_dump()
             except ValidationError as e:
                 # re-raised with the `kwargs.` prefix by the loader's error formatter
-                raise _NestedError("kwargs", e) from None
+                raise NestedError("kwargs", e) from None
         return self
 
 
-class _NestedError(ValueError):
-    """Carries a ValidationError of a nested schema validated by hand (zoo kwargs)."""
-
-    def __init__(self, prefix: str, error: ValidationError):
-        super().__init__(str(error))
-        self.prefix = prefix
-        self.error = error
-
-
-class _LocatedError(ValueError):
-    """A cross-check's problem at a key path below the model that raised it (e.g.
-    `validate.latency.sweep.batch` from the Recipe), so the message names that key once and
-    the loader blames the file or --set that set it."""
-
-    def __init__(self, loc: tuple, message: str):
-        super().__init__(message)
-        self.loc = loc
-        self.message = message
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -334,12 +319,12 @@ class OptimizeSpec(Strict):
 
         for name, opts in self.options.items():
             if name not in self.passes:
-                raise _LocatedError(("options", name),
+                raise LocatedError(("options", name),
                                     f"options given for pass `{name}`, which is not in `passes`")
             unknown = sorted(set(opts) - set(PASSES[name].options))
             if unknown:
                 allowed = ", ".join(PASSES[name].options) or "none"
-                raise _LocatedError(("options", name),
+                raise LocatedError(("options", name),
                                     f"pass `{name}` has no option {', '.join(unknown)}; allowed: {allowed}")
         return self
 
@@ -391,7 +376,7 @@ class Recipe(Strict):
         ids = [t.id for t in self.targets]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
-            raise _LocatedError(("targets",), f"target names must be unique (repeated: "
+            raise LocatedError(("targets",), f"target names must be unique (repeated: "
                                 f"{', '.join(dupes)}); set `name:`")
         # Dims sharing a symbol must agree, or the engine's profile is contradictory.
         seen: dict[str, Dim] = {}
@@ -400,37 +385,37 @@ class Recipe(Strict):
                 if isinstance(dim, Dim) and dim.name:
                     other = seen.setdefault(dim.name, dim)
                     if (other.min, other.opt, other.max) != (dim.min, dim.opt, dim.max):
-                        raise _LocatedError(("inputs", n, "shape", d),
+                        raise LocatedError(("inputs", n, "shape", d),
                                             f"dim `{dim.name}` is declared with different ranges")
         for n, target in enumerate(self.targets):
             try:
                 target.check(self)
             except ValueError as e:
-                raise _LocatedError(("targets", n), str(e)) from None
+                raise LocatedError(("targets", n), str(e)) from None
         if self.precision.mode in ("int8", "fp8") and self.data.calibration is None:
-            raise _LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode} "
+            raise LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode} "
                                 "needs calibration data: set data.calibration (random samples, "
                                 "a .npz `file` or a `loader`)")
         clash = sorted(set(self.outputs) & {i.name for i in self.inputs})
         if clash:
-            raise _LocatedError(("outputs",), f"outputs and inputs share names ({', '.join(clash)}); "
+            raise LocatedError(("outputs",), f"outputs and inputs share names ({', '.join(clash)}); "
                                 "an ONNX graph names each value once")
         for n, name in enumerate(self.validate_.top1_outputs or []):
             if name not in self.outputs:
-                raise _LocatedError(("validate", "top1_outputs", n),
+                raise LocatedError(("validate", "top1_outputs", n),
                                     f"`{name}` is not one of outputs {self.outputs}")
         if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
-            raise _LocatedError(("expect", "max_accuracy_loss"),
+            raise LocatedError(("expect", "max_accuracy_loss"),
                                 "needs a logits output (see validate.top1_outputs)")
         for symbol, sizes in self.validate_.latency.sweep.items():
             if symbol not in seen:
-                raise _LocatedError(("validate", "latency", "sweep"),
+                raise LocatedError(("validate", "latency", "sweep"),
                                     f"`{symbol}` is not a dim symbol of the inputs "
                                     f"(declared: {', '.join(sorted(seen)) or 'none'})")
             dim = seen[symbol]
             bad = [n for n in sizes if not dim.min <= n <= dim.max]
             if bad or not sizes:
-                raise _LocatedError(("validate", "latency", "sweep", symbol),
+                raise LocatedError(("validate", "latency", "sweep", symbol),
                                     f"sizes must be within [{dim.min}, {dim.max}] (got {sizes})")
         return self
 
@@ -446,9 +431,7 @@ class Recipe(Strict):
     @property
     def where(self) -> str:
         """The recipe file as messages show it (relative to the project when inside it)."""
-        from pipeline.recipe_loader import _display
-
-        return _display(self.source) if self.source else self.name
+        return display_path(self.source) if self.source else self.name
 
     @property
     def digest(self) -> str:
@@ -464,14 +447,3 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-_LOADER = ("list_recipes", "load", "recipes_dir", "resolve_path")
-
-
-def __getattr__(name: str):
-    """`recipe.load` & co. live in pipeline/recipe_loader.py (which imports this module);
-    looked up lazily so either module can be imported first."""
-    if name in _LOADER:
-        from pipeline import recipe_loader
-
-        return getattr(recipe_loader, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
