@@ -171,6 +171,76 @@ def test_open_refuses_before_touching_a_gpu(tmp_path, monkeypatch):
         trt_backend.open(engine, target)
 
 
+# ----------------------------------------------------------------------------- runner at the boundary
+class EngineQueries:
+    """Stands in for the part of trt.ICudaEngine the runner queries about profiles:
+    num_optimization_profiles and get_tensor_profile_shape(name, index) -> [min, opt, max]."""
+
+    def __init__(self, profiles: list[dict[str, tuple]]):
+        self.profiles = profiles
+        self.num_optimization_profiles = len(profiles)
+
+    def get_tensor_profile_shape(self, name, index):
+        return [list(s) for s in self.profiles[index][name]]
+
+
+class ContextCalls:
+    """Stands in for trt.IExecutionContext's profile and address calls, recording them."""
+
+    def __init__(self, refuse: str | None = None):
+        self.active_optimization_profile, self.switches, self.addresses = 0, [], {}
+        self.refuse = refuse
+
+    def set_optimization_profile_async(self, index, stream_handle):
+        self.switches.append(index)
+        self.active_optimization_profile = index
+        return True
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = address
+        return name != self.refuse
+
+
+# profile 0: the inputs' full range (batch 1..8, sequence 1..128, opt 2x64); 1: batch-1 decode
+# up to 32 tokens (opt 1x16); 2: long prompts (opt 2x128)
+FULL = {"input_ids": ((1, 1), (2, 64), (8, 128))}
+DECODE = {"input_ids": ((1, 1), (1, 16), (1, 32))}
+LONG = {"input_ids": ((1, 64), (2, 128), (8, 128))}
+
+
+def test_runner_chooses_the_profile_tuned_nearest_the_shapes():
+    from pipeline.backends.tensorrt_runner import choose_profile
+    from pipeline.errors import StageFailed
+
+    engine = EngineQueries([FULL, DECODE, LONG])
+    shapes = lambda b, s: {"input_ids": (b, s)}  # noqa: E731
+    assert choose_profile(engine, shapes(1, 20)) == 1  # both 0 and 1 hold it: 1 was tuned for it
+    assert choose_profile(engine, shapes(1, 1)) == 1
+    assert choose_profile(engine, shapes(2, 64)) == 0  # 0's own opt, though 2 holds it too
+    assert choose_profile(engine, shapes(2, 120)) == 2
+    assert choose_profile(engine, shapes(8, 40)) == 0  # only the full range holds batch 8
+    # equal distance to opt: the narrower range wins; equal everything: the lower index
+    assert choose_profile(EngineQueries([FULL, {"input_ids": ((1, 1), (2, 64), (4, 64))}]),
+                          shapes(2, 64)) == 1
+    assert choose_profile(EngineQueries([DECODE, DECODE]), shapes(1, 8)) == 0
+    with pytest.raises(StageFailed, match=r"outside every optimization profile"):
+        choose_profile(engine, shapes(9, 8))
+    with pytest.raises(StageFailed, match=r"outside every optimization profile"):
+        choose_profile(engine, {"input_ids": (1, 8, 1)})  # wrong rank
+
+
+def test_runner_switches_profile_only_when_the_index_changes():
+    """TensorRT schedules resource updates on the next enqueue after every
+    set_optimization_profile_async, same index or not: the runner calls it on a change only."""
+    from pipeline.backends.tensorrt_runner import choose_profile, switch_profile
+
+    engine, context = EngineQueries([FULL, DECODE]), ContextCalls()
+    switched = [switch_profile(context, choose_profile(engine, {"input_ids": s}), 7)
+                for s in [(2, 64), (4, 100), (1, 16), (1, 17), (1, 1), (8, 8), (2, 64)]]
+    assert switched == [False, False, True, False, False, True, False]
+    assert context.switches == [1, 0]
+
+
 # ----------------------------------------------------------------------------- layer truth
 def _tensor(name, dims, fmt):
     return {"Name": name, "Location": "Device", "Dimensions": dims, "Format/Datatype": fmt}
