@@ -241,6 +241,16 @@ def test_runner_switches_profile_only_when_the_index_changes():
     assert context.switches == [1, 0]
 
 
+def test_runner_refuses_an_address_tensorrt_refuses():
+    from pipeline.backends.tensorrt_runner import set_address
+    from pipeline.errors import StageFailed
+
+    context = ContextCalls(refuse="logits")
+    set_address(context, "input_ids", 0x7F0000000000)
+    with pytest.raises(StageFailed, match=r"refused the device address of tensor `logits`"):
+        set_address(context, "logits", 0x7F0000000100)
+
+
 # ----------------------------------------------------------------------------- layer truth
 def _tensor(name, dims, fmt):
     return {"Name": name, "Location": "Device", "Dimensions": dims, "Format/Datatype": fmt}

@@ -91,6 +91,14 @@ def switch_profile(context, index: int, stream_handle: int) -> bool:
     return True
 
 
+def set_address(context, name: str, address: int) -> None:
+    """context.set_tensor_address, refusing what TensorRT refuses (it returns False, no raise)."""
+    if not context.set_tensor_address(name, address):
+        raise StageFailed(f"TensorRT refused the device address of tensor `{name}` "
+                          "(set_tensor_address returned False)",
+                          "see the TensorRT log above: an unknown tensor name or a misaligned address")
+
+
 class TensorRTRunner(BaseRunner):
     """engine: a path to a serialized plan, or an already deserialized trt.ICudaEngine."""
 
@@ -156,7 +164,7 @@ class TensorRTRunner(BaseRunner):
             buf = self.buffers.get(n)
             if buf is None or tuple(buf.shape) != shape:
                 self.buffers[n] = torch.empty(shape, dtype=dtype, device="cuda")
-            context.set_tensor_address(n, self.buffers[n].data_ptr())
+            set_address(context, n, self.buffers[n].data_ptr())
 
     def _enqueue(self, context) -> None:
         if not context.execute_async_v3(self.stream.cuda_stream):
