@@ -251,6 +251,22 @@ def test_runner_refuses_an_address_tensorrt_refuses():
         set_address(context, "logits", 0x7F0000000100)
 
 
+def test_cuda_graphs_are_captured_thread_local_as_trtexec_does():
+    """trtexec captures with cudaStreamCaptureModeThreadLocal; torch.cuda.graph takes the mode
+    by name (its default, global, fails a capture for unsafe calls from any other thread)."""
+    import inspect
+
+    import torch
+
+    from pipeline.backends import tensorrt_runner
+
+    assert tensorrt_runner.CAPTURE_MODE == "thread_local"
+    assert "capture_error_mode" in inspect.signature(torch.cuda.graph).parameters
+    assert '"thread_local"' in torch.cuda.graph.__doc__  # a mode this torch knows
+    capture = inspect.getsource(tensorrt_runner.TensorRTRunner._capture)
+    assert "capture_error_mode=CAPTURE_MODE" in capture
+
+
 # ----------------------------------------------------------------------------- layer truth
 def _tensor(name, dims, fmt):
     return {"Name": name, "Location": "Device", "Dimensions": dims, "Format/Datatype": fmt}

@@ -10,8 +10,9 @@ On an input-shape change the runner picks the optimization profile tuned nearest
 shapes (`choose_profile`) and switches the context to it only when that is another profile.
 CUDA Graphs follow TensorRT's recipe: after an input-shape change, one plain enqueue
 (TensorRT flushes deferred shape work there), then capture one enqueue into a graph, then
-replay it for every request with those shapes. A capture that fails (data-dependent shapes,
-loops, plugins that sync) leaves the runner on plain enqueue with the reason in `details`.
+replay it for every request with those shapes (captured thread-local, as trtexec does). A
+capture that fails (data-dependent shapes, loops, plugins that sync) leaves the runner on
+plain enqueue with the reason in `details`.
 Nothing touches the GPU before the runner is activated.
 """
 
@@ -39,6 +40,12 @@ def _torch_dtype(trt, torch, dtype):
         raise StageFailed(f"engine I/O tensor of type {dtype} cannot be fed from numpy",
                           "keep graph inputs and outputs in fp32/fp16/int types")
     return table[dtype]
+
+
+# What trtexec captures with (cudaStreamCaptureModeThreadLocal): only this thread's unsafe
+# calls (cudaMalloc, a sync) during the capture break it. "global", torch's default, breaks it
+# for such calls from any thread of the process too (a resource monitor, a data loader).
+CAPTURE_MODE = "thread_local"
 
 
 def _log_ratio(a: int, b: int) -> float:
@@ -180,7 +187,7 @@ class TensorRTRunner(BaseRunner):
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode=CAPTURE_MODE):
                 if not self.context.execute_async_v3(self.stream.cuda_stream):
                     raise RuntimeError("execute_async_v3 returned False during capture")
         except Exception as e:  # noqa: BLE001 - any capture failure means: plain enqueue
