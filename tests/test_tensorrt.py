@@ -138,6 +138,26 @@ def test_trtexec_command_with_one_profile_has_no_profile_index(project, monkeypa
         "--minShapes=input_ids:1x1", "--optShapes=input_ids:2x64", "--maxShapes=input_ids:8x128"]
 
 
+def test_trtexec_command_for_a_static_model_passes_no_shapes(project, monkeypatch, tmp_path):
+    """trtexec refuses --minShapes/--optShapes/--maxShapes for a network without dynamic dims
+    ("Static model does not take explicit shapes ..."); Polygraphy's build keeps its profile."""
+    monkeypatch.chdir(project.path)
+    recipe = recipe_mod.load("standard", ["inputs.0.shape=[2, 64]"])
+    p = trt_backend.plan(tmp_path / "model.onnx", tmp_path / "tensorrt.plan", recipe, recipe.targets[1], H200)
+    assert p.static_shapes and p.profiles == [{"input_ids": ((2, 64), (2, 64), (2, 64))}]
+    cmd = trt_backend.trtexec_command(p)
+    assert not [c for c in cmd if "Shapes=" in c or c.startswith("--profile=")]
+    assert cmd[:5] == ["trtexec", f"--onnx={p.onnx}", f"--saveEngine={p.engine}", "--stronglyTyped",
+                       "--noTF32"]
+    (profile,) = trt_backend.loaders(p, enum=symbolic)._engine._config.profiles
+    assert tuple(map(list, profile["input_ids"])) == ([2, 64], [2, 64], [2, 64])
+    # one dynamic dim, even with min = opt = max, keeps the shapes: the export makes it dynamic
+    recipe = recipe_mod.load("standard", ["inputs.0.shape=[2, {min: 64, opt: 64, max: 64}]"])
+    p = trt_backend.plan(tmp_path / "model.onnx", tmp_path / "tensorrt.plan", recipe, recipe.targets[1], H200)
+    assert not p.static_shapes
+    assert "--optShapes=input_ids:2x64" in trt_backend.trtexec_command(p)
+
+
 @pytest.mark.parametrize("current, hardware_compatible, refused", [
     (H200, False, False),
     ({**H200, "tensorrt": "10.9.0.34"}, False, True),

@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline import deps, onnx_info
 from pipeline.backends import tensorrt_layers
 from pipeline.errors import InputError, StageFailed
-from pipeline.recipe import Recipe, TensorRTTarget
+from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
 EXTENSION = ".plan"
 PLAIN_ONNX = True  # builds only from ONNX-domain ops: run.py gives it a graph without ORT fusions
@@ -47,6 +47,8 @@ class BuildPlan:
     timing_cache: Path | None = None
     strongly_typed: bool = True
     profiling_verbosity: str = "DETAILED"
+    # every input dim fixed in the recipe: the exported graph has no dynamic dim
+    static_shapes: bool = False
 
 
 def profiles(recipe: Recipe, target: TensorRTTarget) -> list[dict[str, tuple[Shape, Shape, Shape]]]:
@@ -88,6 +90,7 @@ def plan(onnx: Path, engine: Path, recipe: Recipe, target: TensorRTTarget,
         optimization_level=target.optimization_level, pools=pools,
         hardware_compatibility=None if target.hardware_compatibility == "none" else "AMPERE_PLUS",
         timing_cache=cache,
+        static_shapes=not any(isinstance(d, Dim) for spec in recipe.inputs for d in spec.shape),
     )
 
 
@@ -160,7 +163,9 @@ def trtexec_command(p: BuildPlan, inspector_json: Path | None = None) -> list[st
     # trtexec turns TF32 on unless told not to; Polygraphy's CreateConfig (the build above)
     # leaves it off, and strongly typed networks still honour the flag.
     cmd.append("--noTF32")
-    for i, profile in enumerate(p.profiles):
+    # A network without dynamic dims takes no shapes: trtexec refuses them ("Static model does
+    # not take explicit shapes ..."). Polygraphy's build fills its profile with the fixed shapes.
+    for i, profile in enumerate([] if p.static_shapes else p.profiles):
         # One min/opt/max set stands alone; with several, trtexec wants `--profile=i` right
         # before each set (it refuses repeated sets without it).
         cmd += [f"--profile={i}"] if len(p.profiles) > 1 else []
