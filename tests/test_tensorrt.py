@@ -128,6 +128,22 @@ def test_trtexec_command(trt_plan):
     assert lines["polygraphy"].startswith("polygraphy convert model.onnx --convert-to trt -o tensorrt.plan")
 
 
+def test_build_records_strong_typing_from_the_plan_that_builds(trt_plan):
+    """One source of truth: the plan's strongly_typed drives the loaders, both command lines
+    and the recorded meta (it was hard-coded True in the meta)."""
+    import dataclasses
+
+    for typed in (True, False):
+        p = dataclasses.replace(trt_plan, strongly_typed=typed)
+        meta = trt_backend.build_meta(p, recipe_mod.TensorRTTarget(), H200, 1.5, "t.inspector.json")
+        assert meta["strongly_typed"] is typed
+        assert trt_backend.loaders(p, enum=symbolic)._engine._network.strongly_typed is typed
+        assert ("--stronglyTyped" in meta["commands"]["trtexec"]) is typed
+        assert ("--strongly-typed" in meta["commands"]["polygraphy"]) is typed
+    assert meta["profiles"][1] == {"input_ids": [[1, 1], [1, 16], [1, 32]]}
+    assert meta["commands"]["trtexec"].endswith("--exportLayerInfo=t.inspector.json")
+
+
 def test_trtexec_command_with_one_profile_has_no_profile_index(project, monkeypatch, tmp_path):
     monkeypatch.chdir(project.path)
     recipe = recipe_mod.load("standard")

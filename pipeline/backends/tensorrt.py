@@ -256,6 +256,19 @@ def check_parseable(onnx_path: Path) -> None:
                           "option that writes these")
 
 
+def build_meta(p: BuildPlan, target: TensorRTTarget, built_with: dict, seconds: float,
+               inspector_name: str) -> dict:
+    """What the build records: every setting read from the plan that built the engine."""
+    return {
+        "built_with": built_with, "hardware_compatibility": target.hardware_compatibility,
+        "build_seconds": seconds, "strongly_typed": p.strongly_typed,
+        "profiles": [{n: [list(s) for s in mm] for n, mm in prof.items()} for prof in p.profiles],
+        "optimization_level": p.optimization_level, "memory_pools": p.pools,
+        "timing_cache": str(p.timing_cache) if p.timing_cache else None,
+        "commands": command_lines(p, inspector_name),
+    }
+
+
 def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path):
     from pipeline import data
     from pipeline.backends.tensorrt_runner import TensorRTRunner
@@ -278,14 +291,7 @@ def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path
     summary = tensorrt_layers.effective_precision(inspector, layer_ms)
     inspector_path, info_path = sidecars(engine_path)
     inspector_path.write_text(inspector_text)
-    commands = command_lines(p, inspector_path.name)
-    meta = {
-        "built_with": built_with, "hardware_compatibility": target.hardware_compatibility,
-        "build_seconds": seconds, "strongly_typed": True,
-        "profiles": [{n: [list(s) for s in mm] for n, mm in prof.items()} for prof in p.profiles],
-        "optimization_level": p.optimization_level, "memory_pools": p.pools,
-        "timing_cache": str(p.timing_cache) if p.timing_cache else None, "commands": commands,
-    }
+    meta = build_meta(p, target, built_with, seconds, inspector_path.name)
     info_path.write_text(json.dumps({**meta, "effective_precision": summary}, indent=2) + "\n")
     short = {k: v for k, v in summary.items() if k != "per_layer"}
     return engine_path, {**meta, "effective_precision": short,
