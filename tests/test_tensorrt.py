@@ -400,23 +400,26 @@ def test_tensorrt_11_split_fields_give_the_same_shares():
         tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)["layer_share"]
 
 
-def test_validation_extras_gate_from_target_or_recipe_precision(tmp_path):
+def test_validation_extras_gate_from_the_target_only(project, monkeypatch, tmp_path):
     engine = tmp_path / "tensorrt.plan"
     _, info = trt_backend.sidecars(engine)
     summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
     info.write_text(json.dumps({"built_with": H200, "effective_precision": summary}))
     runner = SimpleNamespace(details={"cuda_graphs": "on", "captures": 1})
+    monkeypatch.chdir(project.path)
+    recipe = recipe_mod.load("standard")
     target = recipe_mod.TensorRTTarget(require_effective_precision="int8")
-    recipe = SimpleNamespace()  # no `precision:` section
     extras = trt_backend.validation_extras(engine, target, recipe, runner)
     assert extras["runtime"]["cuda_graphs"] == "on"
     assert [g["passed"] for g in extras["gates"]] == [False]
     assert "per_layer" not in extras["effective_precision"]
-    # A `precision: {require_effective_precision: int8}` section (another issue's key) also counts.
-    recipe = SimpleNamespace(precision=SimpleNamespace(require_effective_precision="int8"))
+    # `precision.require_effective_precision` is a share of ONNX Runtime's integer FLOPs
+    # (validate.py judges it on the onnxruntime target): no gate on a TensorRT engine.
+    recipe = recipe_mod.load("standard", ["precision.mode=int8",
+                                          "precision.require_effective_precision=0.9"])
+    assert recipe.precision.require_effective_precision == 0.9
     plain = recipe_mod.TensorRTTarget()
-    assert trt_backend.required_precision(recipe, plain) == "int8"
-    assert trt_backend.validation_extras(engine, plain, SimpleNamespace(), runner)["gates"] == []
+    assert trt_backend.validation_extras(engine, plain, recipe, runner)["gates"] == []
 
 
 # ----------------------------------------------------------------------------- recipe and CLI

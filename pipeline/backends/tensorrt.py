@@ -313,21 +313,6 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
     return TensorRTRunner(engine_path, cuda_graphs=target.cuda_graphs, name=target.id)
 
 
-def required_precision(recipe: Recipe, target: TensorRTTarget) -> str | None:
-    """The target's own requirement, else one set in the recipe's `precision:` section."""
-    if target.require_effective_precision:
-        return target.require_effective_precision
-    section = getattr(recipe, "precision", None)
-    value = getattr(section, "require_effective_precision", None)
-    if isinstance(value, str):
-        return value.lower()
-    if value is True:  # a flag: require the precision the section asks for
-        for key in ("mode", "dtype", "kind", "precision"):
-            if isinstance(getattr(section, key, None), str):
-                return getattr(section, key).lower()
-    return None
-
-
 def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
     """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
     _, info_path = sidecars(Path(engine_path))
@@ -335,10 +320,12 @@ def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe,
     extras = {"runtime": dict(runner.details), "gates": []}
     if summary is not None:
         extras["effective_precision"] = {k: v for k, v in summary.items() if k != "per_layer"}
-    required = required_precision(recipe, target)
-    if required and required in tensorrt_layers.CATEGORIES:
+    # The target's own precision name only: the `precision:` section's key of the same name is
+    # a share of MatMul FLOPs that ONNX Runtime runs in integer kernels (validate.py judges it).
+    if target.require_effective_precision:
         extras["gates"].append(tensorrt_layers.check_required(
-            summary or {"detailed": False}, required, target.effective_precision_min_share))
+            summary or {"detailed": False}, target.require_effective_precision,
+            target.effective_precision_min_share))
     return extras
 
 
