@@ -92,6 +92,7 @@ def test_runner_recaptures_when_shapes_change(built_trt):
     shapes = [f["input_ids"].shape for f in feeds + feeds[:1]]
     changes = sum(a != b for a, b in zip(shapes, shapes[1:])) + 1
     assert runner.details["captures"] == changes  # one capture per new shape, none when unchanged
+    assert runner.details["profile_switches"] == 0  # one profile: never switched, never re-set
     for out, ref in zip(outs, refs + refs[:1]):
         np.testing.assert_allclose(out["logits"], ref["logits"], atol=1e-3)
     np.testing.assert_array_equal(again["logits"], outs[-1]["logits"])
