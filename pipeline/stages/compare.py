@@ -286,7 +286,8 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
         "method": {
             "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
                       f"interleaved in blocks of {recipes[0].validation.latency.block} at "
-                      f"{timed['shapes'][0]['shape']}; ratio = B time / A time: "
+                      f"{timed['shapes'][0]['shape']}; B vs A as a speed-up, A time / B time (JSON "
+                      "time_ratio: B time / A time): "
                       + stats.ratio_method(recipes[0].validation.latency.noise_threshold),
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
         },
