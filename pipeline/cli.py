@@ -77,6 +77,9 @@ def cli():
 
     RECIPE is a name under recipes/ (e.g. `standard`) or a path to a YAML file.
     """
+    from pipeline import backends
+
+    backends.load_plugins()  # third-party target kinds, before any recipe is read
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:

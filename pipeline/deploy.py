@@ -3,8 +3,8 @@
     OUT/<recipe>-<target>/
         config.pbtxt          platform, max_batch_size, inputs/outputs (dims, data types),
                               dynamic batching, instance group, optimization
-        1/model.onnx          an ONNX Runtime engine  (platform onnxruntime_onnx)
-        1/model.plan          a TensorRT engine        (platform tensorrt_plan)
+        1/model.<ext>         the engine, named as its backend's TRITON says
+                              (model.onnx: onnxruntime_onnx, model.plan: tensorrt_plan)
         1/engine.json         provenance: recipe, sha256, versions, device, gates
 
 Only engines the report vouches for are deployed: built, gates passed (unless allowed), and
@@ -19,15 +19,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import deps
+from pipeline import backends, deps
 from pipeline.errors import GateFailed, InputError, IntegrityError, RecipeError
 from pipeline.recipe import Dim, Recipe
 from pipeline.store import Store, dumps, now, sha256_file, write_atomic
 
-# target kind -> (Triton platform, file name Triton loads from the version folder)
-PLATFORMS = {"onnxruntime": ("onnxruntime_onnx", "model.onnx"),
-             "tensorrt": ("tensorrt_plan", "model.plan")}
-SUFFIX_KIND = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt"}
 BATCH_NAMES = ("batch", "batch_size")
 
 # ONNX TensorProto element type -> Triton DataType (model_config.proto)
@@ -55,7 +51,7 @@ class Engine:
     kind: str
     path: Path
     sha256: str
-    gpu: bool             # runs on a GPU (TensorRT, or ORT built for CUDA)
+    gpu: bool             # runs on a GPU (its backend's TRITON.gpu(build meta))
     graph: Path           # the ONNX graph it was built from (for output types and shapes)
     entry: dict
 
@@ -85,9 +81,13 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
         kind = _kind(e)
         if e["status"] != "built":
             refused.append(f"target `{e['target']}` was {e['status']} ({e.get('reason')})")
-        elif kind not in PLATFORMS:
+        elif backends.lookup(kind) is None:
+            refused.append(f"target `{e['target']}`: no backend for `{kind}` engines is installed "
+                           f"here (known: {', '.join(backends.kinds())})")
+        elif _triton(kind) is None:
+            deployable = [k for k in backends.kinds() if _triton(k)]
             refused.append(f"target `{e['target']}`: Triton has no platform for `{kind}` engines "
-                           f"(deployable: {', '.join(PLATFORMS)})")
+                           f"(deployable: {', '.join(deployable)})")
         else:
             out.append(_engine(store, e, kind))
     if refused and (wanted or not out):
@@ -109,7 +109,14 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
 
 def _kind(entry: dict) -> str:
     """The engine kind: the report's, else from the engine file's suffix."""
-    return entry.get("kind") or SUFFIX_KIND.get(Path(entry.get("path") or "").suffix, "unknown")
+    return (entry.get("kind") or backends.kind_of_suffix(Path(entry.get("path") or "").suffix)
+            or "unknown")
+
+
+def _triton(kind: str) -> backends.TritonModel | None:
+    """How Triton serves `kind` (None: it cannot, or no backend here knows the kind)."""
+    backend = backends.lookup(kind)
+    return backend.TRITON if backend is not None else None
 
 
 def _engine(store: Store, entry: dict, kind: str) -> Engine:
@@ -120,8 +127,7 @@ def _engine(store: Store, entry: dict, kind: str) -> Engine:
         raise IntegrityError(f"{artifact.path}: sha256 {artifact.sha256[:12]}… is not the engine "
                              f"the report validated ({entry['sha256'][:12]}…)", "rerun the recipe")
     meta = stage.get("meta") or {}
-    providers = meta.get("providers") or []
-    gpu = kind == "tensorrt" or bool(providers and providers[0] != "CPUExecutionProvider")
+    gpu = _triton(kind).gpu(meta)
     graph = store.dir / meta.get("source", "model.onnx")
     return Engine(entry["target"], kind, artifact.path, artifact.sha256, gpu, graph, entry)
 
@@ -166,8 +172,8 @@ def config_pbtxt(name: str, engine_kind: str, gpu: bool, max_batch: int, inputs:
                  outputs: list[Tensor], instances: int = 1, queue_delay_us: int = 100,
                  opt_batch: int | None = None) -> str:
     """config.pbtxt in protobuf text format (inference.ModelConfig)."""
-    platform, _ = PLATFORMS[engine_kind]
-    lines = [f'name: "{name}"', f'platform: "{platform}"', f"max_batch_size: {max_batch}"]
+    triton = _triton(engine_kind)
+    lines = [f'name: "{name}"', f'platform: "{triton.platform}"', f"max_batch_size: {max_batch}"]
     for field, items in (("input", inputs), ("output", outputs)):
         for t in items:
             lines += [f"{field} {{", f'  name: "{t.name}"', f"  data_type: {t.data_type}",
@@ -177,18 +183,7 @@ def config_pbtxt(name: str, engine_kind: str, gpu: bool, max_batch: int, inputs:
         lines += ["dynamic_batching {", f"  preferred_batch_size: [{', '.join(map(str, preferred))}]",
                   f"  max_queue_delay_microseconds: {queue_delay_us}", "}"]
     lines += ["instance_group {", f"  count: {instances}", f"  kind: {'KIND_GPU' if gpu else 'KIND_CPU'}", "}"]
-    if engine_kind == "onnxruntime":
-        # The engine is already ORT's optimized graph, validated as is: level 2 tells Triton's
-        # ONNX Runtime backend to disable graph optimization so it serves exactly that graph.
-        lines += ["optimization {", "  graph { level: 2 }", "}"]
-    else:
-        # TensorRT backend: replay CUDA Graphs (launch-bound small batches gain most); one
-        # graph captured at the profile's opt point, others fall back to plain enqueue.
-        spec = [f"      batch_size: {opt_batch or 0}"] if max_batch > 0 else []
-        for t in inputs:
-            spec += [f'      input {{ key: "{t.name}" value {{ dim: [{", ".join(map(str, t.opt or []))}] }} }}']
-        lines += ["optimization {", "  cuda {", "    graphs: true", "    graph_spec {", *spec,
-                  "    }", "  }", "}"]
+    lines += triton.optimization(max_batch, opt_batch, inputs)
     return "\n".join(lines) + "\n"
 
 
@@ -206,7 +201,7 @@ def deploy(recipe: Recipe, engines_root: Path, out: Path, wanted: tuple[str, ...
         opt_batch = batch_dims[0].opt if max_batch and batch_dims else None
         text = config_pbtxt(model, e.kind, e.gpu, max_batch, inputs, outputs, instances, opt_batch=opt_batch)
         folder = out / model
-        _place(e, folder / str(version) / PLATFORMS[e.kind][1])
+        _place(e, folder / str(version) / _triton(e.kind).model_file)
         write_atomic(folder / str(version) / "engine.json", dumps({
             "recipe": recipe.name, "recipe_sha256": recipe.digest, "target": e.target,
             "kind": e.kind, "sha256": e.sha256, "bytes": e.path.stat().st_size,

@@ -173,7 +173,7 @@ def test_unbatched_recipe_gets_full_dims_and_no_batching(built_standard):
 def test_tensorrt_config_uses_the_plan_platform_gpu_and_cuda_graphs(built_standard):
     # No TensorRT engine can be built here; the config a .plan gets is checked up to that
     # boundary against the real schema, with the real recipe and the real exported graph.
-    from pipeline import deploy
+    from pipeline import backends, deploy
     from pipeline import recipe as recipe_mod
 
     recipe = recipe_mod.load(built_standard.path / "recipes" / "standard.yaml")
@@ -186,7 +186,7 @@ def test_tensorrt_config_uses_the_plan_platform_gpu_and_cuda_graphs(built_standa
     assert config.optimization.cuda.graphs
     (spec,) = config.optimization.cuda.graph_spec
     assert spec.batch_size == 2 and list(spec.input["input_ids"].dim) == [64]  # the opt point
-    assert deploy.PLATFORMS["tensorrt"][1] == "model.plan"
+    assert backends.get("tensorrt").TRITON.model_file == "model.plan"
     assert deploy._kind({"path": "engines/x/tensorrt.plan"}) == "tensorrt"
 
 

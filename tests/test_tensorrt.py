@@ -352,7 +352,7 @@ def test_effective_precision_shares_by_layers_and_time():
     assert by_name["/embed/Gather"] == "fp32"  # first input is an index: the float tensor decides
 
 
-def test_require_effective_precision_fails_an_int8_engine_that_runs_float():
+def test_require_layer_precision_fails_an_int8_engine_that_runs_float():
     good = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
     bad = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
     ok = tensorrt_layers.check_required(good, "int8", 0.5)
@@ -408,7 +408,7 @@ def test_validation_extras_gate_from_the_target_only(project, monkeypatch, tmp_p
     runner = SimpleNamespace(details={"cuda_graphs": "on", "captures": 1})
     monkeypatch.chdir(project.path)
     recipe = recipe_mod.load("standard")
-    target = recipe_mod.TensorRTTarget(require_effective_precision="int8")
+    target = recipe_mod.TensorRTTarget(require_layer_precision="int8")
     extras = trt_backend.validation_extras(engine, target, recipe, runner)
     assert extras["runtime"]["cuda_graphs"] == "on"
     assert [g["passed"] for g in extras["gates"]] == [False]
@@ -429,6 +429,20 @@ def test_profile_naming_an_unknown_dim_is_a_recipe_error(project, monkeypatch):
         recipe_mod.load("standard", ["targets.1.profiles=[{tokens: {min: 1, opt: 1, max: 2}}]"])
     with pytest.raises(RecipeError, match="targets.1.optimization_level"):
         recipe_mod.load("standard", ["targets.1.optimization_level=9"])
+
+
+def test_old_layer_precision_keys_name_their_new_names(project, monkeypatch):
+    """Renamed pre-1.0 (the `precision:` section's require_effective_precision is a share):
+    the old target keys get one error naming the new key, not a bare `unknown key`."""
+    monkeypatch.chdir(project.path)
+    with pytest.raises(RecipeError) as e:
+        recipe_mod.load("standard", ["targets.1.require_effective_precision=int8"])
+    assert "targets.1.require_effective_precision: renamed to `require_layer_precision`: " \
+           "write `require_layer_precision: int8`" in str(e.value)
+    with pytest.raises(RecipeError, match="renamed to `layer_precision_min_share`"):
+        recipe_mod.load("standard", ["targets.1.effective_precision_min_share=0.7"])
+    assert recipe_mod.load("standard", ["targets.1.require_layer_precision=int8"]).targets[1] \
+        .require_layer_precision == "int8"
 
 
 def test_every_glm_recipe_lists_tensorrt(project, monkeypatch):

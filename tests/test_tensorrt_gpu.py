@@ -100,7 +100,7 @@ def test_runner_recaptures_when_shapes_change(built_trt):
 
 def test_int8_requirement_fails_an_fp32_engine(built_trt):
     result = built_trt.run("run", "standard", *FAST, *REQUIRED,
-                           "--set", "targets.1.require_effective_precision=int8",
+                           "--set", "targets.1.require_layer_precision=int8",
                            env={"PIPELINE_CACHE_DIR": str(built_trt.path / "cache")})
     assert result.code == 3, result.err
     gate = next(g for g in _engine(built_trt)["gates"] if g["name"] == "effective_precision.int8")

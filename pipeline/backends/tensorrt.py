@@ -25,11 +25,28 @@ from pathlib import Path
 
 from pipeline import deps, onnx_info
 from pipeline.backends import tensorrt_layers
+from pipeline.backends.base import TritonModel
 from pipeline.errors import InputError, StageFailed
 from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
 EXTENSION = ".plan"
 PLAIN_ONNX = True  # builds only from ONNX-domain ops: run.py gives it a graph without ORT fusions
+TARGET = TensorRTTarget
+NEEDS_ONNX = True
+ENGINE_IS_ONNX = False
+
+
+def _triton_optimization(max_batch: int, opt_batch: int | None, inputs: list) -> list[str]:
+    """Triton's TensorRT backend replays CUDA Graphs (launch-bound small batches gain most):
+    one graph captured at the profile's opt point, other shapes fall back to plain enqueue."""
+    spec = [f"      batch_size: {opt_batch or 0}"] if max_batch > 0 else []
+    for t in inputs:
+        spec += [f'      input {{ key: "{t.name}" value {{ dim: [{", ".join(map(str, t.opt or []))}] }} }}']
+    return ["optimization {", "  cuda {", "    graphs: true", "    graph_spec {", *spec, "    }", "  }", "}"]
+
+
+TRITON = TritonModel("tensorrt_plan", "model.plan", gpu=lambda build_meta: True,
+                     optimization=_triton_optimization)
 Shape = tuple[int, ...]
 
 
@@ -322,10 +339,10 @@ def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe,
         extras["effective_precision"] = {k: v for k, v in summary.items() if k != "per_layer"}
     # The target's own precision name only: the `precision:` section's key of the same name is
     # a share of MatMul FLOPs that ONNX Runtime runs in integer kernels (validate.py judges it).
-    if target.require_effective_precision:
+    if target.require_layer_precision:
         extras["gates"].append(tensorrt_layers.check_required(
-            summary or {"detailed": False}, target.require_effective_precision,
-            target.effective_precision_min_share))
+            summary or {"detailed": False}, target.require_layer_precision,
+            target.layer_precision_min_share))
     return extras
 
 

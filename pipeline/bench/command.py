@@ -12,6 +12,7 @@ from rich.table import Table
 
 from pipeline import backends
 from pipeline.recipe import Recipe
+from pipeline.text import time_ratio_speedup
 
 
 def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bool,
@@ -56,14 +57,13 @@ def tables(result: dict) -> list[Table]:
             runners.add_row(name, shape["shape"], _ms(lat["p50"]), _ms(lat["p90"]), _ms(lat["p99"]),
                             f"{lat['cov']:.2f}", str(lat["n"]), _ms(cold["load"]),
                             _ms(cold["first_request"]))
-    comps = Table(title="A/B: B time / A time (interleaved rounds, 95% sign-test CI)")
-    for h in ("A", "B", "shape", "B/A [95% CI]", "verdict (B)"):
+    comps = Table(title="A/B: B vs A, speed-up = A time / B time (interleaved rounds, 95% sign-test CI)")
+    for h in ("A", "B", "shape", "B vs A [95% CI]", "verdict (B)"):
         comps.add_column(h)
     for shape in result["shapes"]:
         for c in shape["comparisons"]:
-            lo, hi = c["ci95"]
             style = {"faster": "green", "slower": "red"}.get(c["verdict"])
-            comps.add_row(c["a"], c["b"], shape["shape"], f"{c['time_ratio']:.3f} [{lo:.3f}, {hi:.3f}]",
+            comps.add_row(c["a"], c["b"], shape["shape"], time_ratio_speedup(c["time_ratio"], c["ci95"]),
                           c["verdict"], style=style)
     res, over = result["resources"], result["harness_overhead_us"]
     busy = res["system_busy_pct"]

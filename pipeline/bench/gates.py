@@ -8,6 +8,7 @@ accuracy gates, so `run.check_gates` exits 3 on any of them.
 from __future__ import annotations
 
 from pipeline.recipe import Recipe
+from pipeline.text import speedup, time_ratio_speedup
 
 
 def _gate(name: str, passed: bool, detail: str) -> dict:
@@ -23,8 +24,8 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
         lo, hi = s["ci95"]
         out.append(_gate(
             "expect.min_speedup", lo >= want.min_speedup,
-            f"speedup {s['ratio']:.2f}x, 95% CI [{lo:.2f}, {hi:.2f}] over {s['blocks']} block pairs; "
-            f"needs the whole interval >= {want.min_speedup:g}x"))
+            f"vs torch {speedup(s['ratio'], s['ci95'])} (95% CI) over {s['blocks']} block pairs; "
+            f"needs the whole speed-up interval >= {want.min_speedup:g}x"))
     if want.max_p99_ms is not None:
         lat = engine["latency_ms"]
         out.append(_gate(
@@ -51,8 +52,8 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
             lo, hi = c["ci95"]
             out.append(_gate(
                 f"expect.faster_than.{ref}", c["verdict"] == "faster",
-                f"time vs {ref}'s {v['target']}: {c['time_ratio']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}] "
-                f"({c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
-                f"interleaved, {c['blocks']} block pairs); needs the whole interval below "
-                f"1 / (1 + noise threshold {c['noise_threshold']:g})"))
+                f"vs {ref}'s {v['target']}: {time_ratio_speedup(c['time_ratio'], c['ci95'])} (95% CI; "
+                f"{c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
+                f"interleaved, {c['blocks']} block pairs); needs the whole interval faster than "
+                f"1 + noise threshold {c['noise_threshold']:g}"))
     return out

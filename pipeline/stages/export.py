@@ -16,48 +16,12 @@ from pathlib import Path
 
 from pipeline import data, metrics, models
 from pipeline.errors import PipelineError, RecipeError, StageFailed
-from pipeline.recipe import Dim, Recipe
+from pipeline.recipe import Recipe
+from pipeline.shapes import dynamic_axes, dynamic_shapes
 from pipeline.text import first_line
 
 NAME, VERSION = "export", 1
 SECTIONS = ("model", "inputs", "outputs", "export", "data")
-
-
-def _dim_symbols(recipe: Recipe) -> dict[tuple[str, int], tuple[str, Dim]]:
-    """(input, axis) -> (symbol, Dim) for every dynamic axis; shared names share symbols."""
-    out = {}
-    for spec in recipe.inputs:
-        for axis, dim in enumerate(spec.shape):
-            if isinstance(dim, Dim):
-                out[(spec.name, axis)] = (dim.name or f"{spec.name}_{axis}", dim)
-    return out
-
-
-def dynamic_shapes(recipe: Recipe):
-    """torch.export Dims, one object per symbol (positional, in forward() order)."""
-    import torch
-
-    dims: dict[str, torch.export.Dim] = {}
-    per_input = []
-    symbols = _dim_symbols(recipe)
-    for spec in recipe.inputs:
-        axes = {}
-        for axis in range(len(spec.shape)):
-            if (spec.name, axis) in symbols:
-                symbol, dim = symbols[(spec.name, axis)]
-                if symbol not in dims:
-                    dims[symbol] = torch.export.Dim(symbol, min=dim.min, max=dim.max)
-                axes[axis] = dims[symbol]
-        per_input.append(axes or None)
-    return tuple(per_input)
-
-
-def _dynamic_axes(recipe: Recipe) -> dict[str, dict[int, str]]:
-    """TorchScript exporter's form: input -> {axis: symbol}."""
-    axes: dict[str, dict[int, str]] = {}
-    for (name, axis), (symbol, _) in _dim_symbols(recipe).items():
-        axes.setdefault(name, {})[axis] = symbol
-    return axes
 
 
 @contextlib.contextmanager
@@ -98,7 +62,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
     if recipe.export.exporter == "dynamo":
         kwargs.update(dynamo=True, dynamic_shapes=dynamic_shapes(recipe), external_data=False)
     else:
-        kwargs.update(dynamo=False, dynamic_axes=_dynamic_axes(recipe))
+        kwargs.update(dynamo=False, dynamic_axes=dynamic_axes(recipe))
 
     log = io.StringIO()
     t0 = time.perf_counter()

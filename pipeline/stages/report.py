@@ -15,7 +15,7 @@ from rich.table import Table
 from pipeline import deps
 from pipeline.recipe import Recipe
 from pipeline.store import now
-from pipeline.text import fmt
+from pipeline.text import fmt, speedup, time_ratio_speedup
 
 VERSION = 2  # 2: warnings (contention, baseline drift)
 SCHEMA = 1
@@ -76,8 +76,7 @@ def _speedup(engine: dict) -> str:
     s = engine.get("speedup_vs_baseline")
     if not s:
         return "—"
-    lo, hi = s["ci95"]
-    return f"{s['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]"
+    return speedup(s["ratio"], s["ci95"])
 
 
 def _worst(engine: dict, key: str, pick=min):
@@ -112,7 +111,7 @@ def rows(report: dict) -> list[list[str]]:
 
 
 HEADERS = ["engine", "precision", "cosine (worst)", "top-1", "max |err|", "p50 / p99 ms",
-           "speedup vs torch [95% CI]", "gates"]
+           "vs torch [95% CI]", "gates"]
 
 
 def table(report: dict) -> Table:
@@ -219,8 +218,8 @@ def markdown(report: dict) -> str:
 
             lines += effective_markdown(e["effective_precision"])
         s = e["speedup_vs_baseline"]
-        lines += ["", f"Speedup vs PyTorch: **{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–"
-                  f"{s['ci95'][1]:.2f}, {s['verdict']}). How: {e['latency_method']}.", "",
+        lines += ["", f"{e['target']} vs PyTorch: **{speedup(s['ratio'], s['ci95'])}** (95% CI; "
+                  f"{s['verdict']}). How: {e['latency_method']}.", "",
                   *_engine_notes(e),
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
@@ -237,19 +236,19 @@ def _measurement(e: dict) -> list[str]:
                   f"imported): {e['target']} {cold['load']:.1f} + {cold['first_request']:.1f} ms; "
                   f"torch-eager {bcold['load']:.1f} + {bcold['first_request']:.1f} ms (warm p50 above)."]
     if e.get("sweep"):
-        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | speedup [95% CI] |",
+        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | engine vs torch [95% CI] |",
                   "|---|---|---|---|"]
         for s in e["sweep"]:
             el, bl, sp = s["latency_ms"], s["baseline_latency_ms"], s["speedup_vs_baseline"]
             lines.append(f"| {s['shape']} | {el['p50']:.3f} / {el['p99']:.3f} | {bl['p50']:.3f} / "
-                         f"{bl['p99']:.3f} | {sp['ratio']:.2f}x [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] |")
+                         f"{bl['p99']:.3f} | {speedup(sp['ratio'], sp['ci95'])} |")
     for v in e.get("versus") or []:
         if v.get("reason"):
             lines += ["", f"Versus `{v['other']}`: not measured ({v['reason']})."]
             continue
         c = v["comparison"]
-        lines += ["", f"Versus `{v['other_recipe']}`'s {v['target']} (interleaved): time ratio "
-                  f"{c['time_ratio']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}], {c['verdict']} "
+        lines += ["", f"Versus `{v['other_recipe']}`'s {v['target']} (interleaved): "
+                  f"{time_ratio_speedup(c['time_ratio'], c['ci95'])}, {c['verdict']} "
                   f"(p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms)."]
     res, over = e.get("resources"), e.get("harness_overhead_us")
     if res:
@@ -309,6 +308,6 @@ def _optimize_markdown(opt: dict | None) -> list[str]:
     if lat:
         s, a, b = lat["speedup"], lat["exported_ms"], lat["optimized_ms"]
         lines += ["", f"Latency, optimized vs exported graph: p50 {b['p50']:.3f} ms vs {a['p50']:.3f} ms, "
-                  f"**{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–{s['ci95'][1]:.2f}, {s['verdict']}). "
+                  f"**{speedup(s['ratio'], s['ci95'])}** (95% CI; {s['verdict']}). "
                   f"How: {lat['method']}."]
     return lines

@@ -116,13 +116,14 @@ def gates(recipe: Recipe, accuracy: dict) -> list[dict]:
 
 def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
                      gate_list: list[dict]) -> dict:
-    """Effective precision of a quantized ONNX Runtime engine (and its gate), CPU caveats."""
+    """Effective precision of a quantized engine that is an ONNX graph (ENGINE_IS_ONNX: ONNX
+    Runtime's profiler times its kernels) and its gate; CPU caveats."""
     from pipeline.precision import EMULATED_ON_CPU
 
     spec, extra = recipe.precision, {}
     if spec.mode in EMULATED_ON_CPU:
         extra["latency_note"] = EMULATED_ON_CPU[spec.mode]
-    if target.kind == "onnxruntime" and spec.mode in ("int8", "int4", "fp8"):
+    if backends.get(target.kind).ENGINE_IS_ONNX and spec.mode in ("int8", "int4", "fp8"):
         from pipeline.precision import effective
 
         result = effective.measure(engine.path, timing_feed(recipe), workdir, fp8=spec.mode == "fp8")
