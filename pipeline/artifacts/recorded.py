@@ -74,6 +74,8 @@ def parse(name: str, data: Any) -> Any:
 
 def report(data: dict) -> Report:
     """report.json's content as a Report, migrated from schema 1."""
+    if "recipe" not in data or "engines" not in data:  # no schema's report: not an old one either
+        raise Unusable("not a report this pipeline wrote (no `recipe` or `engines`)")
     version = data.get("schema", 1)
     if type(version) is not int:  # noqa: E721 - True is an int, not a schema
         raise Unusable(f"`schema` is {version!r}, not a schema number")
