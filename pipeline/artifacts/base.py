@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 # `strict`: JSON the pipeline wrote has its own types; "3" is not 3, 1 is not True (an int
 # is still a valid float). NaN and infinities are kept and written back as JSON's NaN /
@@ -19,14 +26,25 @@ _CONFIG = dict(strict=True, populate_by_name=True, ser_json_inf_nan="constants",
                regex_engine="python-re")  # FileName's pattern looks ahead
 
 
-class Closed(BaseModel):
+class _Artifact(BaseModel):
+    @model_validator(mode="after")
+    def _collections_always_present(self):
+        """A list or mapping field (gates, warnings, files...) is written and read back even
+        when empty: readers index it without a fallback, and dumps keep only set fields."""
+        for name, field in type(self).model_fields.items():
+            if isinstance(field.default, (list, dict)):
+                self.__pydantic_fields_set__.add(name)
+        return self
+
+
+class Closed(_Artifact):
     """A shape the pipeline owns end to end: an unknown key is an error (a key written by
     no code here is a file changed by hand, or a writer whose field was never declared)."""
 
     model_config = ConfigDict(extra="forbid", **_CONFIG)
 
 
-class Open(BaseModel):
+class Open(_Artifact):
     """A shape that grows outside this module's control (the device block, measured
     resources, sections another stage is adding): declared keys are typed, others kept."""
 
