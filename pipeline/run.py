@@ -452,9 +452,11 @@ class Run:
 
 
 def _not_built(target, status: str, reason: str) -> dict:
-    return {"target": target.id, "kind": target.kind, "status": status, "reason": reason,
-            "path": None, "sha256": None, "precision": None, "accuracy": None,
-            "latency_ms": None, "speedup_vs_baseline": None, "gates": []}
+    from pipeline.artifacts import EngineResult, dump
+
+    return dump(EngineResult(target=target.id, kind=target.kind, status=status, reason=reason,
+                             path=None, sha256=None, precision=None, accuracy=None,
+                             latency_ms=None, speedup_vs_baseline=None, gates=[]))
 
 
 def failed_gates(report: dict) -> list[str]:

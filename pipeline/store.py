@@ -19,6 +19,8 @@ interrupted commit, not tampering, and the stage (with no record) simply reruns.
 digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
 {sha256, bytes, stage}.) A recorded JSON file must also still be the object the pipeline
 wrote (`read_recorded_json`), since a manifest rewritten to match a broken file passes the sha256.
+Manifests and recorded JSON files are read through their models (pipeline.artifacts): a
+file that does not fit is refused in one line (IntegrityError), whatever is wrong in it.
 An unreadable manifest stops every command; `run --force` renames it to
 manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
 """
@@ -40,12 +42,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import deps
+from pipeline.artifacts import recorded
+from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
+from pipeline.artifacts.manifest import Manifest
 from pipeline.errors import InputError, IntegrityError, LockError
 from pipeline.text import first_line
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
-SCHEMA = 1
+SCHEMA = MANIFEST_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -200,13 +205,11 @@ class Store:
             data = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
-        problem = _manifest_problem(data)
-        if problem:
-            raise IntegrityError(f"{path}: not a manifest this pipeline wrote ({problem})",
-                                 self._manifest_hint())
-        data.setdefault("files", {})
-        data.setdefault("stages", {})
-        return data
+        try:
+            return recorded.manifest(data)  # every key checked against artifacts.Manifest
+        except recorded.Unusable as e:
+            what = e.problem if e.stale else f"not a manifest this pipeline wrote ({e.problem})"
+            raise IntegrityError(f"{path}: {what}", self._manifest_hint()) from None
 
     def _manifest_hint(self) -> str:
         return (f"rebuild with `pipeline run {self.dir.name} --force`: it keeps this manifest as "
@@ -235,7 +238,7 @@ class Store:
         m["updated"] = now()
         m["versions"] = deps.versions()
         m["device"] = deps.device()
-        write_atomic(self.dir / MANIFEST, dumps(m))
+        write_atomic(self.dir / MANIFEST, dumps(recorded.dump(Manifest.model_validate(m))))
 
     # ------------------------------------------------------------------ artifacts
     def workdir(self, stage_id: str) -> Path:
@@ -303,7 +306,10 @@ class Store:
         else:
             artifact = Artifact(name, path, actual, entry["bytes"])
         data, problem = read_recorded_json(path)
-        if problem:
+        if problem is not None and problem.stale:  # another pipeline version's, not tampered
+            raise IntegrityError(f"{path}: {problem}", f"rerun with --force: `pipeline run "
+                                 f"{self.dir.name} --force` rebuilds it with this pipeline")
+        if problem is not None:
             raise IntegrityError(f"{path}: {problem}, though its sha256 is the manifest's: the file "
                                  "and the manifest were changed after the build",
                                  f"rebuild with `pipeline run {self.dir.name} --force`")
@@ -316,53 +322,18 @@ class Store:
                 self.verify(name)
 
 
-def read_recorded_json(path: Path) -> tuple[Any, str | None]:
+def read_recorded_json(path: Path) -> tuple[Any, recorded.Unusable | None]:
     """(content, problem) of a recorded file: (None, None) for a file that is not JSON; else
-    the parsed object and what makes it unusable, or None. Every JSON file the stages write
-    is an object; report.json and validate-<target>.json also carry the keys every reader
-    of them relies on."""
+    the content as its model reads it (pipeline.artifacts: report.json migrated, validate-
+    and versus- files checked; any other JSON file must be an object) or what makes it
+    unusable."""
     if path.suffix != ".json":
         return None, None
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, f"not valid JSON ({first_line(e, 120)})"
-    return data, _json_problem(path.name, data)
-
-
-def _json_problem(name: str, data: Any) -> str | None:
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}, not the object the pipeline wrote"
-    if name == "report.json":
-        engines = data.get("engines")
-        if not isinstance(data.get("recipe"), str) or not isinstance(engines, list):
-            return "not a report this pipeline wrote (no `recipe` or `engines`)"
-        if not all(isinstance(e, dict) and isinstance(e.get("target"), str)
-                   and isinstance(e.get("status"), str) for e in engines):
-            return "not a report this pipeline wrote (an engine without `target` or `status`)"
-    elif name.startswith("validate-"):
-        if not (isinstance(data.get("target"), str) and isinstance(data.get("status"), str)
-                and isinstance(data.get("gates", []), list)):
-            return "not a validation this pipeline wrote (no `target`, `status` or `gates`)"
-    return None
-
-
-def _manifest_problem(data: Any) -> str | None:
-    """What makes `data` not a manifest (the run would trip over it later), or None."""
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}, not an object"
-    files, stages, pending = data.get("files", {}), data.get("stages", {}), data.get("pending", {})
-    if not all(isinstance(x, dict) for x in (files, stages, pending)):
-        return "`files`, `stages` and `pending` must be objects"
-    for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and "/" not in name and name not in ("", ".", "..")):
-            return f"bad entry for file {name!r}"
-    if not all(isinstance(d, str) for d in pending.values()):
-        return "bad `pending` digests"
-    for stage_id, record in stages.items():
-        if not (isinstance(record, dict) and isinstance(record.get("key"), str)
-                and isinstance(record.get("outputs"), list) and isinstance(record.get("meta", {}), dict)
-                and all(isinstance(o, str) and o in files for o in record["outputs"])):
-            return f"bad record for stage {stage_id!r}"
-    return None
+        return None, recorded.Unusable(f"not valid JSON ({first_line(e, 120)})")
+    try:
+        return recorded.parse(path.name, data), None
+    except recorded.Unusable as e:
+        return data, e

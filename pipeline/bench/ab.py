@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 
 from pipeline import backends, models
+from pipeline.artifacts.recorded import dump
+from pipeline.artifacts.report import Versus
 from pipeline.bench import plots, protocol, sweep
 from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
@@ -105,7 +107,7 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
         "harness_overhead_us": result["harness_overhead_us"],
     }
     path = workdir / name
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path.write_text(json.dumps(dump(Versus.model_validate(out)), indent=2) + "\n")
     return {name: path}, {"verdict": out["comparison"]["verdict"]}
 
 

@@ -15,8 +15,14 @@ Generated from the recipe schema (`pipeline/recipe/`) by `make docs`; do not edi
 Unknown and repeated keys are errors; values are strictly typed (`true` and `"7"` are no
 integers, `1e-3` is a float, `.inf`/`.nan` are refused).
 
-To have an editor check recipes as you type, write the JSON Schema once and point its YAML
-language server (e.g. VS Code's YAML extension) at it from the first line of a recipe:
+## Recipe files in an editor
+
+`pipeline schema recipe` prints the JSON Schema of a recipe *file*, made from the same
+pydantic models the pipeline validates with: every key's type, allowed values and
+description, misspelt keys flagged. A file that `extends:` another may leave any key to its
+base, so keys are required only inside list items (an input, a target), which a file always
+sets whole; what the merged recipe still lacks, and rules across fields, the pipeline checks.
+For an editor with the YAML language server (VS Code's YAML extension, Neovim's yamlls):
 
 ```sh
 pipeline schema recipe > recipe.schema.json
@@ -24,7 +30,13 @@ pipeline schema recipe > recipe.schema.json
 
 ```yaml
 # yaml-language-server: $schema=../recipe.schema.json
+description: my variant
+extends: base/glm-tiny.yaml
 ```
+
+(the path is relative to the recipe file; or map `recipes/**/*.yaml` to the schema once in
+the editor's `yaml.schemas` setting). `pipeline schema report` and `pipeline schema manifest`
+print the schemas of report.json (schema 2) and manifest.json, for tools that read them.
 """
 
 

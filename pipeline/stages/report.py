@@ -1,7 +1,8 @@
-"""report: report.json (the source of truth, schema 1), report.md and the terminal table.
+"""report: report.json (the source of truth, schema 2), report.md and the terminal table.
 
-Markdown and the table are rendered from the JSON alone, never recomputed, so what a
-person reads is what CI and `compare` read.
+report.json is a pipeline.artifacts.Report, written through the model (its dump is the
+file); Markdown and the table are rendered from that JSON alone, never recomputed, so what
+a person reads is what CI and `compare` read.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
+from pipeline.artifacts import SCHEMA, Report, dump
 from pipeline.recipe import Recipe
 from pipeline.store import now
 from pipeline.text import fmt, speedup, time_ratio_speedup
 
-VERSION = 2  # 2: warnings (contention, baseline drift)
-SCHEMA = 1
+VERSION = 3  # 2: warnings (contention, baseline drift); 3: schema 2 (typed, pipeline.artifacts)
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
-             engines: list[dict]) -> dict:
+             engines: list[dict]) -> Report:
     """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
-    return {
+    return Report.model_validate({
         "schema": SCHEMA,
         "recipe": recipe.name,
         "recipe_sha256": recipe.digest,
@@ -36,7 +37,7 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "baseline": baseline,
         "engines": engines,
         "warnings": warnings(baseline, engines),
-    }
+    })
 
 
 # The same eager model timed alone (baseline stage) and interleaved with an engine (validate)
@@ -63,7 +64,8 @@ def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
     return out
 
 
-def write(report: dict, workdir: Path) -> dict[str, Path]:
+def write(model: Report, workdir: Path) -> dict[str, Path]:
+    report = dump(model)
     json_path = workdir / "report.json"
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     md_path = workdir / "report.md"

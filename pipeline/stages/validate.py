@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 from pipeline import backends, data, metrics, models
+from pipeline.artifacts import EngineResult, dump
 from pipeline.backends.torch import TorchRunner
 from pipeline.bench import plots, protocol, stats, sweep, timing
 from pipeline.errors import StageFailed
@@ -206,5 +207,5 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     }
     result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
     path = workdir / f"validate-{target.id}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(dump(EngineResult.model_validate(result)), indent=2) + "\n")
     return {path.name: path, plot.name: plot}, {"passed": all(g["passed"] for g in result["gates"])}
