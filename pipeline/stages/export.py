@@ -19,7 +19,7 @@ from pipeline.errors import PipelineError, RecipeError, StageFailed
 from pipeline.recipe import Dim, Recipe
 from pipeline.text import first_line
 
-NAME, VERSION = "export", 1
+NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export", "data")
 
 
