@@ -128,7 +128,6 @@ class Run:
     def _build(self, target, graph: Artifact | None) -> Artifact:
         """`graph` is None for a backend that builds from the PyTorch model (NEEDS_ONNX False),
         when no target needed the graph stages; its key then covers the model's section."""
-        from pipeline import backends
         from pipeline.stages import build
 
         sections = ("inputs",) if graph is not None else ("model", "inputs")
@@ -137,7 +136,7 @@ class Run:
             {"target": target.model_dump(mode="json"), **self.recipe.section(*sections)},
             [graph] if graph is not None else [],
             lambda wd: build.build(self.recipe, target, graph, wd),
-            device_keys=build_keys(backends.get(target.kind).device(target), target),
+            device_keys=build_keys(target),
         ).outputs[build.engine_name(target)]
 
     def _validate(self, target, engine: Artifact, base: Result) -> dict:

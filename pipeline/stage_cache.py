@@ -66,13 +66,17 @@ DEVICE_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
-def build_keys(backend_device: str, target) -> tuple[str, ...]:
-    """A build for the GPU (TensorRT plans) is tied to the GPU, its compute capability and
-    driver. An ONNX Runtime CPU build saves a graph; at optimization level `all` that graph
-    holds layout transforms chosen for this CPU's instruction set (ORT's documentation)."""
-    if backend_device == "cuda":
-        return deps.GPU_KEYS
-    return ("cpu_isa",) if getattr(target, "optimization_level", None) == "all" else ()
+def build_keys(target) -> tuple[str, ...]:
+    """A build that may run on the GPU (TensorRT plans; `cuda` or `auto` providers and devices)
+    is tied to the GPU, its compute capability and driver (all None without one). An ONNX
+    Runtime CPU build saves a graph; at optimization level `all` that graph holds layout
+    transforms chosen for this CPU's instruction set (ORT's documentation). Read from the
+    target alone: asking the backend would import its runtime on an unchanged rerun."""
+    where = getattr(target, "provider", None) or getattr(target, "device", None)
+    keys = deps.GPU_KEYS if target.kind == "tensorrt" or where in ("cuda", "auto") else ()
+    if getattr(target, "optimization_level", None) == "all":
+        keys = (*keys, "cpu_isa")
+    return keys
 
 
 def code(kind: str) -> str:

@@ -48,10 +48,10 @@ def test_a_rehashed_broken_report_is_refused_by_every_command(standard_copy, tmp
                  ("compare", "standard", "flash", *FAST),
                  ("deploy", "standard", "--triton", str(tmp_path / "models"), *FAST)):
         line = one_error(proj.run(*args), 5)
-        assert problem in line and "pipeline run standard --force" in line, (args, line)
+        assert problem in line and f"pipeline run {STANDARD} --force" in line, (args, line)
     assert not (tmp_path / "models").exists()
     verified = proj.run("verify", f"engines/{STANDARD}")
-    assert "standard/report.json" in one_error(verified, 5)
+    assert f"{STANDARD}/report.json" in one_error(verified, 5)
     assert "✗ MISMATCH report.json: sha256 matches the manifest, but the file is" in verified.out
     assert proj.snapshot() == before
 
@@ -70,9 +70,9 @@ def test_force_sets_an_unreadable_manifest_aside_and_rebuilds(standard_copy):
     folder = proj.engines / STANDARD
     (folder / "manifest.json").write_text("{x\n")
     line = one_error(proj.run("run", "standard", *FAST), 5)
-    assert "unreadable manifest" in line and "rebuild with `pipeline run standard --force`" in line
+    assert "unreadable manifest" in line and f"rebuild with `pipeline run {STANDARD} --force`" in line
     verified = proj.run("verify", f"engines/{STANDARD}")
-    assert "pipeline run standard --force" in one_error(verified, 5)  # a hint that works
+    assert f"pipeline run {STANDARD} --force" in one_error(verified, 5)  # a hint that works
     forced = proj.run("run", "standard", *FAST, "--force")
     assert forced.code == 0, forced.err
     (aside,) = folder.glob("manifest.json.unreadable-*")
@@ -170,7 +170,7 @@ def test_a_second_recipe_file_of_the_same_name_cannot_overwrite_the_folder(stand
                         original.replace("extends: base/", "extends: ../base/")
                         .replace("description: ", "description: an older copy of ", 1))
     before = standard_copy.snapshot()
-    result = standard_copy.run("export", "recipes/old/standard.yaml")
+    result = standard_copy.run("export", "recipes/old/standard.yaml", *FAST)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
     assert (f"engines/{STANDARD}: holds the engines of recipes/standard.yaml, not of "
             "recipes/old/standard.yaml (two recipe files named `standard`)") in result.err
