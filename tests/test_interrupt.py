@@ -310,10 +310,12 @@ def test_a_full_disk_is_one_error_line_and_changes_nothing(built_standard, tmp_p
 
     project = Project(tmp_path)
     shutil.copytree(built_standard.engines, project.engines)
+    overrides = (*FAST, "--set", "validate.latency.iterations=34")  # the baseline has work to do
+    shutil.copytree(project.engines / STANDARD, project.engines / set_folder("standard", *overrides))
     before = project.snapshot()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard", *FAST,
-                           "--set", "validate.latency.iterations=34"], cwd=project.path, env=env,
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard", *overrides],
+                          cwd=project.path, env=env,
                           capture_output=True, text=True, preexec_fn=limit, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert proc.returncode == 4, proc.stderr
