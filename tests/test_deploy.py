@@ -62,8 +62,8 @@ def test_verify_names_the_changed_file_and_the_changed_version(built_standard, t
     assert "versions.onnxruntime: built with 0.0.1, this machine has" in mismatches[1]
     assert len(result.error_lines) == 1 and "Traceback" not in result.err
     assert "2 of" in result.error_lines[0]
-    assert "standard/onnxruntime.onnx" in result.error_lines[0]
-    assert "standard/versions.onnxruntime" in result.error_lines[0]
+    assert f"{STANDARD}/onnxruntime.onnx" in result.error_lines[0]
+    assert f"{STANDARD}/versions.onnxruntime" in result.error_lines[0]
     # --files-only still catches the engine, and only the engine
     files_only = proj.run("verify", f"engines/{STANDARD}", "--files-only")
     assert files_only.code == 5 and "versions." not in files_only.out
@@ -132,9 +132,16 @@ def test_deploy_refuses_a_changed_engine_and_writes_nothing(built_standard, tmp_
     assert not out.exists()
 
 
-def test_deploy_refuses_engines_of_another_recipe_version(built_standard, tmp_path):
+def test_deploy_refuses_engines_of_another_recipe_version(built_standard, standard_copy, tmp_path):
     out = tmp_path / "models"
-    result = built_standard.run("deploy", "standard", "--triton", str(out))  # without FAST's --set
+    # without FAST's --set: the plain recipe's folder, which was never built
+    result = built_standard.run("deploy", "standard", "--triton", str(out))
+    assert result.code == 2 and len(result.error_lines) == 1
+    assert "engines/standard/report.json: not found" in result.error_lines[0]
+    # the recipe file edited since the build: the folder holds another version of it
+    recipe = standard_copy.path / "recipes" / "standard.yaml"
+    recipe.write_text(recipe.read_text().replace("description: ", "description: edited, ", 1))
+    result = standard_copy.run("deploy", "standard", "--triton", str(out), *FAST)
     assert result.code == 2 and len(result.error_lines) == 1
     assert "different version of recipe `standard`" in result.error_lines[0]
     assert not out.exists()
