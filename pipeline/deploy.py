@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline import backends, deps
 from pipeline.errors import GateFailed, InputError, IntegrityError, RecipeError
+from pipeline.folders import folder_name
 from pipeline.recipe import Dim, Recipe
 from pipeline.store import Store, dumps, now, sha256_file, write_atomic
 
@@ -191,7 +192,7 @@ def config_pbtxt(name: str, engine_kind: str, gpu: bool, max_batch: int, inputs:
 def deploy(recipe: Recipe, engines_root: Path, out: Path, wanted: tuple[str, ...] = (),
            version: int = 1, instances: int = 1, allow_failed: bool = False) -> list[Path]:
     """Write one model per engine into the repository OUT; returns the model folders."""
-    store = Store(engines_root, recipe.name)
+    store = Store(engines_root, folder_name(recipe))
     chosen = engines(recipe, store, wanted, allow_failed)
     written = []
     for e in chosen:

@@ -15,7 +15,7 @@ from pipeline import recipe as recipe_mod
 from pipeline.bench import protocol, stats, timing
 from pipeline.bench.clock import HostTimer, timer_for
 from pipeline.bench.monitor import ResourceMonitor
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, STANDARD, Project, set_folder
 
 # 20 interleaved block pairs of 10 requests per repetition: small, but a real A/B.
 AB_SPEC = {"warmup": 20, "iterations": 200, "min_seconds": 0, "block": 10}
@@ -82,7 +82,7 @@ def ort_pair(built_standard, standard_recipe):
     from pipeline.backends import onnxruntime as ort_backend
     from pipeline.stages.validate import timing_feed
 
-    path = built_standard.engines / "standard" / "onnxruntime.onnx"
+    path = built_standard.engines / STANDARD / "onnxruntime.onnx"
     target = standard_recipe.targets[0]
     with ort_backend.open(path, target, standard_recipe, threads=1, spin=False) as a, \
             ort_backend.open(path, target, standard_recipe, threads=1, spin=False) as b:
@@ -186,7 +186,7 @@ def test_harness_overhead_is_under_20_us_per_request():
 
 
 def test_report_json_carries_overhead_cold_start_resources_and_plot(built_standard):
-    folder = built_standard.engines / "standard"
+    folder = built_standard.engines / STANDARD
     report = json.loads((folder / "report.json").read_text())
     engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
     assert 0 < engine["harness_overhead_us"]["p50"] < 20
@@ -346,7 +346,7 @@ def twin_project(built_standard, tmp_path_factory) -> Project:
     with its engines already in place (so faster_than and --vs need no new export)."""
     proj = Project(tmp_path_factory.mktemp("twin"))
     shutil.copytree(built_standard.engines, proj.engines)
-    shutil.copytree(proj.engines / "standard", proj.engines / "twin")
+    shutil.copytree(proj.engines / STANDARD, proj.engines / "twin")
     shutil.copy(proj.path / "recipes" / "standard.yaml", proj.path / "recipes" / "twin.yaml")
     return proj
 
@@ -359,7 +359,7 @@ def test_impossible_expect_gate_exits_3_with_the_evidence(twin_project):
     assert "expect.min_speedup (vs torch " in line and ">= 1000x" in line
     assert re.search(r"vs torch \d+\.\d\dx (faster|slower) \[\d+\.\d\d, \d+\.\d\d\] \(95% CI\)", line), line
     assert "versus:onnxruntime:twin" in result.err  # the A/B of the two recipes' engines ran
-    report = json.loads((twin_project.engines / "standard" / "report.json").read_text())
+    report = json.loads((twin_project.folder(result) / "report.json").read_text())
     (versus,) = report["engines"][0]["versus"]
     assert versus["other_recipe"] == "twin" and versus["comparison"]["verdict"] in (
         "faster", "slower", "indistinguishable")
@@ -371,28 +371,30 @@ def test_expect_gates_that_hold_exit_0_and_the_sweep_reports_every_shape(twin_pr
                               "--set", "expect.max_p99_ms=1000000", "--set", "expect.max_accuracy_loss=0.5",
                               "--set", "validate.latency.sweep={batch: [1, 4]}")
     assert result.code == 0, result.err
-    report = json.loads((twin_project.engines / "standard" / "report.json").read_text())
+    report = json.loads((twin_project.folder(result) / "report.json").read_text())
     engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
     names = {g["name"]: g["passed"] for g in engine["gates"]}
     assert names["expect.min_speedup"] and names["expect.max_p99_ms"]
     assert names["expect.max_accuracy_loss.logits"]
     assert [s["dims"] for s in engine["sweep"]] == [{"batch": 1, "sequence": 64}, {"batch": 4, "sequence": 64}]
     assert all(s["latency_ms"]["n"] >= 40 and s["speedup_vs_baseline"]["ci95"] for s in engine["sweep"])
-    assert "| batch=4 sequence=64 |" in (twin_project.engines / "standard" / "report.md").read_text()
+    assert "| batch=4 sequence=64 |" in (twin_project.folder(result) / "report.md").read_text()
 
 
 def test_bench_vs_another_recipe_prints_verdicts_and_writes_json(twin_project):
-    result = twin_project.run("bench", "standard", "--vs", "twin", *FAST, "--set", "validate.threads=1")
+    args = (*FAST, "--set", "validate.threads=1")
+    result = twin_project.run("bench", "standard", "--vs", "twin", *args)
     assert result.code == 0, result.err
+    folder = twin_project.engines / set_folder("standard", *args)  # --set: the variant's own folder
     assert "B vs A [95% CI]" in result.out and "harness overhead" in result.out
     assert re.search(r"\d\.\d\dx (faster|slower) \[\d+\.\d\d, \d+\.\d\d\]", result.out), result.out
-    data = json.loads((twin_project.engines / "standard" / "bench-vs-twin.json").read_text())
+    data = json.loads((folder / "bench-vs-twin.json").read_text())
     pairs = {(c["a"], c["b"]) for c in data["shapes"][0]["comparisons"]}
     assert ("standard/torch-eager", "standard/onnxruntime") in pairs
     assert ("twin/onnxruntime", "standard/onnxruntime") in pairs
     assert set(data["cold_start_ms"]) == {"standard/torch-eager", "standard/onnxruntime",
                                           "twin/torch-eager", "twin/onnxruntime"}
-    assert (twin_project.engines / "standard" / data["plot"]).stat().st_size > 10_000
+    assert (folder / data["plot"]).stat().st_size > 10_000
 
 
 @pytest.mark.parametrize("setting, expected", [

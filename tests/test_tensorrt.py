@@ -18,6 +18,7 @@ from pipeline import recipe as recipe_mod
 from pipeline.backends import tensorrt as trt_backend
 from pipeline.backends import tensorrt_layers
 from pipeline.errors import InputError, RecipeError
+from tests.conftest import STANDARD
 
 H200 = {"tensorrt": "10.8.0.43", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
 TWO_PROFILES = ("targets.1.profiles=[{batch: {min: 1, opt: 1, max: 1}, "
@@ -457,14 +458,14 @@ def test_every_glm_recipe_lists_tensorrt(project, monkeypatch):
 @pytest.mark.skipif(trt_backend.unavailable(recipe_mod.TensorRTTarget()) is None,
                     reason="TensorRT and a GPU are here: the target builds instead of skipping")
 def test_without_tensorrt_the_target_is_skipped_and_the_rest_builds(built_standard):
-    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    report = json.loads((built_standard.engines / STANDARD / "report.json").read_text())
     engines = {e["target"]: e for e in report["engines"]}
     assert engines["onnxruntime"]["status"] == "built"
     trt = engines["tensorrt"]
     assert trt["status"] == "skipped" and trt["path"] is None
     assert trt["reason"].startswith(("TensorRT is not installed", "TensorRT needs an NVIDIA GPU"))
     assert "pip install -e '.[gpu]'" in trt["reason"] or "nvidia-smi" in trt["reason"]
-    assert not list((built_standard.engines / "standard").glob("tensorrt*"))
+    assert not list((built_standard.engines / STANDARD).glob("tensorrt*"))
 
 
 @pytest.mark.skipif(trt_backend.unavailable(recipe_mod.TensorRTTarget()) is None,
@@ -483,7 +484,7 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
     """Rendered from the JSON alone: a TensorRT-like engine entry with runtime extras."""
     from pipeline.stages import report as report_mod
 
-    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    report = json.loads((built_standard.engines / STANDARD / "report.json").read_text())
     engine = next(e for e in report["engines"] if e["status"] == "built")
     summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
     engine.update(runtime={"cuda_graphs": "fallback to plain enqueue (capture failed)",
@@ -502,7 +503,7 @@ def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(buil
     from pipeline import onnx_info
     from pipeline.errors import StageFailed
 
-    folder = built_standard.engines / "standard"
+    folder = built_standard.engines / STANDARD
     assert onnx_info.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
     foreign = onnx_info.foreign_ops(folder / "optimized.onnx")
     assert foreign["com.microsoft.GroupQueryAttention"] == 2
@@ -570,8 +571,9 @@ def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, mon
     with run.store.lock():
         graph = run.store.artifact("typed.onnx")
         assert onnx_info.foreign_ops(graph.path)  # fused for ONNX Runtime
-        assert run.graph_for(ort_target, graph) is graph
-        plain = run.graph_for(trt_target, graph)
+        assert run.chain.graph == graph
+        assert run.chain.for_target(ort_target) == graph
+        plain = run.chain.for_target(trt_target)
     assert plain.name == "typed-plain.onnx" and onnx_info.foreign_ops(plain.path) == {}
     ops = Counter(n.op_type for n in onnx.load(str(plain.path)).graph.node)
     assert ops["QuantizeLinear"] > 0 and ops["MatMul"] > 0  # INT8 Q/DQ, TensorRT's placement
@@ -583,5 +585,5 @@ def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, mon
     again = Run(recipe, project.engines)
     again.execute("precision")
     with again.store.lock():
-        assert again.graph_for(trt_target, again.store.artifact("typed.onnx")).sha256 == plain.sha256
-    assert not again.work_done
+        assert again.chain.for_target(trt_target).sha256 == plain.sha256
+    assert not again.cache.work_done

@@ -351,6 +351,7 @@ class Recipe(Strict):
     # Set by the loader, not by YAML.
     name: str = Field("recipe", exclude=True)
     source: Path | None = Field(None, exclude=True)
+    overrides: tuple[str, ...] = Field((), exclude=True)  # the --set values, as given
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -9,7 +9,7 @@ from pipeline import backends
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-NAME, VERSION = "build", 1
+NAME = "build"
 
 
 def engine_name(target) -> str:

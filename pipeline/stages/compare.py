@@ -29,8 +29,10 @@ from pipeline import backends, data
 from pipeline.bench import ab, protocol, stats, sweep
 from pipeline.errors import RecipeError
 from pipeline.explain import causes, layers, profile
+from pipeline.folders import folder_name
 from pipeline.recipe import Recipe
 from pipeline.stages.build import engine_name
+from pipeline.stages.openers import baseline_opener, engine_opener, timing_feed
 from pipeline.store import Store, now
 
 SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
@@ -97,7 +99,7 @@ def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
 
     out = {}
     for r in recipes:
-        store = Store(root, r.name)
+        store = Store(root, folder_name(r))
         export = store.manifest["stages"].get("export")
         params = None
         if export:
@@ -148,16 +150,16 @@ def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tupl
     openers, pairs = {}, []
     for r in recipes:
         targets = {t.id: t for t in r.targets}
-        openers[f"{r.name}/{ab.BASELINE}"] = ab.baseline_opener(r)
-        store = Store(root, r.name)
+        openers[f"{r.name}/{ab.BASELINE}"] = baseline_opener(r)
+        store = Store(root, folder_name(r))
         for tid in shared:
             # the file timed must be the file validated: its sha256 is checked again here
             path = store.verify(engine_name(targets[tid])).path
-            openers[f"{r.name}/{tid}"] = ab.engine_opener(r, targets[tid], path)
+            openers[f"{r.name}/{tid}"] = engine_opener(r, targets[tid], path)
     for other in recipes[1:]:
         for tid in [ab.BASELINE, *shared]:
             pairs.append((f"{first.name}/{tid}", f"{other.name}/{tid}"))
-    feed = ab._timing_feed(first)
+    feed = timing_feed(first)
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, samples = protocol.measure(runners, sweep.shapes(first, feed)[:1],
@@ -193,7 +195,7 @@ def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
         return out
     fp8 = {k: {"session.disable_quant_qdq": "1"} for k, e in entries.items() if e.get("precision") == "fp8"}
     profiles = profile.profile_sessions({k: Path(e["path"]) for k, e in entries.items()},
-                                        ab._timing_feed(first), threads=first.validation.threads,
+                                        timing_feed(first), threads=first.validation.threads,
                                         session_config=fp8)
     ops = {k: causes.op_histogram(Path(e["path"])) for k, e in entries.items()}
     nbits = {k: effective.accuracy_levels(Path(e["path"])) for k, e in entries.items()}
@@ -223,7 +225,7 @@ def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
 def explain_error(recipes: list[Recipe], root: Path) -> dict:
     out = {}
     for r in recipes:
-        store = Store(root, r.name)
+        store = Store(root, folder_name(r))
         graphs = _graph_before_precision(store)
         if graphs is None:
             continue
@@ -238,7 +240,7 @@ def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, r
     rows = []
     opt = timed["shapes"][0]
     for r in recipes:
-        manifest = Store(root, r.name).manifest
+        manifest = Store(root, folder_name(r)).manifest
         for e in reports[r.name]["engines"]:
             key = f"{r.name}/{e['target']}"
             acc = e.get("accuracy") or {}

@@ -20,7 +20,7 @@ from pipeline.recipe import Recipe
 from pipeline.shapes import dynamic_axes, dynamic_shapes
 from pipeline.text import first_line
 
-NAME, VERSION = "export", 1
+NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export", "data")
 
 

@@ -20,7 +20,7 @@ from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
 from pipeline.text import speedup
 
-NAME, VERSION = "optimize", 2  # 2: the latency verdict clears a noise threshold
+NAME = "optimize"
 SECTIONS = ("optimize", "inputs", "outputs", "data")
 CHECK_POINTS = ("min", "opt", "max")
 # Enough to see a fusion's effect beyond noise on small models without slowing every run.

@@ -16,7 +16,7 @@ from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe
 from pipeline.text import first_line
 
-NAME, VERSION = "precision", 1
+NAME = "precision"
 SECTIONS = ("precision", "data", "inputs", "outputs")
 
 

@@ -19,8 +19,6 @@ from pipeline.recipe import Recipe
 from pipeline.store import now
 from pipeline.text import fmt, speedup, time_ratio_speedup
 
-VERSION = 3  # 2: warnings (contention, baseline drift); 3: schema 2 (typed, pipeline.artifacts)
-
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
              engines: list[dict]) -> Report:
@@ -38,6 +36,19 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "engines": engines,
         "warnings": warnings(baseline, engines),
     })
+
+
+def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> list[dict] | None:
+    """With --target, the entries of the last report (`previous`) for the recipe's targets not
+    in `chosen`, in the recipe's order, so a partial run keeps them in the report. None when
+    the last report was made from another version of the recipe (nothing is kept)."""
+    rest = [t.id for t in recipe.targets if t.id not in chosen]
+    if not rest or previous is None:
+        return []
+    if previous.get("recipe_sha256") != recipe.digest:
+        return None
+    kept = {e["target"]: e for e in previous["engines"] if e["target"] in rest}
+    return [kept[t] for t in rest if t in kept]
 
 
 # The same eager model timed alone (baseline stage) and interleaved with an engine (validate)
@@ -161,9 +172,7 @@ def markdown(report: dict) -> str:
         "",
         f"- created: {report['created']}",
         f"- recipe sha256: `{report['recipe_sha256'][:16]}…`",
-        f"- device: {report['device']['cpu']}"
-        + (f", GPU {report['device']['gpu']} (sm {report['device']['compute_capability']})"
-           if report["device"].get("gpu") else ", no GPU"),
+        f"- device: {deps.device_line(report['device'])}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
         "",
         "## Engines",

@@ -22,7 +22,6 @@ from pipeline.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-VERSION = 5  # 4: min_seconds per runner, contention warnings; 5: effective precision counts attention
 BASELINE = "torch-eager"
 
 PROTOCOL = (
