@@ -10,13 +10,13 @@ loads the recipe with the very overrides its folder was built with.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 
 from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
 from pipeline.recipe import load as load_recipe
+from pipeline.store import Store
 
 _FOLDER = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<digest>[0-9a-f]{8})")
 
@@ -37,14 +37,10 @@ def load(ref: str, overrides: tuple[str, ...] = (), engines_root: Path = Path("e
     match = _FOLDER.fullmatch(ref)
     if match is None or Path(ref).suffix in (".yaml", ".yml"):
         return load_recipe(ref, overrides)
-    manifest = Path(engines_root) / ref / "manifest.json"
-    try:
-        recorded = json.loads(manifest.read_text()).get("recipe_overrides")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
-    if not isinstance(recorded, list) or not all(isinstance(x, str) for x in recorded) \
-            or overrides_digest(recorded) != match["digest"]:
-        raise RecipeError(f"{ref}: no engines folder {manifest.parent} recording the --set values "
+    store = Store(engines_root, ref)  # the manifest read through its model: a wrong one is exit 5
+    recorded = store.manifest.get("recipe_overrides") if store.dir.is_dir() else None
+    if recorded is None or overrides_digest(recorded) != match["digest"]:
+        raise RecipeError(f"{ref}: no engines folder {store.dir} recording the --set values "
                           f"it was built with",
                           f"run `pipeline run {match['name']} --set ...` first, or name the recipe "
                           "and its --set values")
