@@ -21,6 +21,11 @@ digest is a file changed by hand: IntegrityError. (`files` entries keep one shap
 wrote (`read_recorded_json`), since a manifest rewritten to match a broken file passes the sha256.
 An unreadable manifest stops every command; `run --force` renames it to
 manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
+
+The folder may have been planted (a downloaded CI artifact): the lock, the manifest and
+every recorded file are opened without following symlinks and must be regular files
+(safe_files), temporary files are created exclusively under random names, and a recorded
+name is one plain path component (paths.NAME). Anything else is an IntegrityError.
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -39,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
+from pipeline import deps, paths, safe_files
 from pipeline.errors import InputError, IntegrityError, LockError
 from pipeline.text import first_line
 
@@ -59,22 +63,17 @@ class Artifact:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file (safe_files.NotRegular for a symlink, FIFO, folder...)."""
+    return safe_files.sha256(path)
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a sibling temporary file, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+write_atomic = safe_files.write_atomic  # exclusive random temp name, fsync, rename
+
+
+def _planted(path: Path, problem: str, folder: Path) -> IntegrityError:
+    return IntegrityError(f"{path}: {problem}; the pipeline never writes that, so the folder "
+                          "was changed after the build",
+                          f"remove it, or rebuild with `pipeline run {folder.name} --force`")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -162,8 +161,11 @@ class Store:
                        and where.is_dir() and not os.access(where, os.W_OK | os.X_OK) else ")"))
             raise InputError(f"{self.dir}: {what}", "check --engines-dir / PIPELINE_ENGINES") from None
         lock = self.dir / ".lock"
-        try:
-            return open(lock, "a+")  # noqa: SIM115 - closed by the caller's `with`
+        try:  # never through a symlink: a planted `.lock -> ~/file` would be truncated
+            fd = safe_files.open_fd(lock, os.O_RDWR | os.O_CREAT)
+            return os.fdopen(fd, "r+")
+        except safe_files.NotRegular as e:
+            raise _planted(lock, f"the lock file is {e.what}", self.dir) from None
         except OSError as e:
             if lock.exists() and os.access(self.dir, os.W_OK | os.X_OK):
                 raise InputError(f"{lock}: this user cannot open the lock file ({e.strerror})",
@@ -182,7 +184,7 @@ class Store:
                              "folder this user may not delete, e.g. owned by another user)",
                              "remove it as its owner, then rerun")
         for stray in self.dir.glob(".*.tmp"):
-            if stray.is_file():
+            if safe_files.is_regular(stray) or stray.is_symlink():  # a link itself, not its target
                 stray.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ manifest
@@ -194,10 +196,13 @@ class Store:
 
     def read_manifest(self) -> dict:
         path = self.dir / MANIFEST
-        if not path.is_file():
+        if not os.path.lexists(path):
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(safe_files.read_bytes(path))
+        except safe_files.NotRegular as e:
+            raise IntegrityError(f"{path}: unreadable manifest ({e.what}, not a regular file)",
+                                 self._manifest_hint()) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
         problem = _manifest_problem(data)
@@ -284,9 +289,14 @@ class Store:
     def _verified(self, name: str) -> tuple[Artifact, Any]:
         """(artifact, its JSON content or None): the file read and parsed once."""
         entry = self.manifest["files"].get(name)
+        if paths.name_problem(name):  # only a name from outside (a report's) can be one
+            raise IntegrityError(f"{self.dir}: {paths.name_problem(name)} is named as an artifact",
+                                 f"rebuild with `pipeline run {self.dir.name} --force`")
         path = self.dir / name
         if entry is None:
             raise IntegrityError(f"{path}: not recorded in {self.dir / MANIFEST}")
+        if safe_files.kind(path):
+            raise _planted(path, f"a recorded file is now {safe_files.kind(path)}", self.dir)
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
@@ -312,7 +322,7 @@ class Store:
     def verify_all(self) -> None:
         """Refuse the folder if any recorded file that still exists has changed."""
         for name in list(self.manifest["files"]):
-            if (self.dir / name).is_file():
+            if os.path.lexists(self.dir / name):  # a symlink in its place is refused, not skipped
                 self.verify(name)
 
 
@@ -324,7 +334,9 @@ def read_recorded_json(path: Path) -> tuple[Any, str | None]:
     if path.suffix != ".json":
         return None, None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(safe_files.read_bytes(path))
+    except safe_files.NotRegular as e:
+        return None, f"{e.what}, not a regular file"
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, f"not valid JSON ({first_line(e, 120)})"
     return data, _json_problem(path.name, data)
@@ -355,10 +367,9 @@ def _manifest_problem(data: Any) -> str | None:
     if not all(isinstance(x, dict) for x in (files, stages, pending)):
         return "`files`, `stages` and `pending` must be objects"
     for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and "/" not in name and name not in ("", ".", "..")):
+        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)) or paths.name_problem(name):
             return f"bad entry for file {name!r}"
-    if not all(isinstance(d, str) for d in pending.values()):
+    if not all(isinstance(d, str) and not paths.name_problem(n) for n, d in pending.items()):
         return "bad `pending` digests"
     for stage_id, record in stages.items():
         if not (isinstance(record, dict) and isinstance(record.get("key"), str)
