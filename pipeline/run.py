@@ -151,6 +151,8 @@ class Run:
             self._check_baseline_device()
             self._check_expect()
         skipped = self._unavailable_targets()
+        from pipeline.limits import check_limits
+        check_limits(recipe)  # memory and time the recipe asks for, before the lock (exit 2)
         outcome = Outcome(self.store)
         with self.store.lock(on_wait=self.progress.note):
             if self.force:
