@@ -195,8 +195,8 @@ def test_a_planted_lock_link_or_artifact_link_is_refused_not_followed(planted, t
 
 def test_planted_temp_file_links_are_never_written_through(planted, tmp_path):
     proj, folder, canary = planted
-    for pid in range(1, 3001):
-        (folder / f".manifest.json.{pid}.tmp").symlink_to(canary)
+    for pid in range(1, 3001):  # to the canary, and dangling (open() would create the target)
+        (folder / f".manifest.json.{pid}.tmp").symlink_to(canary if pid % 2 else canary.with_name(f"new-{pid}"))
     _edit_manifest(folder, lambda m: m["stages"].pop("report"))  # the run must write the manifest
     before = _outside(tmp_path, folder)
     result = proj.run("run", "standard", *FAST)
