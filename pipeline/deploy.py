@@ -280,6 +280,7 @@ def _model_folder(out: Path, model: str):
     if os.path.lexists(dest) and (dest.is_symlink() or not dest.is_dir()):
         raise InputError(f"{dest}: is {safe_files.kind(dest) or 'a file'}, not a model folder",
                          "remove it, or deploy into another --triton folder")
+    _sweep(out, model)
     tmp, old = (out / f".{model}.{os.getpid()}.{end}" for end in ("tmp", "old"))
     _remove(tmp)  # left by a killed deploy that had this pid
     tmp.mkdir()
@@ -295,6 +296,21 @@ def _model_folder(out: Path, model: str):
     except BaseException:
         _remove(tmp)
         raise
+
+
+def _sweep(out: Path, model: str) -> None:
+    """Remove what a killed deploy of this model left: `.<model>.<pid>.tmp|old` of a process
+    that is gone (a live one may be another deploy at work)."""
+    for stray in out.glob(f".{model}.*"):
+        pid, _, end = stray.name[len(model) + 2:].partition(".")
+        if not (pid.isdigit() and end in ("tmp", "old")):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            _remove(stray)
+        except OSError:  # alive, another user's
+            continue
 
 
 def _remove(path: Path) -> None:

@@ -252,8 +252,8 @@ class Store:
 
     def commit(self, produced: Path, name: str, stage_id: str) -> Artifact:
         """Move a finished file into place under its final name and record it."""
-        final = self.dir / name
-        with open(produced, "rb") as f:
+        final = paths.child(self.dir, name)  # ValueError: a stage named a path (a bug)
+        with safe_files.open_regular(produced) as f:  # a stage's output is a regular file
             os.fsync(f.fileno())
         digest = sha256_file(produced)
         size = produced.stat().st_size

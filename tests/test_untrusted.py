@@ -295,3 +295,20 @@ def test_two_checkouts_export_byte_identical_graphs(tmp_path):
     assert b'File "pipeline/zoo/glm.py"' in graphs[0]  # the trace is kept, relative
     for checkout, graph in zip(checkouts, graphs):
         assert str(checkout).encode() not in graph and str(tmp_path).encode() not in graph
+
+
+def test_deploy_replaces_a_model_folder_whole_and_keeps_its_other_versions(standard_copy):
+    proj, out = standard_copy, standard_copy.path / "models"
+    assert proj.run("deploy", "standard", "--triton", "models", *FAST).code == 0
+    model = out / "standard-onnxruntime"
+    (out / f".standard-onnxruntime.{2**22 + 1}.tmp").mkdir()  # a killed deploy's (no such pid)
+    assert proj.run("deploy", "standard", "--triton", "models", "--version", "2", *FAST).code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["standard-onnxruntime"]
+    assert sorted(p.name for p in model.iterdir()) == ["1", "2", "config.pbtxt"]
+    assert (model / "1" / "model.onnx").read_bytes() == (model / "2" / "model.onnx").read_bytes()
+
+    shutil.rmtree(model)
+    model.symlink_to(proj.path)  # a link where the model folder goes is not followed
+    _one_error(proj.run("deploy", "standard", "--triton", "models", *FAST), 2,
+               "standard-onnxruntime: is a symbolic link, not a model folder")
+    assert model.is_symlink() and not (proj.path / "config.pbtxt").exists()
