@@ -14,6 +14,7 @@ from typing import Literal
 
 import numpy as np
 
+from pipeline import npz_files, safe_files
 from pipeline.errors import InputError
 from pipeline.recipe import Dim, InputSpec, Recipe
 from pipeline.text import first_line
@@ -95,7 +96,7 @@ def save_feeds(path, feeds_: list[Feed], outputs: list[Feed] | None = None) -> N
 def load_feeds(path) -> tuple[list[Feed], list[Feed]]:
     """Inverse of save_feeds: (feeds, outputs); outputs is [] when none were saved."""
     groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}
-    with np.load(path, allow_pickle=False) as z:
+    with safe_files.open_regular(path) as f, np.load(f, allow_pickle=False) as z:
         for key in z.files:
             part, index, name = key.split("/", 2)
             groups[part].setdefault(int(index), {})[name] = z[key]
@@ -118,7 +119,7 @@ def calibration_feeds(recipe: Recipe) -> list[Feed]:
         return feeds(recipe, "calibration")
     if spec.file is not None:
         where = f"data.calibration.file {spec.file}"
-        loaded = _load_npz(spec.file, where)
+        loaded = _load_npz(spec.file, where, recipe.inputs, spec.samples)
     else:
         where = f"data.calibration.loader {spec.loader}"
         loaded = _call_loader(spec.loader, where)
@@ -132,38 +133,57 @@ _NPZ_HINT = ("write it with numpy.savez(path, <input name>=array, ...): one arra
              "samples on the first axis")
 
 
-def _load_npz(path, where: str) -> list[Feed]:
+def _load_npz(path, where: str, inputs: list[InputSpec], samples: int) -> list[Feed]:
+    """At most `samples` feeds from an .npz, each array's header checked against the recipe
+    (names, dtypes, shapes) before its data is read (npz_files)."""
     try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+        with npz_files.Npz(path) as npz:
+            headers = npz.headers()
+            if headers and all(k.startswith("in/") for k in headers):
+                return _saved_feeds(npz, headers, where, inputs, samples)
+            return _sample_axis_feeds(npz, headers, where, inputs, samples)
+    except InputError:
+        raise
     except FileNotFoundError:
         raise InputError(f"{where}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"{where}: is a folder, not an .npz file") from None
+    except safe_files.NotRegular as e:
+        raise InputError(f"{where}: is {e.what}, not an .npz file", "point it at a regular file") from None
+    except npz_files.NpzError as e:
+        raise InputError(f"{where}: {e}", _NPZ_HINT) from None
     except Exception as e:  # truncated or foreign files fail inside zipfile/zlib/numpy in any way
         raise InputError(f"{where}: not a readable .npz ({first_line(e, 200, with_type=True)})",
                          _NPZ_HINT) from None
-    if arrays and all(k.startswith("in/") for k in arrays):
-        return _saved_feeds(arrays, where)
-    lengths = {k: (a.shape[0] if a.ndim else None) for k, a in arrays.items()}
-    if not arrays or None in lengths.values() or len(set(lengths.values())) != 1:
+
+
+def _sample_axis_feeds(npz, headers: dict, where: str, inputs: list[InputSpec], samples: int) -> list[Feed]:
+    """One array per input, samples on the first axis: the first `samples` rows of each."""
+    lengths = {k: (h.shape[0] if h.shape else None) for k, h in headers.items()}
+    if not headers or None in lengths.values() or len(set(lengths.values())) != 1:
         raise InputError(f"{where}: expected one array per input with the same leading sample "
-                         f"axis, got {', '.join(f'{k} {a.shape}' for k, a in arrays.items()) or 'nothing'}",
+                         f"axis, got {', '.join(f'{k} {h.shape}' for k, h in headers.items()) or 'nothing'}",
                          _NPZ_HINT)
-    n = next(iter(lengths.values()))
-    return [{k: a[i] for k, a in arrays.items()} for i in range(n)]
+    if next(iter(lengths.values())) == 0:
+        return []
+    # one sample's header (no data) through the feed checks: names, dtypes, shapes
+    check_feeds(inputs, [{k: npz_files.Header(h.shape[1:], h.dtype, h.fortran)
+                          for k, h in headers.items()}], where)
+    arrays = {k: npz.read(k, samples) for k in headers}
+    return [{k: a[i] for k, a in arrays.items()} for i in range(len(next(iter(arrays.values()))))]
 
 
-def _saved_feeds(arrays: dict[str, np.ndarray], where: str) -> list[Feed]:
-    """Feeds from save_feeds' layout `in/<sample index>/<input name>`, each key checked."""
-    groups: dict[int, Feed] = {}
-    for key, array in arrays.items():
+def _saved_feeds(npz, headers: dict, where: str, inputs: list[InputSpec], samples: int) -> list[Feed]:
+    """Feeds from save_feeds' layout `in/<sample index>/<input name>`, each key checked; only
+    the first `samples` indices are read."""
+    groups: dict[int, dict[str, str]] = {}
+    for key in headers:
         _, index, name = (key.split("/", 2) + ["", ""])[:3]
         if not index.isdigit() or not name:
             raise InputError(f"{where}: array `{key}` is not named in/<sample index>/<input name> "
                              "(e.g. in/0/input_ids)", _NPZ_HINT)
-        groups.setdefault(int(index), {})[name] = array
-    return [groups[i] for i in sorted(groups)]
+        groups.setdefault(int(index), {})[name] = key
+    chosen = [groups[i] for i in sorted(groups)[:samples]]
+    check_feeds(inputs, [{name: headers[key] for name, key in g.items()} for g in chosen], where)
+    return [{name: npz.read(key) for name, key in g.items()} for g in chosen]
 
 
 def _call_loader(ref: str, where: str) -> list[Feed]:

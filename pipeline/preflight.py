@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline import backends, deps, models
 from pipeline.errors import DependencyError, RecipeError
+from pipeline.limits import check_limits
 from pipeline.recipe import Recipe
 from pipeline.stage_cache import GRAPH_STAGES
 from pipeline.store import Store
@@ -39,6 +40,7 @@ def before_work(recipe: Recipe, targets: list, validates: bool) -> Plan:
         baseline_device(recipe)
         plan.faster_than = expect_recipes(recipe)
     plan.unavailable = unavailable_targets(targets)
+    check_limits(recipe)  # the memory and time the recipe asks for (exit 2 beyond the ceilings)
     return plan
 
 

@@ -23,6 +23,11 @@ Manifests and recorded JSON files are read through their models (pipeline.artifa
 file that does not fit is refused in one line (IntegrityError), whatever is wrong in it.
 An unreadable manifest stops every command; `run --force` renames it to
 manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
+
+The folder may have been planted (a downloaded CI artifact): the lock, the manifest and
+every recorded file are opened without following symlinks and must be regular files
+(safe_files), temporary files are created exclusively under random names, and a recorded
+name is one plain path component (paths.NAME). Anything else is an IntegrityError.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
+from pipeline import deps, paths, safe_files
 from pipeline.artifacts import recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
 from pipeline.artifacts.manifest import Manifest
@@ -64,22 +68,17 @@ class Artifact:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file (safe_files.NotRegular for a symlink, FIFO, folder...)."""
+    return safe_files.sha256(path)
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a sibling temporary file, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+write_atomic = safe_files.write_atomic  # exclusive random temp name, fsync, rename
+
+
+def _planted(path: Path, problem: str, folder: Path) -> IntegrityError:
+    return IntegrityError(f"{path}: {problem}; the pipeline never writes that, so the folder "
+                          "was changed after the build",
+                          f"remove it, or rebuild with `pipeline run {folder.name} --force`")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -167,8 +166,11 @@ class Store:
                        and where.is_dir() and not os.access(where, os.W_OK | os.X_OK) else ")"))
             raise InputError(f"{self.dir}: {what}", "check --engines-dir / PIPELINE_ENGINES") from None
         lock = self.dir / ".lock"
-        try:
-            return open(lock, "a+")  # noqa: SIM115 - closed by the caller's `with`
+        try:  # never through a symlink: a planted `.lock -> ~/file` would be truncated
+            fd = safe_files.open_fd(lock, os.O_RDWR | os.O_CREAT)
+            return os.fdopen(fd, "r+")
+        except safe_files.NotRegular as e:
+            raise _planted(lock, f"the lock file is {e.what}", self.dir) from None
         except OSError as e:
             if lock.exists() and os.access(self.dir, os.W_OK | os.X_OK):
                 raise InputError(f"{lock}: this user cannot open the lock file ({e.strerror})",
@@ -187,7 +189,7 @@ class Store:
                              "folder this user may not delete, e.g. owned by another user)",
                              "remove it as its owner, then rerun")
         for stray in self.dir.glob(".*.tmp"):
-            if stray.is_file():
+            if safe_files.is_regular(stray) or stray.is_symlink():  # a link itself, not its target
                 stray.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ manifest
@@ -199,10 +201,13 @@ class Store:
 
     def read_manifest(self) -> dict:
         path = self.dir / MANIFEST
-        if not path.is_file():
+        if not os.path.lexists(path):
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(safe_files.read_bytes(path))
+        except safe_files.NotRegular as e:
+            raise IntegrityError(f"{path}: unreadable manifest ({e.what}, not a regular file)",
+                                 self._manifest_hint()) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
         try:
@@ -250,8 +255,8 @@ class Store:
 
     def commit(self, produced: Path, name: str, stage_id: str) -> Artifact:
         """Move a finished file into place under its final name and record it."""
-        final = self.dir / name
-        with open(produced, "rb") as f:
+        final = paths.child(self.dir, name)  # ValueError: a stage named a path (a bug)
+        with safe_files.open_regular(produced) as f:  # a stage's output is a regular file
             os.fsync(f.fileno())
         digest = sha256_file(produced)
         size = produced.stat().st_size
@@ -287,9 +292,14 @@ class Store:
     def _verified(self, name: str) -> tuple[Artifact, Any]:
         """(artifact, its JSON content or None): the file read and parsed once."""
         entry = self.manifest["files"].get(name)
+        if paths.name_problem(name):  # only a name from outside (a report's) can be one
+            raise IntegrityError(f"{self.dir}: {paths.name_problem(name)} is named as an artifact",
+                                 f"rebuild with `pipeline run {self.dir.name} --force`")
         path = self.dir / name
         if entry is None:
             raise IntegrityError(f"{path}: not recorded in {self.dir / MANIFEST}")
+        if safe_files.kind(path):
+            raise _planted(path, f"a recorded file is now {safe_files.kind(path)}", self.dir)
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
@@ -318,7 +328,7 @@ class Store:
     def verify_all(self) -> None:
         """Refuse the folder if any recorded file that still exists has changed."""
         for name in list(self.manifest["files"]):
-            if (self.dir / name).is_file():
+            if os.path.lexists(self.dir / name):  # a symlink in its place is refused, not skipped
                 self.verify(name)
 
 
@@ -330,7 +340,9 @@ def read_recorded_json(path: Path) -> tuple[Any, recorded.Unusable | None]:
     if path.suffix != ".json":
         return None, None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(safe_files.read_bytes(path))
+    except safe_files.NotRegular as e:
+        return None, recorded.Unusable(f"{e.what}, not a regular file")
     except (OSError, UnicodeDecodeError, ValueError) as e:
         return None, recorded.Unusable(f"not valid JSON ({first_line(e, 120)})")
     try:

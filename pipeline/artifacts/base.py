@@ -19,6 +19,8 @@ from pydantic import (
     model_validator,
 )
 
+from pipeline.paths import NAME
+
 # `strict`: JSON the pipeline wrote has its own types; "3" is not 3, 1 is not True (an int
 # is still a valid float). NaN and infinities are kept and written back as JSON's NaN /
 # Infinity, the way json.dumps writes them (a cosine of a zero vector is NaN, honestly).
@@ -53,8 +55,9 @@ class Open(_Artifact):
 
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # A name inside one engines/<recipe>/ folder: never a path that leaves it.
-FileName = Annotated[str, StringConstraints(min_length=1, max_length=255,
-                                            pattern=r"^(?!\.{1,2}$)[^/\\\x00]+$")]
+# A recorded name becomes a path in the folder: one plain component, the pattern every name
+# that becomes a path is checked against (paths.NAME).
+FileName = Annotated[str, StringConstraints(pattern=f"^{NAME.pattern}$")]
 Count = Annotated[int, Field(ge=0)]
 
 

@@ -46,9 +46,10 @@ class TritonModel:
     model_file: str          # the file Triton loads from the version folder (model.onnx)
     # build meta -> does the engine run on a GPU (instance_group KIND_GPU)?
     gpu: Callable[[dict], bool]
-    # (max_batch, opt_batch, inputs) -> config.pbtxt lines of its `optimization { }` block;
-    # inputs are deploy's Tensors (name, data_type, dims, opt)
-    optimization: Callable[[int, int | None, list[Any]], list[str]]
+    # (policy, max_batch, opt_batch, inputs): fills config.pbtxt's `optimization` block, a
+    # ModelOptimizationPolicy message of Triton's schema (deploy writes the whole config with
+    # protobuf's text_format); inputs are deploy's Tensors (name, data_type, dims, opt)
+    optimization: Callable[[Any, int, int | None, list[Any]], None]
 
 
 class Backend(Protocol):

@@ -148,10 +148,10 @@ def _gpu(build_meta: dict) -> bool:
     return bool(providers and providers[0] != _PROVIDER["cpu"])
 
 
-def _triton_optimization(max_batch: int, opt_batch: int | None, inputs: list) -> list[str]:
+def _triton_optimization(policy, max_batch: int, opt_batch: int | None, inputs: list) -> None:
     # The engine is already ORT's optimized graph, validated as is: level 2 tells Triton's
     # ONNX Runtime backend to disable graph optimization so it serves exactly that graph.
-    return ["optimization {", "  graph { level: 2 }", "}"]
+    policy.graph.level = 2
 
 
 TRITON = TritonModel("onnxruntime_onnx", "model.onnx", gpu=_gpu, optimization=_triton_optimization)

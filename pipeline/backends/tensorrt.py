@@ -36,13 +36,15 @@ NEEDS_ONNX = True
 ENGINE_IS_ONNX = False
 
 
-def _triton_optimization(max_batch: int, opt_batch: int | None, inputs: list) -> list[str]:
+def _triton_optimization(policy, max_batch: int, opt_batch: int | None, inputs: list) -> None:
     """Triton's TensorRT backend replays CUDA Graphs (launch-bound small batches gain most):
     one graph captured at the profile's opt point, other shapes fall back to plain enqueue."""
-    spec = [f"      batch_size: {opt_batch or 0}"] if max_batch > 0 else []
+    policy.cuda.graphs = True
+    spec = policy.cuda.graph_spec.add()
+    if max_batch > 0:
+        spec.batch_size = opt_batch or 0
     for t in inputs:
-        spec += [f'      input {{ key: "{t.name}" value {{ dim: [{", ".join(map(str, t.opt or []))}] }} }}']
-    return ["optimization {", "  cuda {", "    graphs: true", "    graph_spec {", *spec, "    }", "  }", "}"]
+        spec.input[t.name].dim.extend(t.opt or [])
 
 
 TRITON = TritonModel("tensorrt_plan", "model.plan", gpu=lambda build_meta: True,

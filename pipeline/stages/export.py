@@ -3,6 +3,11 @@
 The check runs the exported graph in ONNX Runtime (no graph optimization, so it judges the
 export alone) on feeds at the profile's opt and max points, the max point proving that the
 dynamic axes really are dynamic, and compares against PyTorch on the same feeds.
+
+The exported file is byte-reproducible across checkouts: the dynamo exporter writes each
+node's Python stack trace (`pkg.torch.onnx.stack_trace`) with absolute file names, which
+would make two checkouts of one recipe differ and leak local paths into CI artifacts; they
+are rewritten relative to the import path they were found on (`pipeline/zoo/glm.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +15,9 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import re
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -81,6 +89,8 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
 
     try:
         proto = onnx.load(str(out_path), load_external_data=False)
+        if portable_paths(proto):
+            onnx.save(proto, str(out_path))
         onnx.checker.check_model(proto)
     except Exception as e:  # the exporter wrote a graph ONNX itself rejects
         raise StageFailed(f"export ({recipe.export.exporter}) wrote an invalid ONNX graph: "
@@ -100,6 +110,50 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         "export_seconds": seconds,
         "parity": parity,
     }
+
+
+_SOURCE_FILE = re.compile(r'File "([^"]+)"')
+
+
+def portable_paths(model) -> int:
+    """Rewrite absolute source file names in the graph's metadata and doc strings relative
+    to the sys.path entry they lie under (the file's import path); returns how many strings
+    changed. Nodes of functions and subgraphs included."""
+    roots = sorted({os.path.realpath(p or ".") for p in sys.path}, key=len, reverse=True)
+
+    def relative(match: re.Match) -> str:
+        path = os.path.realpath(match.group(1))
+        root = next((r for r in roots if path.startswith(r.rstrip(os.sep) + os.sep)), None)
+        shown = os.path.relpath(path, root) if root else os.path.basename(path)
+        return f'File "{shown}"'
+
+    changed = 0
+
+    def fix(holder, field: str) -> None:
+        nonlocal changed
+        text = getattr(holder, field)
+        new = _SOURCE_FILE.sub(relative, text) if text else text
+        if new != text:
+            setattr(holder, field, new)
+            changed += 1
+
+    def walk(nodes) -> None:
+        for node in nodes:
+            fix(node, "doc_string")
+            for prop in node.metadata_props:
+                fix(prop, "value")
+            for attr in node.attribute:
+                for graph in [attr.g, *attr.graphs]:
+                    walk(graph.node)
+
+    for prop in model.metadata_props:
+        fix(prop, "value")
+    fix(model, "doc_string")
+    fix(model.graph, "doc_string")
+    walk(model.graph.node)
+    for function in model.functions:
+        walk(function.node)
+    return changed
 
 
 def _check_outputs(recipe: Recipe, model, args: tuple) -> None:

@@ -32,7 +32,7 @@ PLAIN_ONNX = False
 ENGINE_IS_ONNX = True
 # A plain ONNX graph is what Triton's ONNX Runtime backend serves; CPU only, its defaults.
 TRITON = TritonModel("onnxruntime_onnx", "model.onnx", gpu=lambda build_meta: False,
-                     optimization=lambda max_batch, opt_batch, inputs: [])
+                     optimization=lambda policy, max_batch, opt_batch, inputs: None)
 
 
 def unavailable(target: OnnxRuntimeCopyTarget) -> str | None:
