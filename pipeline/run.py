@@ -148,6 +148,9 @@ class Run:
         models.check(recipe)
         self._check_graph_stages()
         if ORDER.index(until) >= ORDER.index("validate"):
+            from pipeline import data
+
+            data.preflight(recipe)  # real validation data loads, fits and suits validate.task
             self._check_baseline_device()
             self._check_expect()
         skipped = self._unavailable_targets()
@@ -349,11 +352,15 @@ class Run:
         return self._plain_graph
 
     def _baseline(self) -> Result:
+        from pipeline import data
         from pipeline.stages import validate
 
+        # the data files' contents, not only their names (validation feeds are drawn
+        # disjoint from calibration ones, so both splits count)
         return self.stage(
             "baseline", validate.VERSION,
-            self.recipe.section("model", "inputs", "outputs", "data", "validate"), [],
+            {**self.recipe.section("model", "inputs", "outputs", "data", "validate"),
+             "data_files": data.key(self.recipe, "validation", "calibration")}, [],
             lambda wd: validate.baseline(self.recipe, wd),
         )
 
