@@ -43,7 +43,8 @@ def split(recipe: Recipe, name: str) -> SplitData | None:
     """The split's data, checked; None for a recipe without calibration data."""
     if getattr(recipe.data, name) is None:
         return None
-    cache_key = (recipe.digest, str(recipe.source), name)
+    # the files' contents too: a file rewritten between two loads in one process is reread
+    cache_key = (recipe.digest, str(recipe.source), name, str(key(recipe, "validation", "calibration")))
     if cache_key not in _LOADED:
         _LOADED[cache_key] = _load(recipe, name)
     return _LOADED[cache_key]
@@ -55,7 +56,8 @@ def _load(recipe: Recipe, name: str) -> SplitData:
     source = source_for(recipe, name)
     loaded = source.load()
     if not loaded.feeds:
-        raise InputError(f"data.{name}: holds no samples", f"{name} needs at least one feed")
+        raise InputError(f"{getattr(source, 'where', f'data.{name}')}: holds no samples",
+                         f"{name} needs at least one feed")
     if not isinstance(source, RandomSource):
         check_feeds(recipe.inputs, loaded.feeds, f"data.{name} {loaded.provenance['source']}",
                     models.vocab_size(recipe))
@@ -72,11 +74,14 @@ def _held_out(recipe: Recipe, source: DataSource, validation: SplitData) -> None
     taken = {fingerprint(f) for f in calibration.feeds}
     if not isinstance(source, RandomSource):
         same = [i for i, f in enumerate(validation.feeds) if fingerprint(f) in taken]
-        if validation.provenance["sha256"] == calibration.provenance["sha256"] or same:
-            raise InputError(f"data.validation {validation.provenance['source']}: "
-                             f"{'is the calibration data' if not same or len(same) == len(validation.feeds) else f'feeds {same} are also calibration feeds'}",
-                             "validate on held-out data: give the splits disjoint files")
-        return
+        if validation.provenance["sha256"] == calibration.provenance["sha256"]:
+            what = "is the calibration data"
+        elif same:
+            what = f"feeds {same[:5]} are also calibration feeds"
+        else:
+            return
+        raise InputError(f"data.validation {validation.provenance['source']}: {what}",
+                         "validate on held-out data: give the splits disjoint files")
     _, rng = random_feeds(recipe, "validation", len(validation.feeds), source.spec.shapes)
     points = source.spec.shapes
     for i, feed in enumerate(validation.feeds):

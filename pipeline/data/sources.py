@@ -98,11 +98,14 @@ class LoaderSource(DataSource):
     """`module:function` returning a list of feeds; found beside the recipe or in the
     current directory like a model factory."""
 
+    @property
+    def where(self) -> str:
+        return f"data.{self.split}.loader {self.spec.loader}"
+
     def load(self) -> SplitData:
         from pipeline import user_code
 
-        ref = self.spec.loader
-        where = f"data.{self.split}.loader {ref}"
+        ref, where = self.spec.loader, self.where
         module_name, _, attr = ref.partition(":")
         try:
             fn = getattr(user_code.import_module(module_name, self.recipe.source), attr)
