@@ -55,12 +55,11 @@ def _load(recipe: Recipe, name: str) -> SplitData:
 
     source = source_for(recipe, name)
     loaded = source.load()
+    where = getattr(source, "where", f"data.{name}")  # e.g. `data.calibration.file cal.npz`
     if not loaded.feeds:
-        raise InputError(f"{getattr(source, 'where', f'data.{name}')}: holds no samples",
-                         f"{name} needs at least one feed")
+        raise InputError(f"{where}: holds no samples", f"{name} needs at least one feed")
     if not isinstance(source, RandomSource):
-        check_feeds(recipe.inputs, loaded.feeds, f"data.{name} {loaded.provenance['source']}",
-                    models.vocab_size(recipe))
+        check_feeds(recipe.inputs, loaded.feeds, where, models.vocab_size(recipe))
     if name == "validation":
         _held_out(recipe, source, loaded)
     return loaded

@@ -43,7 +43,7 @@ def _check_ids(name: str, array, n: int, where: str, vocab: int | None) -> None:
     if vocab is not None and hi >= vocab:
         raise InputError(f"{where}: feed {n} input `{name}` holds token id {hi}, beyond the "
                          f"model's vocabulary of {vocab}",
-                         "tokenize with the model's own tokenizer (data.<split>.tokenizer)")
+                         "tokenize with the model's own tokenizer, or set data.<split>.tokenizer")
 
 
 def fits(shape: tuple, dims: list) -> bool:
