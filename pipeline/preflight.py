@@ -37,6 +37,9 @@ def before_work(recipe: Recipe, targets: list, validates: bool) -> Plan:
             module.preflight(recipe)
     plan = Plan()
     if validates:
+        from pipeline import data
+
+        data.preflight(recipe)  # real validation data loads, fits and suits validate.task
         baseline_device(recipe)
         plan.faster_than = expect_recipes(recipe)
     plan.unavailable = unavailable_targets(targets)

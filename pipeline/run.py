@@ -118,10 +118,14 @@ class Run:
         return kept or []
 
     def _baseline(self) -> Result:
+        from pipeline import data
         from pipeline.stages import validate
 
+        # the data files' contents, not only their names (validation feeds are drawn
+        # disjoint from calibration ones, so both splits count)
         return self.cache.stage(
-            "baseline", self.recipe.section("model", "inputs", "outputs", "data", "validate"), [],
+            "baseline", {**self.recipe.section("model", "inputs", "outputs", "data", "validate"),
+                         "data_files": data.key(self.recipe, "validation", "calibration")}, [],
             lambda wd: validate.baseline(self.recipe, wd),
         )
 

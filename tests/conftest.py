@@ -56,11 +56,13 @@ class Result:
 
 
 class Project:
-    """A scratch working directory holding a copy of recipes/; engines go to ./engines."""
+    """A scratch working directory holding a copy of recipes/ and data/; engines go to ./engines."""
 
     def __init__(self, path: Path):
         self.path = path
         shutil.copytree(ROOT / "recipes", path / "recipes")
+        # the shipped data the recipes read (not the LM's training text: only tools/ reads it)
+        shutil.copytree(ROOT / "data", path / "data", ignore=shutil.ignore_patterns("train.txt"))
         self.engines = path / "engines"
         self.built: Path | None = None  # the folder built() wrote into (a --set run's own)
 

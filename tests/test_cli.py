@@ -165,7 +165,7 @@ def test_a_bad_calibration_file_is_named_before_any_work(project):
         "cut.npz": "not a readable .npz (BadZipFile",
         _npz(project.path / "k1.npz", **{"in/input_ids": ids[0]}): "array `in/input_ids` is not named in/<sample index>/<input name>",
         _npz(project.path / "k2.npz", **{"in/x/input_ids": ids[0]}): "array `in/x/input_ids` is not named",
-        _npz(project.path / "range.npz", input_ids=ids + 600): "outside the recipe's range 0..511",
+        _npz(project.path / "range.npz", input_ids=ids + 600): "beyond the model's vocabulary of 512",
         _npz(project.path / "none.npz", input_ids=ids[:0]): "holds no samples",
     }
     for name, part in cases.items():

@@ -93,6 +93,8 @@ class OutputAccuracy(Closed):
     mean_abs: float
     max_rel: float
     cosine: float
+    cosine_worst_sample: float | None = Field(
+        None, description="The worst row's cosine (one sentence, one sequence), on real data.")
     top1_agreement: float | None = None
     nonfinite: Count = 0
 
@@ -181,6 +183,8 @@ class TaskMetric(Open):
     engine: float | None = None
     delta: float | None = None
     ci95: Interval | None = None
+    retrieval_top1_agreement: float | None = Field(
+        None, description="embedding_similarity: share of queries whose nearest pair is PyTorch's.")
 
 
 # What a built engine must carry: every reader (report.md, gates, compare, deploy) uses these.

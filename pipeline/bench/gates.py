@@ -40,6 +40,8 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 loss is not None and loss <= want.max_accuracy_loss,
                 f"top-1 disagreement with PyTorch {'—' if loss is None else f'{loss:.4f}'}; "
                 f"needs <= {want.max_accuracy_loss:g}"))
+    if want.max_task_loss is not None:
+        out.append(task_gate(recipe, engine.get("task")))
     versus = {v["other"]: v for v in engine.get("versus") or []}
     for ref in want.faster_than:
         v = versus.get(ref)
@@ -57,3 +59,22 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 f"interleaved, {c['blocks']} block pairs); needs the whole interval faster than "
                 f"1 + noise threshold {c['noise_threshold']:g}"))
     return out
+
+
+def task_gate(recipe: Recipe, task: dict | None) -> dict:
+    """expect.max_task_loss on the engine's task metric (validate.task), point estimate
+    against the bound; relative bounds are shares of the PyTorch baseline's figure."""
+    from pipeline.recipe.schema import parse_task_loss
+    from pipeline.task_metrics import loss
+
+    bound, relative = parse_task_loss(recipe.expect.max_task_loss)
+    if not task:
+        return _gate("expect.max_task_loss", False, "no task metric was measured")
+    lost = loss(task)
+    allowed = bound * abs(task["baseline"]) if relative else bound
+    lo, hi = task["ci95"]
+    return _gate(
+        "expect.max_task_loss", lost <= allowed,
+        f"{task['metric']} PyTorch {task['baseline']:.4f}, engine {task['engine']:.4f}, delta "
+        f"{task['delta']:+.4f} (95% CI [{lo:+.4f}, {hi:+.4f}]); loss {lost:.4f} needs <= "
+        f"{allowed:.4f}" + (f" ({bound:.2%} of the baseline)" if relative else ""))

@@ -32,6 +32,7 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "device": deps.device(),
         "versions": deps.versions(),
         **graph_stages,
+        "data": (baseline or {}).get("data"),
         "baseline": baseline,
         "engines": engines,
         "warnings": warnings(baseline, engines),
@@ -174,6 +175,7 @@ def markdown(report: dict) -> str:
         f"- recipe sha256: `{report['recipe_sha256'][:16]}…`",
         f"- device: {deps.device_line(report['device'])}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+        *_data_lines(report.get("data")),
         "",
         "## Engines",
         "",
@@ -210,11 +212,13 @@ def markdown(report: dict) -> str:
             continue
         lines += ["", f"## {e['target']}", "", f"- engine: `{e['path']}` ({e['bytes']:,} bytes), "
                   f"sha256 `{e['sha256'][:16]}…`"]
-        lines += ["", "| output | max abs | mean abs | max rel | cosine (worst feed) | top-1 |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| output | max abs | mean abs | max rel | cosine (worst feed) | "
+                  "cosine (worst sample) | top-1 |", "|---|---|---|---|---|---|---|"]
         for name, m in e["accuracy"].items():
             lines.append(f"| {name} | {m['max_abs']:.3e} | {m['mean_abs']:.3e} | {m['max_rel']:.3e} "
-                         f"| {m['cosine']:.6f} | {fmt(m['top1_agreement'], '.4f')} |")
+                         f"| {m['cosine']:.6f} | {fmt(m.get('cosine_worst_sample'), '.6f')} "
+                         f"| {fmt(m['top1_agreement'], '.4f')} |")
+        lines += _task_lines(e.get("task"))
         el, bl = e["latency_ms"], e["baseline_latency_ms"]
         lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
         for label, x in ((e["target"], el), ("torch-eager (interleaved)", bl)):
@@ -236,6 +240,29 @@ def markdown(report: dict) -> str:
                                        for g in e["gates"])]
         lines += _measurement(e)
     return "\n".join(lines) + "\n"
+
+
+def _data_lines(data: dict | None) -> list[str]:
+    """`- data: validation ..., calibration ...`: where every accuracy figure came from."""
+    if not data:
+        return []
+    parts = []
+    for split in ("validation", "calibration"):
+        d = data.get(split)
+        parts.append(f"{split} none" if d is None else
+                     f"{split} {d['source']} ({d['samples']} samples, sha256 `{d['sha256'][:16]}…`)")
+    return ["- data: " + "; ".join(parts)]
+
+
+def _task_lines(task: dict | None) -> list[str]:
+    if not task:
+        return []
+    lo, hi = task["ci95"]
+    extra = (f"; retrieval top-1 agreement with PyTorch {task['retrieval_top1_agreement']:.4f}"
+             if task.get("retrieval_top1_agreement") is not None else "")
+    return ["", f"Task `{task['metric']}` on the validation data: PyTorch {task['baseline']:.4f}, "
+            f"engine {task['engine']:.4f}, delta {task['delta']:+.4f} (95% paired-bootstrap CI "
+            f"[{lo:+.4f}, {hi:+.4f}]){extra}."]
 
 
 def _measurement(e: dict) -> list[str]:

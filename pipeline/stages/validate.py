@@ -76,7 +76,8 @@ def baseline_device(recipe: Recipe) -> str:
 
 
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
-    feeds = data.feeds(recipe, "validation")
+    validation = data.split(recipe, "validation")
+    feeds = validation.feeds
     device = baseline_device(recipe)
     protocol.import_runtimes()
     with contextlib.ExitStack() as stack:
@@ -85,8 +86,9 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         samples = timing.time_runner(runner, timing_feed(recipe), recipe.validation.latency)
     path = workdir / "baseline.npz"
-    data.save_feeds(path, feeds, outputs)
+    data.save_feeds(path, feeds, outputs, validation.labels, validation.masks)
     return {"baseline.npz": path}, {
+        "data": data.provenance(recipe),
         "runner": "torch-eager",
         "precision": "fp32",
         "device": device,
@@ -107,9 +109,11 @@ def gates(recipe: Recipe, accuracy: dict) -> list[dict]:
         if tol.max_abs is not None:
             out.append(_gate(f"{name}.max_abs", m["max_abs"] <= tol.max_abs,
                              f"{m['max_abs']:.3g} <= {tol.max_abs:g}"))
-        if tol.top1_min is not None and m["top1_agreement"] is not None:
-            out.append(_gate(f"{name}.top1_agreement", m["top1_agreement"] >= tol.top1_min,
-                             f"{m['top1_agreement']:.4f} >= {tol.top1_min:g}"))
+        if tol.top1_min is not None and name in recipe.top1_outputs():
+            agree = m["top1_agreement"]  # None: no class axis to take an argmax over
+            out.append(_gate(f"{name}.top1_agreement", agree is not None and agree >= tol.top1_min,
+                             f"{agree:.4f} >= {tol.top1_min:g}" if agree is not None else
+                             f"not measurable: `{name}` has no class axis (last dim > 1)"))
         out.append(_gate(f"{name}.finite", m["nonfinite"] == 0, f"{m['nonfinite']} NaN/Inf elements"))
     return out
 
@@ -133,6 +137,20 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
     return extra
 
 
+def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> dict | None:
+    """validate.task: PyTorch and the engine scored on the same validation samples."""
+    if recipe.validation.task is None:
+        return None
+    from pipeline import task_metrics
+
+    try:
+        return task_metrics.score(recipe.validation.task, feeds, references, outputs,
+                                  recipe.outputs[0], labels, masks)
+    except ValueError as e:  # data without what the metric needs (labels, pairs)
+        raise StageFailed(f"validate.task {recipe.validation.task}: {e}",
+                          "check data.validation against the task") from None
+
+
 def _gate(name: str, passed: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(passed), "detail": detail}
 
@@ -140,7 +158,7 @@ def _gate(name: str, passed: bool, detail: str) -> dict:
 def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
              workdir: Path) -> tuple[dict[str, Path], dict]:
     try:
-        feeds, references = data.load_feeds(base.path)
+        feeds, references, labels, masks = data.load_all(base.path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # pickled arrays: ValueError
         raise StageFailed(f"{base.name}: cannot read the baseline feeds ({type(e).__name__}: {e})",
                           "rerun with --force to rebuild it") from e
@@ -158,6 +176,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         runner = runners[target.id]
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         accuracy = metrics.compare(references, outputs, recipe.top1_outputs())
+        task = _task(recipe, feeds, references, outputs, labels, masks)
         bench, samples = protocol.measure(runners, sweep.shapes(recipe, feed), spec,
                                           pairs=[(BASELINE, target.id)])
         extras_of = getattr(backend, "validation_extras", None)
@@ -176,6 +195,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "bytes": engine.bytes,
         "precision": recipe.precision.mode,
         "accuracy": accuracy,
+        "task": task,
         "latency_ms": opt["latency_ms"][target.id],
         "baseline_latency_ms": opt["latency_ms"][BASELINE],
         "speedup_vs_baseline": protocol.as_speedup(opt["comparisons"][0]),
