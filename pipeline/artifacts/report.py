@@ -241,19 +241,6 @@ class EngineResult(Closed):
         return self
 
 
-class Baseline(Closed):
-    """The PyTorch baseline timed alone (the baseline stage's meta)."""
-
-    runner: str
-    precision: str
-    device: str
-    threads: int | None = None
-    feeds: Count
-    latency_ms: LatencySummary
-    cold_start_ms: ColdStart | None = None
-    latency_method: str
-
-
 class Split(Open):
     """Provenance of one data split."""
 
@@ -265,6 +252,21 @@ class Split(Open):
 class DataProvenance(Open):
     validation: Split | None = None
     calibration: Split | None = None
+
+
+class Baseline(Closed):
+    """The PyTorch baseline timed alone (the baseline stage's meta)."""
+
+    runner: str
+    precision: str
+    device: str
+    threads: int | None = None
+    feeds: Count
+    latency_ms: LatencySummary
+    cold_start_ms: ColdStart | None = None
+    latency_method: str
+    data: DataProvenance | None = Field(
+        None, description="The data the baseline ran on (the report's `data`, from this meta).")
 
 
 class Report(Closed):
