@@ -23,6 +23,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from pipeline.errors import InputError, RecipeError
 
@@ -55,10 +58,35 @@ def _request_seconds(elements: int) -> float:
     return max(MIN_REQUEST_SECONDS, elements * SECONDS_PER_ELEMENT)
 
 
+def _samples(spec) -> int:
+    """Feeds a split makes: its `samples`, else as many as its file holds (rows of a text
+    file, the leading axis of arrays: an upper bound, each feed holding at least one row),
+    counted without loading it; a loader's are known only once it ran (0 here)."""
+    if spec.samples is not None:
+        return spec.samples
+    path = spec.text or spec.arrays or spec.file
+    if path is None or not Path(path).is_file():
+        return 0  # random feeds always have `samples`; a missing file is data's error to name
+    if spec.text is not None:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1
+    from pipeline import npz_files
+
+    try:
+        if Path(path).suffix.lower() == ".npy":  # memory-mapped: the header, no data read
+            shape = np.load(path, mmap_mode="r", allow_pickle=False).shape
+            return shape[0] if shape else 1
+        with npz_files.Npz(path) as npz:
+            return max((h.shape[0] if h.shape else 1 for h in npz.headers().values()), default=0)
+    except Exception:  # noqa: BLE001 - a file that cannot be read is data's to name, with its fix
+        return 0
+
+
 def estimate(recipe) -> Estimate:
     """Memory (bytes) and time (seconds) a full run of `recipe` needs, roughly."""
     splits = [s for s in (recipe.data.validation, recipe.data.calibration) if s is not None]
-    held = sum(s.samples * max(_bytes(recipe, p) for p in s.shapes) for s in splits)
+    counts = [_samples(s) for s in splits]
+    held = sum(n * max(_bytes(recipe, p) for p in s.shapes) for n, s in zip(counts, splits))
     memory = {"feeds and reference outputs": 2.0 * held,
               "one forward pass at the max shape": float(_bytes(recipe, "max") * ACTIVATIONS_PER_BYTE)}
 
@@ -67,7 +95,7 @@ def estimate(recipe) -> Estimate:
     shapes = math.prod(len(sizes) for sizes in latency.sweep.values()) + 1 if latency.sweep else 1
     per_shape = max(latency.min_seconds,
                     (latency.warmup + latency.iterations) * _request_seconds(_elements(recipe, "opt")))
-    samples = sum(s.samples for s in splits)
+    samples = sum(counts)
     time = {"latency protocol": runners * shapes * per_shape,
             "accuracy and calibration samples":
                 runners * samples * _request_seconds(_elements(recipe, "max"))}

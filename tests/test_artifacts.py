@@ -16,7 +16,7 @@ import yaml
 from pipeline.artifacts import EngineResult, Report, Unusable, dump, parse
 from pipeline.artifacts.recorded import manifest as parse_manifest
 from pipeline.stages.report import markdown, rows
-from tests.conftest import FAST, ROOT
+from tests.conftest import FAST, ROOT, STANDARD
 
 
 def read(folder: Path, name: str) -> dict:
@@ -43,7 +43,7 @@ def one_error(result, code: int = 5) -> str:
 
 # ----------------------------------------------------------------------------- in-process
 def test_what_a_run_writes_is_exactly_what_the_models_read(built_standard):
-    folder = built_standard.engines / "standard"
+    folder = built_standard.engines / STANDARD
     report = read(folder, "report.json")
     assert report["schema"] == 2
     assert parse("report.json", report) == report  # no key added, dropped or changed
@@ -56,7 +56,7 @@ def test_what_a_run_writes_is_exactly_what_the_models_read(built_standard):
 
 
 def test_a_schema_1_report_is_migrated(built_standard):
-    report = read(built_standard.engines / "standard", "report.json")
+    report = read(built_standard.engines / STANDARD, "report.json")
     old = copy.deepcopy(report)
     old["schema"] = 1
     for e in old["engines"]:
@@ -74,7 +74,7 @@ def test_a_schema_1_report_is_migrated(built_standard):
      "a schema-1 report from an older pipeline that does not migrate"),
 ])
 def test_an_old_or_newer_schema_is_refused_as_stale(built_standard, change, words):
-    report = read(built_standard.engines / "standard", "report.json")
+    report = read(built_standard.engines / STANDARD, "report.json")
     change(report)
     with pytest.raises(Unusable) as caught:
         parse("report.json", report)
@@ -90,7 +90,7 @@ def test_an_old_or_newer_schema_is_refused_as_stale(built_standard, change, word
     (lambda e: e.update(surprise=1), "`surprise`: Extra inputs are not permitted"),
 ])
 def test_a_validation_of_the_wrong_shape_names_the_key(built_standard, change, where):
-    result = read(built_standard.engines / "standard", "validate-onnxruntime.json")
+    result = read(built_standard.engines / STANDARD, "validate-onnxruntime.json")
     change(result)
     with pytest.raises(Unusable) as caught:
         parse("validate-onnxruntime.json", result)
@@ -121,12 +121,12 @@ MANIFEST_DAMAGE = {
 @pytest.mark.parametrize("damage", list(MANIFEST_DAMAGE))
 def test_a_manifest_of_the_wrong_shape_stops_every_command(standard_copy, tmp_path, damage):
     proj = standard_copy
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
     manifest = read(folder, "manifest.json")
     MANIFEST_DAMAGE[damage](manifest)
     (folder / "manifest.json").write_text(json.dumps(manifest))
     before = proj.snapshot()
-    for args in (("verify", "engines/standard"), ("run", "standard", *FAST),
+    for args in (("verify", f"engines/{STANDARD}"), ("run", "standard", *FAST),
                  ("report", "standard", *FAST), ("compare", "standard", "flash", *FAST),
                  ("deploy", "standard", "--triton", str(tmp_path / "models"), *FAST)):
         result = proj.run(*args)
@@ -138,7 +138,7 @@ def test_a_manifest_of_the_wrong_shape_stops_every_command(standard_copy, tmp_pa
 
 def test_a_rehashed_report_of_the_wrong_shape_stops_every_command(standard_copy, tmp_path):
     proj = standard_copy
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
     report = read(folder, "report.json")
     report["engines"][0]["gates"] = "nope"
     rehash(folder, "report.json", report)
@@ -147,12 +147,12 @@ def test_a_rehashed_report_of_the_wrong_shape_stops_every_command(standard_copy,
                  ("deploy", "standard", "--triton", str(tmp_path / "models"), *FAST)):
         line = one_error(proj.run(*args))
         assert "report.json: not a report this pipeline wrote (`engines.0.gates`" in line, (args, line)
-    assert "report.json" in one_error(proj.run("verify", "engines/standard"))
+    assert "report.json" in one_error(proj.run("verify", f"engines/{STANDARD}"))
 
 
 def test_an_old_report_is_refused_naming_the_file_and_force(standard_copy, tmp_path):
     proj = standard_copy
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
     report = read(folder, "report.json")
     report["schema"] = 1
     report["engines"][0]["speedup_vs_baseline"].pop("verdict")
@@ -160,7 +160,7 @@ def test_an_old_report_is_refused_naming_the_file_and_force(standard_copy, tmp_p
     for args in (("deploy", "standard", "--triton", str(tmp_path / "m"), *FAST),
                  ("run", "standard", *FAST)):
         line = one_error(proj.run(*args))
-        assert "standard/report.json: a schema-1 report from an older pipeline" in line, line
+        assert f"{STANDARD}/report.json: a schema-1 report from an older pipeline" in line, line
         assert "rerun with --force" in line and "tampered" not in line and "changed" not in line
 
 
@@ -189,4 +189,4 @@ def test_pipeline_schema_prints_the_artifact_models(built_standard, what, model)
     schema = json.loads(result.out)
     assert schema["title"] == model
     name = "report.json" if what == "report" else "manifest.json"
-    jsonschema.validate(read(built_standard.engines / "standard", name), schema)
+    jsonschema.validate(read(built_standard.engines / STANDARD, name), schema)

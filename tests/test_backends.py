@@ -61,17 +61,18 @@ def test_a_kind_without_its_plugin_is_an_unknown_kind(project):
 
 def test_a_plugin_backend_runs_end_to_end_and_deploys(standard_copy, plugin_path, tmp_path):
     env = {"PYTHONPATH": plugin_path}
-    proj = standard_copy  # export, optimize and baseline are cached: only build and validate run
+    proj = standard_copy
     result = proj.run("run", "standard", *FAST, *COPY_TARGET, env=env)
     assert result.code == 0, result.err
-    (engine,) = json.loads((proj.engines / "standard" / "report.json").read_text())["engines"]
+    folder = proj.folder(result)  # the --set values' own folder
+    (engine,) = json.loads((folder / "report.json").read_text())["engines"]
     assert engine["kind"] == "onnxruntime-copy" and engine["status"] == "built"
     assert min(m["cosine"] for m in engine["accuracy"].values()) > 0.999
     assert all(g["passed"] for g in engine["gates"])
     # the engine is the final graph, byte for byte (what the plugin's build says it does)
-    manifest = json.loads((proj.engines / "standard" / "manifest.json").read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
     source = manifest["stages"]["build:onnxruntime-copy"]["meta"]["source"]
-    graph = (proj.engines / "standard" / source).read_bytes()
+    graph = (folder / source).read_bytes()
     assert engine["sha256"] == hashlib.sha256(graph).hexdigest()
 
     out = tmp_path / "models"
@@ -83,5 +84,5 @@ def test_a_plugin_backend_runs_end_to_end_and_deploys(standard_copy, plugin_path
     assert "optimization" not in config  # the plugin asks Triton for nothing special
     assert hashlib.sha256((model / "1" / "model.onnx").read_bytes()).hexdigest() == engine["sha256"]
 
-    result = proj.run("verify", str(proj.engines / "standard"), env=env)
+    result = proj.run("verify", str(folder), env=env)
     assert result.code == 0, result.err

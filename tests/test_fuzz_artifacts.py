@@ -23,7 +23,7 @@ from pipeline.artifacts import Unusable, parse
 from pipeline.artifacts.recorded import manifest as parse_manifest
 from pipeline.run import failed_gates
 from pipeline.stages.report import rows
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, STANDARD, Project
 
 HOSTILE = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**400),
@@ -67,7 +67,7 @@ def damaged(draw, data: Any, keep=lambda path: True):
 
 @pytest.fixture(scope="module")
 def originals(built_standard) -> dict[str, Any]:
-    folder = built_standard.engines / "standard"
+    folder = built_standard.engines / STANDARD
     return {name: json.loads((folder / name).read_text()) for name in ("report.json", "manifest.json")}
 
 
@@ -122,14 +122,14 @@ def test_commands_on_a_damaged_folder_never_trace_back(built_standard, tmp_path_
     damaged_json, where = data.draw(damaged(originals[name], keep=_cheap))
     proj = Project(tmp_path_factory.mktemp("fuzz"))
     shutil.copytree(built_standard.engines, proj.engines)
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
     (folder / name).write_text(json.dumps(damaged_json))
     if name == "report.json":  # the manifest rewritten to match: only the model can object
         manifest = json.loads((folder / "manifest.json").read_text())
         manifest["files"][name].update(sha256=hashlib.sha256((folder / name).read_bytes()).hexdigest(),
                                        bytes=(folder / name).stat().st_size)
         (folder / "manifest.json").write_text(json.dumps(manifest))
-    for args in (("verify", "engines/standard", "--files-only"),
+    for args in (("verify", f"engines/{STANDARD}", "--files-only"),
                  ("deploy", "standard", "--triton", str(proj.path / "models"), *FAST),
                  ("run", "standard", *FAST)):
         result = proj.run(*args, timeout=300)

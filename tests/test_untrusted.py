@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, ROOT, Project
+from tests.conftest import FAST, ROOT, STANDARD, Project
 
 CALIBRATE = ("export", "standard-int8", "--set", "data.calibration.file=cal.npz")
 
@@ -52,7 +52,7 @@ def planted(standard_copy, tmp_path) -> tuple[Project, Path, Path]:
     canary = tmp_path / "canary" / "secret.txt"
     canary.parent.mkdir()
     canary.write_text("nothing may touch this file\n")
-    return standard_copy, standard_copy.engines / "standard", canary
+    return standard_copy, standard_copy.engines / STANDARD, canary
 
 
 def _outside(tmp_path: Path, *roots: Path) -> dict[str, str]:
@@ -93,8 +93,8 @@ def test_a_report_target_that_leaves_the_folder_is_refused(planted, tmp_path):
 
     _one_error(proj.run("deploy", "standard", "--triton", "models", *FAST), 5,
                "'../../../ESCAPED' is not a target of recipe `standard`")
-    verified = proj.run("verify", "engines/standard", "--files-only")
-    _one_error(verified, 5, "standard/report.json")
+    verified = proj.run("verify", f"engines/{STANDARD}", "--files-only")
+    _one_error(verified, 5, f"{STANDARD}/report.json")
     assert "engine target '../../../ESCAPED' is not a plain file name" in verified.out
     assert "✓ report.json:../" not in verified.out
     assert not out.exists() and _outside(tmp_path, folder, out) == before
@@ -115,7 +115,7 @@ def test_deploy_reads_only_verified_files_of_the_folder(planted, tmp_path):
     (folder / source).write_bytes(graph.SerializeToString())
     _one_error(proj.run("deploy", "standard", "--triton", "models", *FAST), 5,
                f"{source}: sha256", "does not match the manifest")
-    _one_error(proj.run("verify", "engines/standard", "--files-only"), 5, f"standard/{source}")
+    _one_error(proj.run("verify", f"engines/{STANDARD}", "--files-only"), 5, f"{STANDARD}/{source}")
 
     # a build record naming a file outside the folder as its source graph
     (folder / source).write_bytes(original)
@@ -167,11 +167,11 @@ def test_verify_names_an_interrupted_commit_and_run_finishes_it(planted, tmp_pat
 
     _edit_manifest(folder, interrupted)
     before = _outside(tmp_path, folder)
-    verified = proj.run("verify", "engines/standard", "--files-only")
-    _one_error(verified, 5, "interrupted commit", "`pipeline run standard`")
+    verified = proj.run("verify", f"engines/{STANDARD}", "--files-only")
+    _one_error(verified, 5, "interrupted commit", f"`pipeline run {STANDARD}`")
     assert "✗ INTERRUPTED report.md" in verified.out and "MISMATCH" not in verified.out
     assert proj.run("run", "standard", *FAST).code == 0
-    assert proj.run("verify", "engines/standard", "--files-only").code == 0
+    assert proj.run("verify", f"engines/{STANDARD}", "--files-only").code == 0
     assert _outside(tmp_path, folder) == before
 
 
@@ -187,8 +187,8 @@ def test_a_planted_lock_link_or_artifact_link_is_refused_not_followed(planted, t
     (folder / "model.onnx").unlink()
     (folder / "model.onnx").symlink_to(canary)
     _one_error(proj.run("run", "standard", *FAST), 5, "model.onnx: a recorded file is now a symbolic link")
-    verified = proj.run("verify", "engines/standard", "--files-only")
-    _one_error(verified, 5, "standard/model.onnx")
+    verified = proj.run("verify", f"engines/{STANDARD}", "--files-only")
+    _one_error(verified, 5, f"{STANDARD}/model.onnx")
     assert "model.onnx: is a symbolic link" in verified.out
     assert _outside(tmp_path, folder) == before
 
@@ -276,6 +276,15 @@ def test_a_recipe_beyond_the_limits_is_refused_with_its_estimate(project, settin
     line = _one_error(project.run("run", "standard", "--set", setting), 2, expected, "over the ceiling")
     assert "PIPELINE_MAX_" in line
     assert not project.engines.exists()
+
+
+
+def test_a_data_file_of_10m_rows_without_samples_is_refused_by_its_size(project):
+    """`samples` unset takes every row of a file: the estimate counts them (without loading
+    the file) and refuses 10M sentences before any feed is made."""
+    project.write("big.txt", "a\n" * 10_000_000)  # 20 MB, 10M rows
+    result = project.run("run", "minilm", "--set", "data.validation={text: big.txt}")
+    _one_error(result, 2, "of memory", "feeds and reference outputs")
 
 
 def test_two_checkouts_export_byte_identical_graphs(tmp_path):
