@@ -80,14 +80,14 @@ def test_int4_lm_reports_perplexity_and_fails_a_zero_task_loss_with_exit_3(proje
                          "--set", "validate.tolerance.cosine_min=0.5")
     assert result.code == 3, result.err
     assert "expect.max_task_loss" in result.error_lines[0]
-    report = json.loads((project.engines / "lm-int4" / "report.json").read_text())
+    report = json.loads((project.folder(result) / "report.json").read_text())
     assert report["data"]["validation"]["source"] == "data/shakespeare/validation.jsonl"
     assert report["data"]["validation"]["samples"] == 16  # 2 feeds of 8 passages
     assert len(report["data"]["calibration"]["sha256"]) == 64
     task = report["engines"][0]["task"]
     assert task["metric"] == "perplexity" and 1 < task["baseline"] < 20  # a model that learned bytes
     assert task["delta"] > 0 and task["ci95"][0] <= task["delta"] <= task["ci95"][1]
-    md = (project.engines / "lm-int4" / "report.md").read_text()
+    md = (project.folder(result) / "report.md").read_text()
     assert "- data: validation data/shakespeare/validation.jsonl (16 samples" in md.splitlines()[8]
     assert "Task `perplexity`" in md
 
