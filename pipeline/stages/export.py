@@ -82,6 +82,10 @@ def enabled(recipe: Recipe) -> bool:
 
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
     """The first graph stage: `graph` is None (there is none before export)."""
+    if recipe.workload.kind == "generation":  # a KV-cache graph (pipeline/generation/export.py)
+        from pipeline.generation import export as kv_export
+
+        return kv_export.run(recipe, workdir, verbose)
     import onnx
     import torch
 

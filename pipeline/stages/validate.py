@@ -76,6 +76,10 @@ def baseline_device(recipe: Recipe) -> str:
 
 
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
+    if recipe.workload.kind == "generation":
+        from pipeline.generation import validate as generation
+
+        return generation.baseline(recipe, workdir)
     feeds = data.feeds(recipe, "validation")
     device = baseline_device(recipe)
     protocol.import_runtimes()
@@ -138,6 +142,15 @@ def _gate(name: str, passed: bool, detail: str) -> dict:
 
 def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
              workdir: Path) -> tuple[dict[str, Path], dict]:
+    if recipe.workload.kind == "generation":  # TTFT, TPOT, time per task (pipeline/generation)
+        from pipeline.generation import validate as generation
+
+        result, files = generation.validate(recipe, target, engine, base, workdir)
+        result["gates"] = gates(recipe, result["accuracy"])
+        result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
+        path = workdir / f"validate-{target.id}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        return {path.name: path, **files}, {"passed": all(g["passed"] for g in result["gates"])}
     try:
         feeds, references = data.load_feeds(base.path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # pickled arrays: ValueError
