@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import metrics as accuracy_metrics
 from pipeline import deps, models
+from pipeline import metrics as accuracy_metrics
 from pipeline.bench import monitor
 from pipeline.generation import genai_config, runners
 from pipeline.generation import metrics as gm
