@@ -131,7 +131,7 @@ def _categories(p: dict) -> dict:
 
 def _words(c: dict) -> str:
     lo, hi = c["ci95"]
-    return f"{c['ratio']:.2f}x (95% CI {lo:.2f}-{hi:.2f}, {c['verdict']})"
+    return f"{c['time_ratio']:.2f}x (95% CI {lo:.2f}-{hi:.2f}, {c['verdict']})"
 
 
 def lines(result: dict) -> list[str]:

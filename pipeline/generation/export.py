@@ -29,6 +29,9 @@ from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.text import first_line
 
 PREFILL, DECODE = 6, 3  # parity: tokens of the prefill, then of the decode step
+# Opset 23: scaled_dot_product_attention exports as ONNX Attention (grouped-query heads
+# native), which the attention_with_past pass gives the cache to.
+OPSET = 23
 
 
 def kv_model(recipe: Recipe):
@@ -95,7 +98,7 @@ def run(recipe: Recipe, workdir: Path, verbose: bool = False) -> tuple[dict[str,
             torch.onnx.export(module, args, str(out_path), dynamo=True, dynamic_shapes=shapes,
                               input_names=["input_ids", "attention_mask", *past_names],
                               output_names=["logits", *present_names],
-                              opset_version=recipe.export.opset, external_data=False)
+                              opset_version=recipe.export.opset or OPSET, external_data=False)
     except Exception as e:
         raise StageFailed(f"KV-cache export failed: {first_line(e, with_type=True)}",
                           "rerun with --debug for the trace") from e

@@ -69,9 +69,9 @@ def decode_layers(glm: GLM, input_ids: torch.Tensor, past_len, attention_mask: t
         v = a.v(h).view(b, t, a.kv_heads, a.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k, v = extend(i, k, v)  # [B, KV, P + T, hd]
-        rep = a.heads // a.kv_heads  # GQA: the cache stays grouped, heads share it here
-        out = F.scaled_dot_product_attention(
-            q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), attn_mask=mask)
+        # GQA: the cache stays grouped; each group of heads // kv_heads query heads shares
+        # one key/value head (exported at opset 23 as ONNX Attention with kv_num_heads)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         x = x + a.o(out.transpose(1, 2).reshape(b, t, -1))
         x = x + block.ffn(block.ffn_norm(x))
     return glm.head(glm.norm(x))
