@@ -168,3 +168,24 @@ def test_genai_cannot_append_a_turn_to_a_concatenating_cache(built_gen: Project,
     genai.step()
     with pytest.raises(RuntimeError, match="present"):
         genai.generator.append_tokens(np.array([[7, 8]], dtype=np.int32))
+
+
+# ----------------------------------------------------------------------------- TensorRT
+def test_tensorrt_profiles_cover_prefill_and_decode_of_the_kv_graph(project, monkeypatch, tmp_path):
+    """Up to the TensorRT boundary: Polygraphy's real loader objects for the KV-cache graph."""
+    from pipeline.backends import tensorrt as trt_backend
+
+    monkeypatch.chdir(project.path)
+    monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path / "cache"))
+    recipe = load("standard-gen")
+    target = next(t for t in recipe.targets if t.kind == "tensorrt")
+    plan = trt_backend.plan(tmp_path / "model.onnx", tmp_path / "e.plan", recipe, target,
+                            {"tensorrt": "10.8.0.43", "gpu": "NVIDIA H200", "compute_capability": "9.0"})
+    chain = trt_backend.loaders(plan, enum=lambda kind, name: f"trt.{kind}.{name}")
+    general, decode = chain._engine._config.profiles
+    past = recipe.workload.context_max()
+    assert tuple(map(list, general["past_key_values.0.key"])) == ([1, 2, 1, 16], [2, 2, 64, 16], [8, 2, past, 16])
+    assert tuple(map(list, decode["input_ids"])) == ([1, 1], [2, 1], [8, 1])
+    assert tuple(map(list, decode["attention_mask"])) == ([1, 2], [2, 65], [8, past + 1])
+    # every input of the graph has a range in every profile
+    assert set(general) == set(decode) == {i.name for i in recipe.inputs}
