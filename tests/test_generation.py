@@ -189,3 +189,10 @@ def test_tensorrt_profiles_cover_prefill_and_decode_of_the_kv_graph(project, mon
     assert tuple(map(list, decode["attention_mask"])) == ([1, 2], [2, 65], [8, past + 1])
     # every input of the graph has a range in every profile
     assert set(general) == set(decode) == {i.name for i in recipe.inputs}
+
+
+def test_compare_refuses_a_forward_recipe_before_building(project: Project):
+    res = project.run("compare", "standard-gen", "standard")
+    assert res.code == 2, res.err
+    assert len(res.error_lines) == 1 and "generation" in res.error_lines[0]
+    assert not project.engines.exists()  # refused before any work
