@@ -169,6 +169,11 @@ def main() -> None:
     versus = {p: {"tpot": stats.compare(gm.tpot_blocks(traces[f"builder-{p}"]), gm.tpot_blocks(traces[f"pipeline-{p}"]), noise=noise),
                   "ttft": stats.compare(gm.ttft_blocks(traces[f"builder-{p}"]), gm.ttft_blocks(traces[f"pipeline-{p}"]), noise=noise)}
               for p in ("fp32", "int4")}
+    # INT4 weight-only against FP32, each route's own pair (time ratio int4 / fp32)
+    int4_vs_fp32 = {route: {phase: stats.compare(blocks(traces[f"{route}-fp32"]), blocks(traces[f"{route}-int4"]),
+                                                 noise=noise)
+                            for phase, blocks in (("tpot", gm.tpot_blocks), ("ttft", gm.ttft_blocks))}
+                    for route in ("pipeline", "builder")}
     result = {
         "created": now(), "machine": platform.processor() or platform.machine(),
         "avx512_vnni": "avx512_vnni" in Path("/proc/cpuinfo").read_text(),
@@ -178,7 +183,7 @@ def main() -> None:
         "workload": {"batch": 1, "prompt": PROMPT, "new_tokens": NEW, "threads": args.threads,
                      "rounds": spec.rounds, "greedy": True, "eos": "suppressed"},
         "builder_seconds": seconds, "runners": figures,
-        "pipeline_vs_builder": versus,
+        "pipeline_vs_builder": versus, "int4_vs_fp32": int4_vs_fp32,
         "method": "one process; warm-up 1 generation per runner, then rounds taking turns (order "
                   "alternating); ratios: " + stats.ratio_method(noise),
     }
@@ -212,6 +217,12 @@ def markdown(r: dict) -> str:
             c = v[phase]
             md.append(f"- {p} {phase.upper()}: {c['time_ratio']:.2f}x (95% CI {c['ci95'][0]:.2f}-{c['ci95'][1]:.2f}, "
                       f"pipeline {c['verdict']})")
+    md += ["", "INT4 weight-only vs FP32 of the same route (time ratio int4 / fp32; < 1: INT4 is faster):", ""]
+    for route, v in r["int4_vs_fp32"].items():
+        for phase in ("tpot", "ttft"):
+            c = v[phase]
+            md.append(f"- {route} {phase.upper()}: {c['time_ratio']:.2f}x (95% CI {c['ci95'][0]:.2f}-"
+                      f"{c['ci95'][1]:.2f}, int4 {c['verdict']})")
     return "\n".join(md) + "\n"
 
 

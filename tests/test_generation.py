@@ -79,6 +79,32 @@ def test_cached_glm_matches_the_full_forward(attention):
         static(ids[:, :4])
 
 
+def test_cached_llama_matches_the_full_forward():
+    """transformers Llama: the exported cache wrapper and the static-cache baseline."""
+    import torch
+    import transformers
+
+    from pipeline.generation.llama_cache import LlamaWithPast, StaticCacheLlama
+
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, 128, (2, 9))
+    with torch.no_grad():
+        full = lm(input_ids=ids, use_cache=False).logits
+        cached = LlamaWithPast(lm)
+        pre = cached(ids[:, :6], torch.ones(2, 6, dtype=torch.int64), *[torch.zeros(2, 2, 0, 8)] * 4)
+        dec = cached(ids[:, 6:], torch.ones(2, 9, dtype=torch.int64), *pre[1:])
+    assert torch.allclose(dec[0], full[:, 6:], atol=1e-4) and pre[1].shape == (2, 2, 6, 8)
+    static = StaticCacheLlama(lm, 16)
+    for _ in range(2):  # the second reset zeroes the same cache in place
+        static.reset(2)
+        with torch.inference_mode():
+            assert torch.allclose(static(ids[:, :6]), full[:, 5], atol=1e-4)
+            assert torch.allclose(static(ids[:, 6:7]), full[:, 6], atol=1e-4)
+
+
 # ----------------------------------------------------------------------------- metrics
 def test_agreement_names_the_first_divergence():
     ref = np.array([[1, 2, 3, 4], [5, 6, 7, 8]])

@@ -43,7 +43,8 @@ def kv_model(recipe: Recipe):
         return GLMWithPast(model).eval(), model
     from pipeline.generation.llama_cache import LlamaWithPast
 
-    return LlamaWithPast(model.model).eval(), model
+    lm = model.model  # the causal LM inside pipeline/hf.py's wrapper
+    return LlamaWithPast(lm).eval(), lambda ids: lm(input_ids=ids, use_cache=False).logits
 
 
 @contextlib.contextmanager

@@ -24,7 +24,9 @@ class LlamaWithPast(nn.Module):
         pairs = [(past[2 * i], past[2 * i + 1]) for i in range(len(past) // 2)]
         cache = DynamicCache(pairs, config=self.model.config)
         p = past[0].shape[2]
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None] + p  # [1, T]
+        # [B, T]: one row per sequence (ONNX RotaryEmbedding takes cos/sin of x's batch, no broadcast)
+        positions = (torch.arange(input_ids.shape[1], device=input_ids.device)[None] + p).expand(
+            input_ids.shape[0], -1)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                          position_ids=positions, use_cache=True)
         presents = []
@@ -47,7 +49,8 @@ class StaticCacheLlama:
         if self.cache is None or batch != self.batch:  # its buffers take the first batch's size
             self.cache, self.batch = StaticCache(config=self.model.config, max_cache_len=self.max_len), batch
         else:
-            self.cache.reset()  # zeroed in place, no reallocation
+            with torch.inference_mode():  # its tensors were made under the runner's inference mode
+                self.cache.reset()  # zeroed in place, no reallocation
         self.length = 0
 
     @torch.no_grad()
