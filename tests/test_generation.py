@@ -18,7 +18,7 @@ TINY = (
     "--set", "workload.prompt_lengths=[8]", "--set", "workload.new_tokens=4",
     "--set", "workload.batch_sizes=[1,2]", "--set", "workload.long=null",
     "--set", "workload.task=[{prompt: 6, new_tokens: 3}, {prompt: 4, new_tokens: 3}]",
-    "--set", "optimize.passes=[fold_constants]",
+    "--set", "optimize.passes=[attention_with_past]",
 )
 
 
@@ -133,6 +133,9 @@ def test_run_writes_the_generation_section(built_gen: Project):
     report = json.loads((built_gen.engines / "standard-gen" / "report.json").read_text())
     assert report["export"]["mode"] == "kv_cache"
     assert report["export"]["parity"]["logits"]["max_abs"] < 1e-3
+    (attention,) = report["optimize"]["passes"]  # checked against the exported graph, kept
+    assert attention["status"] == "accepted" and attention["info"]["attention_with_past"] == 2
+    assert attention["ops_before"]["Concat"] - attention["ops_after"].get("Concat", 0) == 4
     base = report["baseline"]["generation"]["points"]
     engine = report["engines"][0]
     gen = engine["generation"]
@@ -192,7 +195,8 @@ def test_genai_cannot_append_a_turn_to_a_concatenating_cache(built_gen: Project,
     genai.new(1)
     genai.prefill(np.arange(1, 6)[None])
     genai.step()
-    with pytest.raises(RuntimeError, match="present"):
+    # the mask (and, without attention_with_past, the presents) one token longer than the cache
+    with pytest.raises(RuntimeError, match="present|total_sequence_length"):
         genai.generator.append_tokens(np.array([[7, 8]], dtype=np.int32))
 
 

@@ -27,10 +27,10 @@ class LlamaWithPast(nn.Module):
         # [B, T]: one row per sequence (ONNX RotaryEmbedding takes cos/sin of x's batch, no broadcast)
         positions = (torch.arange(input_ids.shape[1], device=input_ids.device)[None] + p).expand(
             input_ids.shape[0], -1)
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
                          position_ids=positions, use_cache=True)
         presents = []
-        for layer in out.past_key_values.layers:
+        for layer in out.cache.layers:
             presents += [layer.keys, layer.values]
         return (out.logits, *presents)
 
@@ -57,7 +57,7 @@ class StaticCacheLlama:
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.shape[1]
         position = torch.arange(self.length, self.length + t)
-        out = self.model(input_ids=input_ids, past_key_values=self.cache, cache_position=position,
+        out = self.model(input_ids=input_ids, cache=self.cache, cache_position=position,
                          position_ids=position[None].expand(input_ids.shape[0], -1), use_cache=True)
         self.length += t
         return out.logits[:, -1]

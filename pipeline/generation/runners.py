@@ -10,9 +10,11 @@ its prompt (that token was chosen but never fed).
 
 - GenaiRunner: onnxruntime-genai's C++ generation loop over the engine (genai_config.json
   written by the pipeline). Single-turn points only: with a concatenating KV cache
-  (past_present_share_buffer false), genai 0.18 allocates the presents of an append_tokens
-  after generate_next_token for one token more than the cache holds and the run fails
-  (measured: "present.0.key ... {1,2,29,16} but the computed output shape ... {1,2,28,16}").
+  (past_present_share_buffer false), genai 0.18 sizes the attention mask (and the presents)
+  of an append_tokens after generate_next_token for one token more than the cache holds, and
+  the run fails (measured: "present.0.key ... {1,2,29,16} but the computed output shape ...
+  {1,2,28,16}"; with ONNX Attention: "inconsistent total_sequence_length (between attn_mask
+  and past_key ...)"). tests/test_generation.py pins it.
 - OrtLoopRunner: a lean ONNX Runtime loop with IOBinding (presents stay OrtValues and are
   bound as the next pasts, no copy); runs the task's turns, which genai cannot.
 - TorchStaticRunner: the PyTorch baseline over a static (preallocated) KV cache.
