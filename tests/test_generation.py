@@ -226,3 +226,9 @@ def test_compare_refuses_a_forward_recipe_before_building(project: Project):
     assert res.code == 2, res.err
     assert len(res.error_lines) == 1 and "generation" in res.error_lines[0]
     assert not project.engines.exists()  # refused before any work
+
+
+def test_workload_needs_batch_one(project: Project):
+    res = project.run("export", "standard-gen", "--set", "workload.batch_sizes=[4]")
+    assert res.code == 2 and len(res.error_lines) == 1
+    assert "workload.batch_sizes" in res.error_lines[0] and "needs 1" in res.error_lines[0]

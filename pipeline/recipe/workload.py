@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from pipeline.recipe.base import Dim, Strict
 
@@ -59,6 +59,12 @@ class WorkloadSpec(Strict):
     eos_token_id: int | None = Field(
         None, ge=0, description="End-of-sequence token, suppressed so every runner generates "
         "exactly the asked tokens (default: the model's, else the last vocabulary id).")
+
+    @model_validator(mode="after")
+    def _batch_one(self) -> WorkloadSpec:
+        if self.kind == "generation" and 1 not in self.batch_sizes:
+            raise ValueError("batch_sizes needs 1: TTFT and TPOT are reported at batch 1 (add N for batch N)")
+        return self
 
     def context_max(self) -> int:
         """The longest context any point reaches (prompt + generated tokens)."""
@@ -135,6 +141,8 @@ def kv_signature(recipe_inputs: list, model, workload: WorkloadSpec, input_spec_
                          "[batch, sequence] dims")
     layers, kv_heads, head_dim = decoder_shape(model)[:3]
     batch, seq = ids.shape
+    batch = Dim(name=batch.name or "batch", min=batch.min, opt=batch.opt,
+                max=max(batch.max, *workload.batch_sizes))
     seq = Dim(name=seq.name or "sequence", min=seq.min, opt=seq.opt,
               max=max(seq.max, workload.prefill_max()))
     past = Dim(name="past_sequence", min=1, opt=max(1, min(seq.opt, workload.context_max())),
