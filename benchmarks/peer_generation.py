@@ -114,6 +114,8 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="small")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work", type=Path, default=None,
+                        help="Keep the models and engines in this folder (default: a temporary one).")
     args = parser.parse_args()
 
     from pipeline import deps
@@ -128,7 +130,8 @@ def main() -> None:
     d, layers, heads, kv, _, vocab = SIZES[args.size]
     eos = 2
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
+        work = args.work.resolve() if args.work else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         params = save_model(work / "model", args.size)
         seconds = {p: builder(work / "model", work / f"builder-{p}", p) for p in ("fp32", "int4")}
         engines = {p: pipeline_engine(work, p, vocab) for p in ("fp32", "int4")}
