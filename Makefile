@@ -1,5 +1,6 @@
 # make engine RECIPE=<name>   build and validate one recipe (creates .venv on first use)
 # make test                   the test suite
+# make docs                   docs/recipes.md from the recipe schema
 # make lint | make clean | make distclean
 
 PYTHON ?= python3
@@ -12,7 +13,7 @@ EXTRA   := $(if $(HAS_GPU),gpu,cpu)
 # The CPU wheel of torch; set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose another build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: engine test lint clean distclean recipes gpu-check
+.PHONY: engine test lint clean distclean recipes gpu-check docs
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,3 +50,7 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV) *.egg-info
+
+# docs/recipes.md is generated from the recipe schema (a test checks it is current)
+docs: $(VENV)/.installed
+	$(BIN)/python -m pipeline.recipe.reference > docs/recipes.md

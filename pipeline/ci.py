@@ -17,14 +17,13 @@ a timing cache is only valid for them, so both key the cache.
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
 from pipeline import deps
 from pipeline import recipe as recipe_mod
-from pipeline.store import MANIFEST
+from pipeline.store import MANIFEST, Store
 
 
 def slug(text: str) -> str:
@@ -35,8 +34,8 @@ def slug(text: str) -> str:
 def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> dict[str, str]:
     recipe = recipe_mod.load(recipe_ref)
     manifest_path = engines_dir / recipe.name / MANIFEST
-    if manifest_path.is_file():
-        manifest = json.loads(manifest_path.read_text())
+    if manifest_path.is_file():  # read through its model: a bad one is IntegrityError (exit 5)
+        manifest = Store(engines_dir, recipe.name).read_manifest()
         device, versions = manifest.get("device") or {}, manifest.get("versions") or {}
     else:
         device, versions = deps.device(), deps.versions()

@@ -75,17 +75,25 @@ def recipe_options(fn=None, *, targets: bool = True):
 def cli():
     """Turn PyTorch model variants into engines and prove what each engine is worth.
 
-    RECIPE is a name under recipes/ (e.g. `standard`) or a path to a YAML file.
+    RECIPE is a name under recipes/ (e.g. `standard`) or a path to a YAML file. A run with
+    --set values writes into engines/RECIPE@<8 hex digits>/ (printed as `engines: ...`), never
+    into engines/RECIPE/; that folder name also works as RECIPE (it brings its --set values).
     """
+    from pipeline import backends
+
+    backends.load_plugins()  # third-party target kinds, before any recipe is read
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
-    from pipeline import recipe as recipe_mod
+    from pipeline import folders
     from pipeline.run import Run, check_gates
     from pipeline.stages.report import table
     from pipeline.ui import Progress, console, out
 
-    recipe = recipe_mod.load(recipe_ref, overrides)
+    recipe = folders.load(recipe_ref, overrides, engines_dir)
+    if recipe.overrides:  # a variant of the recipe: its own folder, the plain one is untouched
+        console.print(f"[dim]--set: this run writes into {engines_dir / folders.folder_name(recipe)} "
+                      f"(not {engines_dir / recipe.name})[/]")
     outcome = Run(recipe, engines_dir, force=force, progress=Progress(verbose), verbose=verbose,
                   only=only).execute(until)
     if until == "precision" and recipe.precision.mode == "fp32":
@@ -96,9 +104,9 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
     if outcome.report is not None:
         out.print(table(outcome.report))
         console.print(f"report: {outcome.store.dir / 'report.md'}")
+    console.print(f"engines: {outcome.store.dir}", soft_wrap=True)
+    if outcome.report is not None:
         check_gates(outcome.report)
-    else:
-        console.print(f"artifacts: {outcome.store.dir}")
 
 
 def _stage_command(name: str, until: str, summary: str):
@@ -157,11 +165,10 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
     from rich.markup import escape
 
-    from pipeline import deploy
-    from pipeline import recipe as recipe_mod
+    from pipeline import deploy, folders
     from pipeline.ui import out as stdout
 
-    r = recipe_mod.load(recipe, overrides)
+    r = folders.load(recipe, overrides, engines_dir)
     for folder in deploy.deploy(r, engines_dir, out, targets, model_version, instances,
                                 allow_failed_gates):
         files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
@@ -177,12 +184,12 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 
     Builds what is missing first; writes engines/RECIPE/bench.json and a latency PNG.
     """
-    from pipeline import recipe as recipe_mod
-    from pipeline.bench.command import bench, tables
+    from pipeline import folders
+    from pipeline.stages.bench import bench, tables
     from pipeline.ui import Progress, console, out
 
-    main = recipe_mod.load(recipe, overrides)
-    other = recipe_mod.load(versus, overrides) if versus else None  # the same --set for both
+    main = folders.load(recipe, overrides, engines_dir)
+    other = folders.load(versus, overrides, engines_dir) if versus else None  # the same --set for both
     if other is not None and other.name == main.name:
         raise PipelineRecipeError(f"bench --vs {versus}: `{main.name}` against itself times one "
                                   "recipe twice", "name another recipe, e.g. --vs flash")
@@ -203,12 +210,12 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 def compare_command(recipes, overrides, force, engines_dir, verbose):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
-    from pipeline import recipe as recipe_mod
+    from pipeline import folders
     from pipeline.explain.render import tables
     from pipeline.stages.compare import compare
     from pipeline.ui import Progress, console, out
 
-    loaded = [recipe_mod.load(r, overrides) for r in recipes]
+    loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
     result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
     if result.get("workload") == "generation":
         from pipeline.generation.compare import lines
@@ -254,6 +261,27 @@ def recipes_command(folder):
         except PipelineError as e:
             t.add_row(path.stem, f"[red]invalid: {e}[/]", "", "")
     out.print(t)
+
+
+@cli.command("schema")
+@click.argument("what", type=click.Choice(["recipe", "report", "manifest"]))
+@debug_option
+def schema_command(what):
+    """Print the JSON Schema of a recipe file, report.json or manifest.json, made from the
+    pydantic models the pipeline itself validates with (e.g. for an editor's YAML support:
+    `pipeline schema recipe > recipe.schema.json`)."""
+    import json
+
+    from pipeline.recipe.file_schema import DIALECT, recipe_file_schema
+
+    if what == "recipe":
+        schema = recipe_file_schema()
+    else:
+        from pipeline.artifacts import Manifest, Report
+
+        model = Report if what == "report" else Manifest
+        schema = {"$schema": DIALECT, **model.model_json_schema(by_alias=True)}
+    click.echo(json.dumps(schema, indent=2))
 
 
 @cli.command("inspect")

@@ -14,22 +14,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
+from pipeline import deps, user_code
 from pipeline.errors import InputError, PipelineError, RecipeError
 from pipeline.recipe import ModelSpec, Recipe
 from pipeline.text import first_line
 from pipeline.zoo import ZOO
 
 
-def _factory(spec: ModelSpec, where: str) -> Callable[..., Any]:
+def _factory(spec: ModelSpec, where: str, source: Path | None = None) -> Callable[..., Any]:
+    """The builder function; a user module is searched beside the recipe, in the current
+    directory, then the environment (user_code), as `python -m` would."""
     target = ZOO[spec.zoo][1] if spec.zoo else spec.factory
     module_name, _, attr = target.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = user_code.import_module(module_name, source)
     except Exception as e:  # the user's module may fail in any way while importing
+        folders = " or ".join(user_code.search_path(source))
         raise RecipeError(
             f"{where}: model.factory: cannot import `{module_name}` ({type(e).__name__}: {e})",
-            "the module must be importable from the current directory or the environment",
+            f"put {module_name.replace('.', '/')}.py in {folders}, or install its package",
         ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
@@ -48,7 +51,7 @@ def check(recipe: Recipe) -> None:
     if recipe.model.transformers is not None:
         _check_transformers(recipe)
     elif recipe.model.factory is not None:
-        _factory(recipe.model, _where(recipe))
+        _factory(recipe.model, _where(recipe), recipe.source)
     weights = recipe.model.weights
     if weights is not None:
         path = Path(weights)
@@ -66,15 +69,11 @@ def code_digest(recipe: Recipe) -> str | None:
     (found without importing it). Transformers models are pinned by library version instead.
     """
     import hashlib
-    import importlib.util
 
     if recipe.model.zoo is not None:
         files = sorted(Path(__file__).parent.joinpath("zoo").glob("*.py"))
     elif recipe.model.factory is not None:
-        try:
-            spec = importlib.util.find_spec(recipe.model.factory.partition(":")[0])
-        except (ImportError, ValueError):
-            spec = None
+        spec = user_code.find_spec(recipe.model.factory.partition(":")[0], recipe.source)
         if spec is None or not spec.origin or not Path(spec.origin).is_file():
             return None
         files = [Path(spec.origin)]
@@ -98,7 +97,7 @@ def load(recipe: Recipe):
         pretrained = pretrained_dir(spec.pretrained, _where(recipe)) if spec.pretrained else None
         model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
     else:
-        fn = _factory(recipe.model, _where(recipe))
+        fn = _factory(recipe.model, _where(recipe), recipe.source)
         try:
             model = fn(**recipe.model.kwargs)
         except PipelineError:
@@ -112,9 +111,57 @@ def load(recipe: Recipe):
         raise RecipeError(
             f"{_where(recipe)}: model.factory returned {type(model).__name__}, not a torch.nn.Module"
         )
+    check_signature(recipe, model)
     if recipe.model.weights is not None:
         _load_weights(model, Path(recipe.model.weights), _where(recipe))
     return model.eval()
+
+
+def check_signature(recipe: Recipe, model) -> None:
+    """The recipe's inputs are forward()'s parameters, in its order. Feeds are bound by
+    position in PyTorch and by name in the ONNX graph (and in a server's client), so a recipe
+    listing `key, query` for forward(query, key) would feed the ONNX input `key` to `query`
+    and still pass every gate."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C++ forward: nothing to read
+        return
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return  # forward(*args) names nothing
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [i.name for i in recipe.inputs]
+    if names == named[:len(names)]:
+        return
+    unknown = [n for n in names if n not in named]
+    why = (f"forward() has no parameter {', '.join(f'`{n}`' for n in unknown)}" if unknown else
+           "they are listed in another order")
+    raise RecipeError(f"{_where(recipe)}: inputs {names} do not match "
+                      f"{type(model).__name__}.forward({', '.join(named)}): {why}",
+                      "list the inputs with forward()'s parameter names, in its order")
+
+
+def vocab_size(recipe: Recipe) -> int | None:
+    """Rows of the model's token embedding, where the recipe tells it without building the
+    model (zoo GLM size, transformers config); None when unknown (a factory's model)."""
+    spec = recipe.model
+    if spec.zoo == "glm":
+        from pipeline.zoo.glm_config import SIZES
+
+        return SIZES[spec.kwargs.get("size", "tiny")][5]
+    hf = spec.transformers
+    if hf is None:
+        return None
+    if hf.config is not None:
+        return hf.config.get("vocab_size") if isinstance(hf.config.get("vocab_size"), int) else None
+    import json
+
+    try:
+        config = json.loads((pretrained_dir(hf.pretrained, _where(recipe)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
 
 
 def _weights_header(path: Path, where: str) -> dict[str, tuple]:

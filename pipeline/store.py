@@ -19,8 +19,15 @@ interrupted commit, not tampering, and the stage (with no record) simply reruns.
 digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
 {sha256, bytes, stage}.) A recorded JSON file must also still be the object the pipeline
 wrote (`read_recorded_json`), since a manifest rewritten to match a broken file passes the sha256.
+Manifests and recorded JSON files are read through their models (pipeline.artifacts): a
+file that does not fit is refused in one line (IntegrityError), whatever is wrong in it.
 An unreadable manifest stops every command; `run --force` renames it to
 manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
+
+The folder may have been planted (a downloaded CI artifact): the lock, the manifest and
+every recorded file are opened without following symlinks and must be regular files
+(safe_files), temporary files are created exclusively under random names, and a recorded
+name is one plain path component (paths.NAME). Anything else is an IntegrityError.
 """
 
 from __future__ import annotations
@@ -28,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import fcntl
-import hashlib
 import json
 import math
 import os
@@ -39,13 +45,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
+from pipeline import deps, paths, safe_files
+from pipeline.artifacts import recorded
+from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
+from pipeline.artifacts.manifest import Manifest
 from pipeline.errors import InputError, IntegrityError, LockError
 from pipeline.text import first_line
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
-SCHEMA = 1
+SCHEMA = MANIFEST_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -59,22 +68,17 @@ class Artifact:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file (safe_files.NotRegular for a symlink, FIFO, folder...)."""
+    return safe_files.sha256(path)
 
 
-def write_atomic(path: Path, data: bytes | str) -> None:
-    """Write to a sibling temporary file, fsync, then rename over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data.encode() if isinstance(data, str) else data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+write_atomic = safe_files.write_atomic  # exclusive random temp name, fsync, rename
+
+
+def _planted(path: Path, problem: str, folder: Path) -> IntegrityError:
+    return IntegrityError(f"{path}: {problem}; the pipeline never writes that, so the folder "
+                          "was changed after the build",
+                          f"remove it, or rebuild with `pipeline run {folder.name} --force`")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -162,8 +166,11 @@ class Store:
                        and where.is_dir() and not os.access(where, os.W_OK | os.X_OK) else ")"))
             raise InputError(f"{self.dir}: {what}", "check --engines-dir / PIPELINE_ENGINES") from None
         lock = self.dir / ".lock"
-        try:
-            return open(lock, "a+")  # noqa: SIM115 - closed by the caller's `with`
+        try:  # never through a symlink: a planted `.lock -> ~/file` would be truncated
+            fd = safe_files.open_fd(lock, os.O_RDWR | os.O_CREAT)
+            return os.fdopen(fd, "r+")
+        except safe_files.NotRegular as e:
+            raise _planted(lock, f"the lock file is {e.what}", self.dir) from None
         except OSError as e:
             if lock.exists() and os.access(self.dir, os.W_OK | os.X_OK):
                 raise InputError(f"{lock}: this user cannot open the lock file ({e.strerror})",
@@ -182,7 +189,7 @@ class Store:
                              "folder this user may not delete, e.g. owned by another user)",
                              "remove it as its owner, then rerun")
         for stray in self.dir.glob(".*.tmp"):
-            if stray.is_file():
+            if safe_files.is_regular(stray) or stray.is_symlink():  # a link itself, not its target
                 stray.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ manifest
@@ -194,19 +201,20 @@ class Store:
 
     def read_manifest(self) -> dict:
         path = self.dir / MANIFEST
-        if not path.is_file():
+        if not os.path.lexists(path):
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(safe_files.read_bytes(path))
+        except safe_files.NotRegular as e:
+            raise IntegrityError(f"{path}: unreadable manifest ({e.what}, not a regular file)",
+                                 self._manifest_hint()) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
-        problem = _manifest_problem(data)
-        if problem:
-            raise IntegrityError(f"{path}: not a manifest this pipeline wrote ({problem})",
-                                 self._manifest_hint())
-        data.setdefault("files", {})
-        data.setdefault("stages", {})
-        return data
+        try:
+            return recorded.manifest(data)  # every key checked against artifacts.Manifest
+        except recorded.Unusable as e:
+            what = e.problem if e.stale else f"not a manifest this pipeline wrote ({e.problem})"
+            raise IntegrityError(f"{path}: {what}", self._manifest_hint()) from None
 
     def _manifest_hint(self) -> str:
         return (f"rebuild with `pipeline run {self.dir.name} --force`: it keeps this manifest as "
@@ -235,7 +243,7 @@ class Store:
         m["updated"] = now()
         m["versions"] = deps.versions()
         m["device"] = deps.device()
-        write_atomic(self.dir / MANIFEST, dumps(m))
+        write_atomic(self.dir / MANIFEST, dumps(recorded.dump(Manifest.model_validate(m))))
 
     # ------------------------------------------------------------------ artifacts
     def workdir(self, stage_id: str) -> Path:
@@ -247,8 +255,8 @@ class Store:
 
     def commit(self, produced: Path, name: str, stage_id: str) -> Artifact:
         """Move a finished file into place under its final name and record it."""
-        final = self.dir / name
-        with open(produced, "rb") as f:
+        final = paths.child(self.dir, name)  # ValueError: a stage named a path (a bug)
+        with safe_files.open_regular(produced) as f:  # a stage's output is a regular file
             os.fsync(f.fileno())
         digest = sha256_file(produced)
         size = produced.stat().st_size
@@ -284,9 +292,14 @@ class Store:
     def _verified(self, name: str) -> tuple[Artifact, Any]:
         """(artifact, its JSON content or None): the file read and parsed once."""
         entry = self.manifest["files"].get(name)
+        if paths.name_problem(name):  # only a name from outside (a report's) can be one
+            raise IntegrityError(f"{self.dir}: {paths.name_problem(name)} is named as an artifact",
+                                 f"rebuild with `pipeline run {self.dir.name} --force`")
         path = self.dir / name
         if entry is None:
             raise IntegrityError(f"{path}: not recorded in {self.dir / MANIFEST}")
+        if safe_files.kind(path):
+            raise _planted(path, f"a recorded file is now {safe_files.kind(path)}", self.dir)
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
@@ -303,7 +316,10 @@ class Store:
         else:
             artifact = Artifact(name, path, actual, entry["bytes"])
         data, problem = read_recorded_json(path)
-        if problem:
+        if problem is not None and problem.stale:  # another pipeline version's, not tampered
+            raise IntegrityError(f"{path}: {problem}", f"rerun with --force: `pipeline run "
+                                 f"{self.dir.name} --force` rebuilds it with this pipeline")
+        if problem is not None:
             raise IntegrityError(f"{path}: {problem}, though its sha256 is the manifest's: the file "
                                  "and the manifest were changed after the build",
                                  f"rebuild with `pipeline run {self.dir.name} --force`")
@@ -312,57 +328,24 @@ class Store:
     def verify_all(self) -> None:
         """Refuse the folder if any recorded file that still exists has changed."""
         for name in list(self.manifest["files"]):
-            if (self.dir / name).is_file():
+            if os.path.lexists(self.dir / name):  # a symlink in its place is refused, not skipped
                 self.verify(name)
 
 
-def read_recorded_json(path: Path) -> tuple[Any, str | None]:
+def read_recorded_json(path: Path) -> tuple[Any, recorded.Unusable | None]:
     """(content, problem) of a recorded file: (None, None) for a file that is not JSON; else
-    the parsed object and what makes it unusable, or None. Every JSON file the stages write
-    is an object; report.json and validate-<target>.json also carry the keys every reader
-    of them relies on."""
+    the content as its model reads it (pipeline.artifacts: report.json migrated, validate-
+    and versus- files checked; any other JSON file must be an object) or what makes it
+    unusable."""
     if path.suffix != ".json":
         return None, None
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(safe_files.read_bytes(path))
+    except safe_files.NotRegular as e:
+        return None, recorded.Unusable(f"{e.what}, not a regular file")
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, f"not valid JSON ({first_line(e, 120)})"
-    return data, _json_problem(path.name, data)
-
-
-def _json_problem(name: str, data: Any) -> str | None:
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}, not the object the pipeline wrote"
-    if name == "report.json":
-        engines = data.get("engines")
-        if not isinstance(data.get("recipe"), str) or not isinstance(engines, list):
-            return "not a report this pipeline wrote (no `recipe` or `engines`)"
-        if not all(isinstance(e, dict) and isinstance(e.get("target"), str)
-                   and isinstance(e.get("status"), str) for e in engines):
-            return "not a report this pipeline wrote (an engine without `target` or `status`)"
-    elif name.startswith("validate-"):
-        if not (isinstance(data.get("target"), str) and isinstance(data.get("status"), str)
-                and isinstance(data.get("gates", []), list)):
-            return "not a validation this pipeline wrote (no `target`, `status` or `gates`)"
-    return None
-
-
-def _manifest_problem(data: Any) -> str | None:
-    """What makes `data` not a manifest (the run would trip over it later), or None."""
-    if not isinstance(data, dict):
-        return f"a JSON {type(data).__name__}, not an object"
-    files, stages, pending = data.get("files", {}), data.get("stages", {}), data.get("pending", {})
-    if not all(isinstance(x, dict) for x in (files, stages, pending)):
-        return "`files`, `stages` and `pending` must be objects"
-    for name, entry in files.items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-                and "/" not in name and name not in ("", ".", "..")):
-            return f"bad entry for file {name!r}"
-    if not all(isinstance(d, str) for d in pending.values()):
-        return "bad `pending` digests"
-    for stage_id, record in stages.items():
-        if not (isinstance(record, dict) and isinstance(record.get("key"), str)
-                and isinstance(record.get("outputs"), list) and isinstance(record.get("meta", {}), dict)
-                and all(isinstance(o, str) and o in files for o in record["outputs"])):
-            return f"bad record for stage {stage_id!r}"
-    return None
+        return None, recorded.Unusable(f"not valid JSON ({first_line(e, 120)})")
+    try:
+        return recorded.parse(path.name, data), None
+    except recorded.Unusable as e:
+        return data, e

@@ -26,3 +26,19 @@ def first_line(e: BaseException, limit: int = 300, *, with_type: bool = False) -
 def fmt(value, spec: str = ".3f") -> str:
     """A number for a table, or an em dash when there is none."""
     return "—" if value is None else format(value, spec)
+
+
+def speedup(ratio: float, ci95=None) -> str:
+    """A speed-up (reference time / engine time) as every output writes it: `2.00x faster
+    [1.90, 2.10]`, or below 1 as its inverse, `1.22x slower [1.18, 1.25]` (the interval in
+    the same direction). Read it as "engine vs reference"; JSON keeps the plain numbers."""
+    if ratio >= 1:
+        word, x, ci = "faster", ratio, ci95
+    else:
+        word, x, ci = "slower", 1 / ratio, [1 / ci95[1], 1 / ci95[0]] if ci95 else None
+    return f"{x:.2f}x {word}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def time_ratio_speedup(time_ratio: float, ci95=None) -> str:
+    """`speedup` of B vs A from a comparison's time ratio (B time / A time, the JSON's)."""
+    return speedup(1 / time_ratio, [1 / ci95[1], 1 / ci95[0]] if ci95 else None)

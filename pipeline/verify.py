@@ -7,6 +7,10 @@ Checks, for an engines/<recipe>/ folder (a CI artifact, a copy on a server):
     plan only runs on the GPU and TensorRT version it was built for; an ORT engine saved at
     optimization level `all` is tied to the CPU's instruction set).
 Every mismatch is one line; any mismatch makes the command fail (IntegrityError, exit 5).
+A file with the digest the manifest announced as `pending` was renamed in by a commit that
+was killed: it is named as an interrupted commit (rerun to finish it), not as tampering.
+Nothing is followed out of the folder: a symlink, FIFO or folder where a recorded file
+should be is a mismatch, and so is a report target that is not a plain name.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps
+from pipeline import deps, paths, safe_files
 from pipeline.errors import InputError, IntegrityError
 from pipeline.store import MANIFEST, Store, read_recorded_json, sha256_file
 
@@ -24,6 +28,7 @@ class Check:
     what: str  # e.g. "onnxruntime.onnx" or "versions.torch"
     ok: bool
     detail: str
+    interrupted: bool = False  # the file a killed commit renamed in: rerun, not rebuild
 
 
 @dataclass
@@ -55,24 +60,33 @@ def verify(folder: Path, environment: bool = True) -> Verdict:
     except IntegrityError as e:  # one failed check; the other folders are still verified
         verdict.checks.append(Check(MANIFEST, False, str(e)))
         return verdict
-    verdict.checks += _files(folder, manifest["files"])
+    verdict.checks += _files(folder, manifest["files"], manifest.get("pending") or {})
     verdict.checks += _report(folder, manifest["files"])
     if environment:
         verdict.checks += _environment(manifest)
     return verdict
 
 
-def _files(folder: Path, files: dict) -> list[Check]:
-    if not files:
+def _files(folder: Path, files: dict, pending: dict) -> list[Check]:
+    if not files and not pending:
         return [Check(MANIFEST, False, "records no files")]
     checks = []
+    for name in pending.keys() - files.keys():  # a first commit of this file, killed
+        if (folder / name).is_file() and sha256_file(folder / name) == pending[name]:
+            checks.append(Check(name, False, _INTERRUPTED.format(recipe=folder.name), True))
     for name, entry in files.items():
         path = folder / name
+        if safe_files.kind(path):
+            checks.append(Check(name, False, f"is {safe_files.kind(path)}, not the regular file "
+                                             "the manifest records"))
+            continue
         if not path.is_file():
             checks.append(Check(name, False, "missing (recorded in the manifest)"))
             continue
         actual, size = sha256_file(path), path.stat().st_size
-        if actual != entry["sha256"]:
+        if actual == pending.get(name) != entry["sha256"]:
+            checks.append(Check(name, False, _INTERRUPTED.format(recipe=folder.name), True))
+        elif actual != entry["sha256"]:
             checks.append(Check(name, False, f"sha256 {actual[:16]}… does not match the manifest's "
                                              f"{entry['sha256'][:16]}… ({size} vs {entry['bytes']} bytes)"))
         elif problem := read_recorded_json(path)[1]:  # the manifest was rewritten to match a broken file
@@ -80,6 +94,10 @@ def _files(folder: Path, files: dict) -> list[Check]:
         else:
             checks.append(Check(name, True, f"sha256 {actual[:16]}…, {size} bytes"))
     return checks
+
+
+_INTERRUPTED = ("interrupted commit: a run was stopped while renaming this file into place (not "
+                "tampering); `pipeline run {recipe}` finishes it")
 
 
 def _report(folder: Path, files: dict) -> list[Check]:
@@ -93,6 +111,9 @@ def _report(folder: Path, files: dict) -> list[Check]:
     engines = report["engines"]
     checks = []
     for e in engines:
+        if paths.name_problem(e["target"]):  # it would become a folder name in `deploy`
+            checks.append(Check("report.json", False, f"engine target {paths.name_problem(e['target'])}"))
+            continue
         if e.get("status") != "built" or not isinstance(e.get("path"), str) or not e["path"]:
             continue
         name = Path(e["path"]).name
@@ -125,12 +146,16 @@ def run(path: Path, environment: bool = True) -> list[Verdict]:
     for v in verdicts:
         out.print(f"[bold]{v.folder}[/]")
         for c in v.checks:
-            mark = "[green]✓[/]" if c.ok else "[red]✗ MISMATCH[/]"
+            mark = "[green]✓[/]" if c.ok else "[yellow]✗ INTERRUPTED[/]" if c.interrupted else "[red]✗ MISMATCH[/]"
             out.print(f"  {mark} {c.what}: {c.detail}", soft_wrap=True)
     bad = [(v.folder, c) for v in verdicts for c in v.mismatches]
     if bad:
         total = sum(len(v.checks) for v in verdicts)
         names = ", ".join(f"{folder.name}/{c.what}" for folder, c in bad)
+        if all(c.interrupted for _, c in bad):
+            rerun = " / ".join(f"`pipeline run {name}`" for name in dict.fromkeys(f.name for f, _ in bad))
+            raise IntegrityError(f"{len(bad)} of {total} checks failed: an interrupted commit left "
+                                 f"{names}", f"finish it with {rerun}")
         rebuild = " / ".join(f"`pipeline run {name} --force`"
                              for name in dict.fromkeys(folder.name for folder, _ in bad))
         raise IntegrityError(f"{len(bad)} of {total} checks failed: {names}",

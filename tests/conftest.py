@@ -25,6 +25,18 @@ FAST = (
 )
 
 
+def set_folder(recipe: str, *args: str) -> str:
+    """engines/<this>/: where `pipeline run RECIPE ARGS` writes (its --set values name it)."""
+    from pipeline.folders import overrides_digest
+
+    values = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    return f"{recipe}@{overrides_digest(values)}" if values else recipe
+
+
+# Where `run standard *FAST` writes (a run with --set never touches engines/standard/).
+STANDARD = set_folder("standard", *FAST)
+
+
 @dataclass
 class Result:
     code: int
@@ -32,17 +44,27 @@ class Result:
     err: str
 
     @property
+    def folder(self) -> str:
+        """The `engines: DIR` line `pipeline run` printed (relative to the project)."""
+        lines = [line for line in self.err.splitlines() if line.startswith("engines: ")]
+        assert lines, f"no `engines:` line in the output:\n{self.err}"
+        return lines[-1].removeprefix("engines: ").strip()
+
+    @property
     def error_lines(self) -> list[str]:
         return [line for line in self.err.splitlines() if line.startswith("Error:")]
 
 
 class Project:
-    """A scratch working directory holding a copy of recipes/; engines go to ./engines."""
+    """A scratch working directory holding a copy of recipes/ and data/; engines go to ./engines."""
 
     def __init__(self, path: Path):
         self.path = path
         shutil.copytree(ROOT / "recipes", path / "recipes")
+        # the shipped data the recipes read (not the LM's training text: only tools/ reads it)
+        shutil.copytree(ROOT / "data", path / "data", ignore=shutil.ignore_patterns("train.txt"))
         self.engines = path / "engines"
+        self.built: Path | None = None  # the folder built() wrote into (a --set run's own)
 
     def run(self, *args: str, timeout: float = 600, env: dict | None = None,
             python_flags: bool = False) -> Result:
@@ -58,6 +80,10 @@ class Project:
             capture_output=True, text=True, timeout=timeout,
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def folder(self, result: Result) -> Path:
+        """The engines folder a `pipeline run` wrote into, as it printed it."""
+        return self.path / result.folder
 
     def write(self, relative: str, text: str) -> Path:
         path = self.path / relative
@@ -86,6 +112,7 @@ def built(tmp_path_factory, folder: str, *args: str, env: dict | None = None) ->
     proj = Project(tmp_path_factory.mktemp(folder))
     result = proj.run("run", *args, env=env)
     assert result.code == 0, result.err
+    proj.built = proj.folder(result)
     return proj
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, STANDARD, Project
 
 CASES_DIR = Path(__file__).resolve().parent / "bad_inputs"
 CASES = yaml.safe_load((CASES_DIR / "cases.yaml").read_text())
@@ -78,7 +78,7 @@ def test_bad_input(case, tmp_path, request):
     if case.get("built"):
         shutil.copytree(request.getfixturevalue("built_standard").engines, project.engines)
         for change in case["tamper"]:
-            tamper(project.engines / "standard", change)
+            tamper(project.engines / STANDARD, change)
         args = ("standard", *FAST)
     elif "recipe" in case:
         args = (f"recipes/bad/{case['recipe']}",)

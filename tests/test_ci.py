@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import FAST, ROOT
+from tests.conftest import FAST, ROOT, STANDARD
 
 WORKFLOW = ROOT / ".github" / "workflows" / "engines.yml"
 BIN = str(Path(sys.executable).parent)  # the venv's bin: actionlint and shellcheck live there
@@ -96,10 +96,10 @@ def test_target_filter_builds_only_the_named_targets(standard_copy):
     assert result.code == 0, result.err
     # the onnxruntime chain is reused (every recorded stage but the report); the report is
     # rewritten, keeping the other target's entry from the last report of this same recipe
-    before = json.loads((standard_copy.engines / "standard" / "report.json").read_text())
-    stages = json.loads((standard_copy.engines / "standard" / "manifest.json").read_text())["stages"]
+    before = json.loads((standard_copy.engines / STANDARD / "report.json").read_text())
+    stages = json.loads((standard_copy.engines / STANDARD / "manifest.json").read_text())["stages"]
     assert result.err.count("cached (inputs unchanged)") == len(stages) - 1 and "✓ report" in result.err
-    report = json.loads((standard_copy.engines / "standard" / "report.json").read_text())
+    report = json.loads((standard_copy.engines / STANDARD / "report.json").read_text())
     assert [e["target"] for e in report["engines"]] == ["onnxruntime", "tensorrt"]
     assert report["engines"][1] == before["engines"][1]  # kept as it was, not rebuilt
     bad = standard_copy.run("run", "standard", *FAST, "--target", "nosuch")

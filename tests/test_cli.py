@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import FAST, ROOT
+from tests.conftest import FAST, ROOT, STANDARD
 
 
 def test_help_imports_neither_torch_nor_onnxruntime():
@@ -30,11 +30,11 @@ def test_recipes_lists_the_shipped_recipes(project):
 
 
 def test_run_writes_the_report_contract(built_standard):
-    folder = built_standard.engines / "standard"
+    folder = built_standard.engines / STANDARD
     report = json.loads((folder / "report.json").read_text())
     for key in ("schema", "recipe", "recipe_sha256", "created", "device", "versions", "baseline", "engines"):
         assert key in report, key
-    assert report["schema"] == 1 and report["recipe"] == "standard"
+    assert report["schema"] == 2 and report["recipe"] == "standard"
     assert report["versions"]["torch"] and report["versions"]["onnxruntime"]
     assert report["baseline"]["runner"] == "torch-eager"
     assert report["baseline"]["latency_ms"]["p50"] > 0
@@ -61,7 +61,7 @@ def test_unchanged_rerun_does_no_work(built_standard):
     assert result.code == 0, result.err
     assert "nothing to do" in result.err
     # one `cached` line per stage the manifest records (tensorrt is skipped, not cached)
-    stages = json.loads((built_standard.engines / "standard" / "manifest.json").read_text())["stages"]
+    stages = json.loads((built_standard.engines / STANDARD / "manifest.json").read_text())["stages"]
     assert result.err.count("cached (inputs unchanged)") == len(stages) >= 6
     assert built_standard.snapshot() == before
     imported = {line.rsplit("|", 1)[-1].strip().split(".")[0]
@@ -71,8 +71,11 @@ def test_unchanged_rerun_does_no_work(built_standard):
 
 
 def test_changed_setting_reruns_only_what_depends_on_it(standard_copy):
-    # a different latency protocol: export and build stay cached, validation reruns
-    result = standard_copy.run("validate", "standard", *FAST, "--set", "validate.latency.iterations=30")
+    # a different latency protocol in the recipe file: export and build stay cached, validation
+    # reruns (in the same folder: the --set values are FAST's, as before)
+    recipe = standard_copy.path / "recipes" / "standard.yaml"
+    recipe.write_text(recipe.read_text() + "validate: {latency: {noise_threshold: 0.03}}\n")
+    result = standard_copy.run("validate", "standard", *FAST)
     assert result.code == 0, result.err
     assert "export" in result.err and "cached" in result.err
     lines = {line.split()[1]: line for line in result.err.splitlines() if line[:1] in "✓·"}
@@ -82,7 +85,7 @@ def test_changed_setting_reruns_only_what_depends_on_it(standard_copy):
 
 def test_tampered_engine_is_refused(standard_copy):
     proj = standard_copy
-    engine = proj.engines / "standard" / "onnxruntime.onnx"
+    engine = proj.engines / STANDARD / "onnxruntime.onnx"
     data = bytearray(engine.read_bytes())
     data[len(data) // 2] ^= 0xFF
     engine.write_bytes(bytes(data))
@@ -162,7 +165,7 @@ def test_a_bad_calibration_file_is_named_before_any_work(project):
         "cut.npz": "not a readable .npz (BadZipFile",
         _npz(project.path / "k1.npz", **{"in/input_ids": ids[0]}): "array `in/input_ids` is not named in/<sample index>/<input name>",
         _npz(project.path / "k2.npz", **{"in/x/input_ids": ids[0]}): "array `in/x/input_ids` is not named",
-        _npz(project.path / "range.npz", input_ids=ids + 600): "outside the recipe's range 0..511",
+        _npz(project.path / "range.npz", input_ids=ids + 600): "beyond the model's vocabulary of 512",
         _npz(project.path / "none.npz", input_ids=ids[:0]): "holds no samples",
     }
     for name, part in cases.items():
@@ -180,7 +183,7 @@ def test_a_model_function_of_the_wrong_kind_is_a_recipe_error(project):
     line = project.run("export", "standard", "--set", "model.zoo=null", "--set", "model.factory=json:dumps")
     assert line.code == 2 and "Traceback" not in line.err and len(line.error_lines) == 1, line.err
     assert "model.factory `json:dumps` failed" in line.error_lines[0]
-    assert not (project.engines / "standard" / "model.onnx").exists()
+    assert not list(project.engines.glob("*/model.onnx"))
 
 
 def test_expectations_and_devices_are_checked_before_any_work(project):

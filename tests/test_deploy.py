@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, STANDARD, Project
 
 model_config_pb2 = pytest.importorskip(
     "tritonclient.grpc.model_config_pb2",
@@ -37,9 +37,9 @@ def _parse(path):
 
 # ------------------------------------------------------------------------- verify
 def test_verify_passes_on_a_fresh_build(built_standard):
-    result = built_standard.run("verify", "engines/standard")
+    result = built_standard.run("verify", f"engines/{STANDARD}")
     assert result.code == 0, result.out + result.err
-    manifest = json.loads((built_standard.engines / "standard" / "manifest.json").read_text())
+    manifest = json.loads((built_standard.engines / STANDARD / "manifest.json").read_text())
     for name in manifest["files"]:
         assert f"✓ {name}: sha256" in result.out
     assert "✓ versions.onnxruntime" in result.out and "✓ device.cpu" in result.out
@@ -48,7 +48,7 @@ def test_verify_passes_on_a_fresh_build(built_standard):
 
 def test_verify_names_the_changed_file_and_the_changed_version(built_standard, tmp_path):
     proj = _copy(built_standard, tmp_path)
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
     _flip_a_byte(folder / "onnxruntime.onnx")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["versions"]["onnxruntime"] = "0.0.1"
@@ -62,10 +62,10 @@ def test_verify_names_the_changed_file_and_the_changed_version(built_standard, t
     assert "versions.onnxruntime: built with 0.0.1, this machine has" in mismatches[1]
     assert len(result.error_lines) == 1 and "Traceback" not in result.err
     assert "2 of" in result.error_lines[0]
-    assert "standard/onnxruntime.onnx" in result.error_lines[0]
-    assert "standard/versions.onnxruntime" in result.error_lines[0]
+    assert f"{STANDARD}/onnxruntime.onnx" in result.error_lines[0]
+    assert f"{STANDARD}/versions.onnxruntime" in result.error_lines[0]
     # --files-only still catches the engine, and only the engine
-    files_only = proj.run("verify", "engines/standard", "--files-only")
+    files_only = proj.run("verify", f"engines/{STANDARD}", "--files-only")
     assert files_only.code == 5 and "versions." not in files_only.out
     assert "1 of" in files_only.error_lines[0] and "onnxruntime.onnx" in files_only.error_lines[0]
 
@@ -107,7 +107,7 @@ def test_deploy_writes_a_triton_repository_matching_the_recipe(built_standard, t
     assert config.optimization.graph.level == 2  # serve the validated graph as it is
 
     # the deployed file is the validated engine, and it really has the I/O the config says
-    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    report = json.loads((built_standard.engines / STANDARD / "report.json").read_text())
     engine_sha = report["engines"][0]["sha256"]
     assert hashlib.sha256((model / "1" / "model.onnx").read_bytes()).hexdigest() == engine_sha
     assert json.loads((model / "1" / "engine.json").read_text())["sha256"] == engine_sha
@@ -124,7 +124,7 @@ def test_deploy_writes_a_triton_repository_matching_the_recipe(built_standard, t
 
 def test_deploy_refuses_a_changed_engine_and_writes_nothing(built_standard, tmp_path):
     proj = _copy(built_standard, tmp_path)
-    _flip_a_byte(proj.engines / "standard" / "onnxruntime.onnx")
+    _flip_a_byte(proj.engines / STANDARD / "onnxruntime.onnx")
     out = tmp_path / "models"
     result = proj.run("deploy", "standard", "--triton", str(out), *FAST)
     assert result.code == 5, result.err
@@ -132,9 +132,16 @@ def test_deploy_refuses_a_changed_engine_and_writes_nothing(built_standard, tmp_
     assert not out.exists()
 
 
-def test_deploy_refuses_engines_of_another_recipe_version(built_standard, tmp_path):
+def test_deploy_refuses_engines_of_another_recipe_version(built_standard, standard_copy, tmp_path):
     out = tmp_path / "models"
-    result = built_standard.run("deploy", "standard", "--triton", str(out))  # without FAST's --set
+    # without FAST's --set: the plain recipe's folder, which was never built
+    result = built_standard.run("deploy", "standard", "--triton", str(out))
+    assert result.code == 2 and len(result.error_lines) == 1
+    assert "engines/standard/report.json: not found" in result.error_lines[0]
+    # the recipe file edited since the build: the folder holds another version of it
+    recipe = standard_copy.path / "recipes" / "standard.yaml"
+    recipe.write_text(recipe.read_text().replace("description: ", "description: edited, ", 1))
+    result = standard_copy.run("deploy", "standard", "--triton", str(out), *FAST)
     assert result.code == 2 and len(result.error_lines) == 1
     assert "different version of recipe `standard`" in result.error_lines[0]
     assert not out.exists()
@@ -162,7 +169,7 @@ def test_unbatched_recipe_gets_full_dims_and_no_batching(built_standard):
 
     # a fixed batch of 2: Triton must not batch, every dim is in the config
     recipe = recipe_mod.load(built_standard.path / "recipes" / "standard.yaml", ["inputs.0.shape.0=2"])
-    max_batch, inputs, outputs = deploy.tensors(recipe, built_standard.engines / "standard" / "model.onnx")
+    max_batch, inputs, outputs = deploy.tensors(recipe, built_standard.engines / STANDARD / "model.onnx")
     assert max_batch == 0
     assert inputs[0].dims == [2, -1] and outputs[0].dims == [-1, -1, 512]
     config = _parse_text(deploy.config_pbtxt("m", "onnxruntime", False, max_batch, inputs, outputs))
@@ -173,11 +180,11 @@ def test_unbatched_recipe_gets_full_dims_and_no_batching(built_standard):
 def test_tensorrt_config_uses_the_plan_platform_gpu_and_cuda_graphs(built_standard):
     # No TensorRT engine can be built here; the config a .plan gets is checked up to that
     # boundary against the real schema, with the real recipe and the real exported graph.
-    from pipeline import deploy
+    from pipeline import backends, deploy
     from pipeline import recipe as recipe_mod
 
     recipe = recipe_mod.load(built_standard.path / "recipes" / "standard.yaml")
-    max_batch, inputs, outputs = deploy.tensors(recipe, built_standard.engines / "standard" / "model.onnx")
+    max_batch, inputs, outputs = deploy.tensors(recipe, built_standard.engines / STANDARD / "model.onnx")
     config = _parse_text(deploy.config_pbtxt("standard-tensorrt", "tensorrt", True, max_batch, inputs,
                                              outputs, instances=2, opt_batch=2))
     assert config.platform == "tensorrt_plan" and config.max_batch_size == 8
@@ -186,7 +193,7 @@ def test_tensorrt_config_uses_the_plan_platform_gpu_and_cuda_graphs(built_standa
     assert config.optimization.cuda.graphs
     (spec,) = config.optimization.cuda.graph_spec
     assert spec.batch_size == 2 and list(spec.input["input_ids"].dim) == [64]  # the opt point
-    assert deploy.PLATFORMS["tensorrt"][1] == "model.plan"
+    assert backends.get("tensorrt").TRITON.model_file == "model.plan"
     assert deploy._kind({"path": "engines/x/tensorrt.plan"}) == "tensorrt"
 
 

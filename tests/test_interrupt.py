@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from pipeline.store import Store
-from tests.conftest import FAST, ROOT, Project
+from tests.conftest import FAST, ROOT, STANDARD, Project, set_folder
 
 DETERMINISTIC = ("model.onnx", "onnxruntime.onnx", "baseline.npz")
 
@@ -110,9 +110,9 @@ def kill_when(project: Project, condition, log: str) -> None:
 
 
 def test_sigkill_at_three_points_then_rerun_matches_an_uninterrupted_run(built_standard, tmp_path):
-    reference = {n: sha(built_standard.engines / "standard" / n) for n in DETERMINISTIC}
+    reference = {n: sha(built_standard.engines / STANDARD / n) for n in DETERMINISTIC}
     project = Project(tmp_path)
-    folder = project.engines / "standard"
+    folder = project.engines / STANDARD
     tmp = folder / ".tmp"
     watcher = Watcher(folder, reference)
     watcher.start()
@@ -126,7 +126,7 @@ def test_sigkill_at_three_points_then_rerun_matches_an_uninterrupted_run(built_s
         # 3. while validate times the engine (baseline and engine are committed)
         kill_when(project, lambda: (tmp / "validate-onnxruntime").is_dir(), "kill3.log")
         assert (folder / "onnxruntime.onnx").is_file() and not (folder / "report.json").exists()
-        Store(project.engines, "standard").verify_all()  # a killed run is not "tampering"
+        Store(project.engines, STANDARD).verify_all()  # a killed run is not "tampering"
 
         result = project.run("run", "standard", *FAST)
     finally:
@@ -234,12 +234,15 @@ def _hold_lock(folder: Path):
 def test_two_runs_of_one_recipe_take_turns(built_standard, tmp_path):
     project = Project(tmp_path)
     shutil.copytree(built_standard.engines, project.engines)
-    folder = project.engines / "standard"
+    # A protocol no other test uses: baseline, validate and report have work to do, in the
+    # folder of these --set values (seeded with the built one, so export and build are cached)
+    overrides = (*FAST, "--set", "validate.latency.iterations=33")
+    args = ("run", "standard", *overrides)
+    folder = project.engines / set_folder("standard", *overrides)
+    shutil.copytree(project.engines / STANDARD, folder)
     reference = {n: sha(folder / n) for n in DETERMINISTIC}
     watcher = Watcher(folder, reference)
     watcher.start()
-    # A protocol no other test uses: baseline, validate and report have work to do.
-    args = ("run", "standard", *FAST, "--set", "validate.latency.iterations=33")
     held = _hold_lock(folder)  # both runs start while the folder is busy
     try:
         runs = [popen(project, *args, log=f"run{i}.log") for i in (1, 2)]
@@ -260,14 +263,14 @@ def test_two_runs_of_one_recipe_take_turns(built_standard, tmp_path):
     assert len(stage_lines) >= 5 and all("cached" in line for line in stage_lines), idle[0]
     assert "✓ baseline" in worked[0] and "✓ report" in worked[0]
     assert watcher.problems == []
-    Store(project.engines, "standard").verify_all()
+    Store(project.engines, folder.name).verify_all()
     report = json.loads((folder / "report.json").read_text())
     assert report["engines"][0]["latency_ms"]["n"] >= 33
 
 
 def test_a_run_that_cannot_get_the_lock_fails_cleanly(standard_copy):
     project = standard_copy
-    folder = project.engines / "standard"
+    folder = project.engines / STANDARD
     before = project.snapshot()
     held = _hold_lock(folder)
     try:
@@ -307,10 +310,12 @@ def test_a_full_disk_is_one_error_line_and_changes_nothing(built_standard, tmp_p
 
     project = Project(tmp_path)
     shutil.copytree(built_standard.engines, project.engines)
+    overrides = (*FAST, "--set", "validate.latency.iterations=34")  # the baseline has work to do
+    shutil.copytree(project.engines / STANDARD, project.engines / set_folder("standard", *overrides))
     before = project.snapshot()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard", *FAST,
-                           "--set", "validate.latency.iterations=34"], cwd=project.path, env=env,
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard", *overrides],
+                          cwd=project.path, env=env,
                           capture_output=True, text=True, preexec_fn=limit, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert proc.returncode == 4, proc.stderr
@@ -322,7 +327,7 @@ def test_ctrl_c_says_what_is_kept_and_exits_130(standard_copy):
     """One SIGINT (Ctrl-C) while a run waits for the lock: the pipeline's own message, not
     click's bare "Aborted.", and the folder as it was."""
     project = standard_copy
-    folder = project.engines / "standard"
+    folder = project.engines / STANDARD
     before = project.snapshot()
     held = _hold_lock(folder)
     try:

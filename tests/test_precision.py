@@ -22,8 +22,8 @@ def int8_flash(tmp_path_factory) -> Project:
     return built(tmp_path_factory, "int8", "flash", *INT8, *FAST)
 
 
-def _report(proj: Project, name: str = "flash") -> dict:
-    return json.loads((proj.engines / name / "report.json").read_text())
+def _report(proj: Project) -> dict:
+    return json.loads((proj.built / "report.json").read_text())
 
 
 def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
@@ -54,7 +54,7 @@ def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
     assert 0.8 < eff["integer_share"] < 0.9
     gate = next(g for g in engine["gates"] if g["name"] == "effective_precision")
     assert gate["passed"] and ">= 0.8" in gate["detail"] and "attention products included" in gate["detail"]
-    md = (int8_flash.engines / "flash" / "report.md").read_text()
+    md = (int8_flash.built / "report.md").read_text()
     assert "## Precision" in md and "Effective precision" in md
     assert "of matrix-multiply FLOPs in integer kernels, attention's QK^T and PV products included" in md
 
@@ -63,7 +63,7 @@ def test_int8_graph_is_symmetric_qdq_for_tensorrt(int8_flash):
     import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(str(int8_flash.engines / "flash" / "typed.onnx"))
+    model = onnx.load(str(int8_flash.built / "typed.onnx"))
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     qdq = [n for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
     assert qdq
@@ -86,7 +86,7 @@ def test_auto_exclude_meets_a_tight_budget(int8_flash, tmp_path, monkeypatch):
              "precision.sensitivity.auto_exclude=true", "precision.sensitivity.samples=2",
              "precision.sensitivity.budget.cosine_min=0.9999")
     recipe = recipe_mod.load("flash", tight)
-    out, meta = qdq.apply(recipe, int8_flash.engines / "flash" / "model.onnx", tmp_path)
+    out, meta = qdq.apply(recipe, int8_flash.built / "model.onnx", tmp_path)
     sens = meta["sensitivity"]
     # every quantizable node is ranked, most harmful (lowest cosine) first
     cosines = [r["cosine"] for r in sens["ranking"]]
@@ -113,7 +113,7 @@ def test_fp8_is_e4m3_qdq_and_runs_emulated(int8_flash, tmp_path, monkeypatch):
     monkeypatch.chdir(int8_flash.path)
     recipe = recipe_mod.load("flash-fp8")
     assert recipe.precision.method == "distribution"
-    src = int8_flash.engines / "flash" / "model.onnx"
+    src = int8_flash.built / "model.onnx"
     out, meta = qdq.apply(recipe, src, tmp_path)
     model = onnx.load(str(out))
     inits = {i.name: i for i in model.graph.initializer}
@@ -140,7 +140,7 @@ def test_cast_fp16_keeps_io_and_block_list_and_bf16_retypes(int8_flash, tmp_path
     from pipeline.precision import cast, evaluate
 
     monkeypatch.chdir(int8_flash.path)
-    src = int8_flash.engines / "flash" / "model.onnx"
+    src = int8_flash.built / "model.onnx"
     recipe = recipe_mod.load("flash", ("precision.mode=fp16",))
     out, meta = cast.apply(recipe, src, tmp_path)
     model = onnx.load(str(out))
@@ -190,7 +190,7 @@ def int4_engine(int8_flash, tmp_path_factory):
         recipe = recipe_mod.load("flash", ("precision.mode=int4", "precision.block_size=32"))
     finally:
         os.chdir(cwd)
-    out, meta = int4.apply(recipe, int8_flash.engines / "flash" / "model.onnx", folder)
+    out, meta = int4.apply(recipe, int8_flash.built / "model.onnx", folder)
     engine, _ = build(out, recipe.targets[0], recipe, folder)
     return out, meta, engine
 

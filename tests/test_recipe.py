@@ -72,7 +72,7 @@ def test_digest_tracks_content(chdir_project):
         (["validate.latency.monitor_interval=.nan"], "validate.latency.monitor_interval: Input should be a finite number"),
         (["expect.max_p99_ms=.inf"], "expect.max_p99_ms: Input should be a finite number"),
         (["precision.percentile=.nan"], "precision.percentile: Input should be a finite number"),
-        (["targets.1.effective_precision_min_share=.nan"], "targets.1.effective_precision_min_share: Input should be a finite"),
+        (["targets.1.layer_precision_min_share=.nan"], "targets.1.layer_precision_min_share: Input should be a finite"),
         (["inputs.0.range=[0, .inf]"], "inputs.0.range.1: Input should be a finite number (got inf)"),
         # strict types: no silent bool -> int, "7" -> 7, 8.0 -> 8, 1 -> True
         (["data.seed=true"], "data.seed: Input should be a valid integer (got true)"),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FAST, ROOT, Project
+from tests.conftest import FAST, ROOT, STANDARD, Project
 
 
 def rehash(folder: Path, name: str, text: str) -> None:
@@ -42,23 +42,23 @@ def one_error(result, code: int) -> str:
 ])
 def test_a_rehashed_broken_report_is_refused_by_every_command(standard_copy, tmp_path, text, problem):
     proj = standard_copy
-    rehash(proj.engines / "standard", "report.json", text)
+    rehash(proj.engines / STANDARD, "report.json", text)
     before = proj.snapshot()
     for args in (("run", "standard", *FAST), ("report", "standard", *FAST),
                  ("compare", "standard", "flash", *FAST),
                  ("deploy", "standard", "--triton", str(tmp_path / "models"), *FAST)):
         line = one_error(proj.run(*args), 5)
-        assert problem in line and "pipeline run standard --force" in line, (args, line)
+        assert problem in line and f"pipeline run {STANDARD} --force" in line, (args, line)
     assert not (tmp_path / "models").exists()
-    verified = proj.run("verify", "engines/standard")
-    assert "standard/report.json" in one_error(verified, 5)
+    verified = proj.run("verify", f"engines/{STANDARD}")
+    assert f"{STANDARD}/report.json" in one_error(verified, 5)
     assert "✗ MISMATCH report.json: sha256 matches the manifest, but the file is" in verified.out
     assert proj.snapshot() == before
 
 
 def test_a_rehashed_broken_validation_is_refused(standard_copy):
     proj = standard_copy
-    rehash(proj.engines / "standard", "validate-onnxruntime.json", "[1]\n")
+    rehash(proj.engines / STANDARD, "validate-onnxruntime.json", "[1]\n")
     before = proj.snapshot()
     line = one_error(proj.run("validate", "standard", *FAST), 5)
     assert "validate-onnxruntime.json: a JSON list" in line
@@ -67,27 +67,27 @@ def test_a_rehashed_broken_validation_is_refused(standard_copy):
 
 def test_force_sets_an_unreadable_manifest_aside_and_rebuilds(standard_copy):
     proj = standard_copy
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
     (folder / "manifest.json").write_text("{x\n")
     line = one_error(proj.run("run", "standard", *FAST), 5)
-    assert "unreadable manifest" in line and "rebuild with `pipeline run standard --force`" in line
-    verified = proj.run("verify", "engines/standard")
-    assert "pipeline run standard --force" in one_error(verified, 5)  # a hint that works
+    assert "unreadable manifest" in line and f"rebuild with `pipeline run {STANDARD} --force`" in line
+    verified = proj.run("verify", f"engines/{STANDARD}")
+    assert f"pipeline run {STANDARD} --force" in one_error(verified, 5)  # a hint that works
     forced = proj.run("run", "standard", *FAST, "--force")
     assert forced.code == 0, forced.err
     (aside,) = folder.glob("manifest.json.unreadable-*")
     assert aside.read_text() == "{x\n"  # kept, not deleted
-    assert proj.run("verify", "engines/standard", "--files-only").code == 0
+    assert proj.run("verify", f"engines/{STANDARD}", "--files-only").code == 0
 
 
 def test_verify_reports_every_folder_when_one_manifest_is_bad(standard_copy):
     proj = standard_copy
-    shutil.copytree(proj.engines / "standard", proj.engines / "other")
+    shutil.copytree(proj.engines / STANDARD, proj.engines / "other")
     (proj.engines / "other" / "manifest.json").write_text("[]")
     result = proj.run("verify", "engines", "--files-only")
     line = one_error(result, 5)
     assert "other/manifest.json" in line
-    assert "engines/standard" in result.out and "✓ onnxruntime.onnx: sha256" in result.out
+    assert f"engines/{STANDARD}" in result.out and "✓ onnxruntime.onnx: sha256" in result.out
     assert "engines/other" in result.out and "✗ MISMATCH manifest.json" in result.out
 
 
@@ -95,7 +95,7 @@ def test_a_run_of_one_target_keeps_the_other_targets_in_the_report(standard_copy
     proj = standard_copy
     result = proj.run("run", "standard", *FAST, "--target", "tensorrt")
     assert result.code == 0, result.err
-    report = json.loads((proj.engines / "standard" / "report.json").read_text())
+    report = json.loads((proj.engines / STANDARD / "report.json").read_text())
     assert [(e["target"], e["status"]) for e in report["engines"]] == [
         ("onnxruntime", "built"), ("tensorrt", "skipped")]
     deployed = proj.run("deploy", "standard", "--triton", str(tmp_path / "models"), *FAST)
@@ -133,7 +133,7 @@ def test_folders_another_user_owns_are_named_as_such(built_standard, request):
     shutil.copytree(built_standard.engines, proj.engines)
     for p in [work, *work.rglob("*")]:
         p.chmod(p.stat().st_mode | 0o555)  # readable by all, owned by root
-    folder = proj.engines / "standard"
+    folder = proj.engines / STANDARD
 
     def run_as_nobody(*args):
         proc = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
@@ -145,20 +145,20 @@ def test_folders_another_user_owns_are_named_as_such(built_standard, request):
     proc = run_as_nobody("run", "standard", *FAST)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
-    assert "engines/standard: the output folder exists but this user cannot write into it" in errors[0]
+    assert f"engines/{STANDARD}: the output folder exists but this user cannot write into it" in errors[0]
     assert "cannot create" not in errors[0]
 
     shutil.chown(folder, "nobody")  # the folder is theirs, the lock and an old .tmp/ are root's
     (folder / ".lock").chmod(0o444)
     proc = run_as_nobody("run", "standard", *FAST)
-    assert proc.returncode == 2 and "engines/standard/.lock: this user cannot open the lock file" in proc.stderr
+    assert proc.returncode == 2 and f"engines/{STANDARD}/.lock: this user cannot open the lock file" in proc.stderr
 
     (folder / ".lock").chmod(0o666)
     (folder / ".tmp" / "export").mkdir(parents=True, exist_ok=True)
     (folder / ".tmp").chmod(0o755)
     proc = run_as_nobody("run", "standard", *FAST)
     assert proc.returncode == 2, proc.stderr
-    assert "engines/standard/.tmp: cannot remove what an earlier run left there" in proc.stderr
+    assert f"engines/{STANDARD}/.tmp: cannot remove what an earlier run left there" in proc.stderr
     assert "File exists" not in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -170,9 +170,9 @@ def test_a_second_recipe_file_of_the_same_name_cannot_overwrite_the_folder(stand
                         original.replace("extends: base/", "extends: ../base/")
                         .replace("description: ", "description: an older copy of ", 1))
     before = standard_copy.snapshot()
-    result = standard_copy.run("export", "recipes/old/standard.yaml")
+    result = standard_copy.run("export", "recipes/old/standard.yaml", *FAST)
     assert result.code == 2 and len(result.error_lines) == 1, result.err
-    assert ("engines/standard: holds the engines of recipes/standard.yaml, not of "
+    assert (f"engines/{STANDARD}: holds the engines of recipes/standard.yaml, not of "
             "recipes/old/standard.yaml (two recipe files named `standard`)") in result.err
     assert standard_copy.snapshot() == before
     assert standard_copy.run("run", "standard", *FAST).code == 0  # its own file still may

@@ -18,6 +18,7 @@ from pipeline import recipe as recipe_mod
 from pipeline.backends import tensorrt as trt_backend
 from pipeline.backends import tensorrt_layers
 from pipeline.errors import InputError, RecipeError
+from tests.conftest import STANDARD
 
 H200 = {"tensorrt": "10.8.0.43", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
 TWO_PROFILES = ("targets.1.profiles=[{batch: {min: 1, opt: 1, max: 1}, "
@@ -128,6 +129,22 @@ def test_trtexec_command(trt_plan):
     assert lines["polygraphy"].startswith("polygraphy convert model.onnx --convert-to trt -o tensorrt.plan")
 
 
+def test_build_records_strong_typing_from_the_plan_that_builds(trt_plan):
+    """One source of truth: the plan's strongly_typed drives the loaders, both command lines
+    and the recorded meta (it was hard-coded True in the meta)."""
+    import dataclasses
+
+    for typed in (True, False):
+        p = dataclasses.replace(trt_plan, strongly_typed=typed)
+        meta = trt_backend.build_meta(p, recipe_mod.TensorRTTarget(), H200, 1.5, "t.inspector.json")
+        assert meta["strongly_typed"] is typed
+        assert trt_backend.loaders(p, enum=symbolic)._engine._network.strongly_typed is typed
+        assert ("--stronglyTyped" in meta["commands"]["trtexec"]) is typed
+        assert ("--strongly-typed" in meta["commands"]["polygraphy"]) is typed
+    assert meta["profiles"][1] == {"input_ids": [[1, 1], [1, 16], [1, 32]]}
+    assert meta["commands"]["trtexec"].endswith("--exportLayerInfo=t.inspector.json")
+
+
 def test_trtexec_command_with_one_profile_has_no_profile_index(project, monkeypatch, tmp_path):
     monkeypatch.chdir(project.path)
     recipe = recipe_mod.load("standard")
@@ -136,6 +153,26 @@ def test_trtexec_command_with_one_profile_has_no_profile_index(project, monkeypa
     assert not any(c.startswith("--profile=") for c in cmd)
     assert [c for c in cmd if "Shapes=" in c] == [
         "--minShapes=input_ids:1x1", "--optShapes=input_ids:2x64", "--maxShapes=input_ids:8x128"]
+
+
+def test_trtexec_command_for_a_static_model_passes_no_shapes(project, monkeypatch, tmp_path):
+    """trtexec refuses --minShapes/--optShapes/--maxShapes for a network without dynamic dims
+    ("Static model does not take explicit shapes ..."); Polygraphy's build keeps its profile."""
+    monkeypatch.chdir(project.path)
+    recipe = recipe_mod.load("standard", ["inputs.0.shape=[2, 64]"])
+    p = trt_backend.plan(tmp_path / "model.onnx", tmp_path / "tensorrt.plan", recipe, recipe.targets[1], H200)
+    assert p.static_shapes and p.profiles == [{"input_ids": ((2, 64), (2, 64), (2, 64))}]
+    cmd = trt_backend.trtexec_command(p)
+    assert not [c for c in cmd if "Shapes=" in c or c.startswith("--profile=")]
+    assert cmd[:5] == ["trtexec", f"--onnx={p.onnx}", f"--saveEngine={p.engine}", "--stronglyTyped",
+                       "--noTF32"]
+    (profile,) = trt_backend.loaders(p, enum=symbolic)._engine._config.profiles
+    assert tuple(map(list, profile["input_ids"])) == ([2, 64], [2, 64], [2, 64])
+    # one dynamic dim, even with min = opt = max, keeps the shapes: the export makes it dynamic
+    recipe = recipe_mod.load("standard", ["inputs.0.shape=[2, {min: 64, opt: 64, max: 64}]"])
+    p = trt_backend.plan(tmp_path / "model.onnx", tmp_path / "tensorrt.plan", recipe, recipe.targets[1], H200)
+    assert not p.static_shapes
+    assert "--optShapes=input_ids:2x64" in trt_backend.trtexec_command(p)
 
 
 @pytest.mark.parametrize("current, hardware_compatible, refused", [
@@ -169,6 +206,102 @@ def test_open_refuses_before_touching_a_gpu(tmp_path, monkeypatch):
     target = recipe_mod.TensorRTTarget()
     with pytest.raises(InputError, match="NVIDIA H200"):
         trt_backend.open(engine, target)
+
+
+# ----------------------------------------------------------------------------- runner at the boundary
+class EngineQueries:
+    """Stands in for the part of trt.ICudaEngine the runner queries about profiles:
+    num_optimization_profiles and get_tensor_profile_shape(name, index) -> [min, opt, max]."""
+
+    def __init__(self, profiles: list[dict[str, tuple]]):
+        self.profiles = profiles
+        self.num_optimization_profiles = len(profiles)
+
+    def get_tensor_profile_shape(self, name, index):
+        return [list(s) for s in self.profiles[index][name]]
+
+
+class ContextCalls:
+    """Stands in for trt.IExecutionContext's profile and address calls, recording them."""
+
+    def __init__(self, refuse: str | None = None):
+        self.active_optimization_profile, self.switches, self.addresses = 0, [], {}
+        self.refuse = refuse
+
+    def set_optimization_profile_async(self, index, stream_handle):
+        self.switches.append(index)
+        self.active_optimization_profile = index
+        return True
+
+    def set_tensor_address(self, name, address):
+        self.addresses[name] = address
+        return name != self.refuse
+
+
+# profile 0: the inputs' full range (batch 1..8, sequence 1..128, opt 2x64); 1: batch-1 decode
+# up to 32 tokens (opt 1x16); 2: long prompts (opt 2x128)
+FULL = {"input_ids": ((1, 1), (2, 64), (8, 128))}
+DECODE = {"input_ids": ((1, 1), (1, 16), (1, 32))}
+LONG = {"input_ids": ((1, 64), (2, 128), (8, 128))}
+
+
+def test_runner_chooses_the_profile_tuned_nearest_the_shapes():
+    from pipeline.backends.tensorrt_runner import choose_profile
+    from pipeline.errors import StageFailed
+
+    engine = EngineQueries([FULL, DECODE, LONG])
+    shapes = lambda b, s: {"input_ids": (b, s)}  # noqa: E731
+    assert choose_profile(engine, shapes(1, 20)) == 1  # both 0 and 1 hold it: 1 was tuned for it
+    assert choose_profile(engine, shapes(1, 1)) == 1
+    assert choose_profile(engine, shapes(2, 64)) == 0  # 0's own opt, though 2 holds it too
+    assert choose_profile(engine, shapes(2, 120)) == 2
+    assert choose_profile(engine, shapes(8, 40)) == 0  # only the full range holds batch 8
+    # equal distance to opt: the narrower range wins; equal everything: the lower index
+    assert choose_profile(EngineQueries([FULL, {"input_ids": ((1, 1), (2, 64), (4, 64))}]),
+                          shapes(2, 64)) == 1
+    assert choose_profile(EngineQueries([DECODE, DECODE]), shapes(1, 8)) == 0
+    with pytest.raises(StageFailed, match=r"outside every optimization profile"):
+        choose_profile(engine, shapes(9, 8))
+    with pytest.raises(StageFailed, match=r"outside every optimization profile"):
+        choose_profile(engine, {"input_ids": (1, 8, 1)})  # wrong rank
+
+
+def test_runner_switches_profile_only_when_the_index_changes():
+    """TensorRT schedules resource updates on the next enqueue after every
+    set_optimization_profile_async, same index or not: the runner calls it on a change only."""
+    from pipeline.backends.tensorrt_runner import choose_profile, switch_profile
+
+    engine, context = EngineQueries([FULL, DECODE]), ContextCalls()
+    switched = [switch_profile(context, choose_profile(engine, {"input_ids": s}), 7)
+                for s in [(2, 64), (4, 100), (1, 16), (1, 17), (1, 1), (8, 8), (2, 64)]]
+    assert switched == [False, False, True, False, False, True, False]
+    assert context.switches == [1, 0]
+
+
+def test_runner_refuses_an_address_tensorrt_refuses():
+    from pipeline.backends.tensorrt_runner import set_address
+    from pipeline.errors import StageFailed
+
+    context = ContextCalls(refuse="logits")
+    set_address(context, "input_ids", 0x7F0000000000)
+    with pytest.raises(StageFailed, match=r"refused the device address of tensor `logits`"):
+        set_address(context, "logits", 0x7F0000000100)
+
+
+def test_cuda_graphs_are_captured_thread_local_as_trtexec_does():
+    """trtexec captures with cudaStreamCaptureModeThreadLocal; torch.cuda.graph takes the mode
+    by name (its default, global, fails a capture for unsafe calls from any other thread)."""
+    import inspect
+
+    import torch
+
+    from pipeline.backends import tensorrt_runner
+
+    assert tensorrt_runner.CAPTURE_MODE == "thread_local"
+    assert "capture_error_mode" in inspect.signature(torch.cuda.graph).parameters
+    assert '"thread_local"' in torch.cuda.graph.__doc__  # a mode this torch knows
+    capture = inspect.getsource(tensorrt_runner.TensorRTRunner._capture)
+    assert "capture_error_mode=CAPTURE_MODE" in capture
 
 
 # ----------------------------------------------------------------------------- layer truth
@@ -220,7 +353,7 @@ def test_effective_precision_shares_by_layers_and_time():
     assert by_name["/embed/Gather"] == "fp32"  # first input is an index: the float tensor decides
 
 
-def test_require_effective_precision_fails_an_int8_engine_that_runs_float():
+def test_require_layer_precision_fails_an_int8_engine_that_runs_float():
     good = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
     bad = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
     ok = tensorrt_layers.check_required(good, "int8", 0.5)
@@ -268,23 +401,26 @@ def test_tensorrt_11_split_fields_give_the_same_shares():
         tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)["layer_share"]
 
 
-def test_validation_extras_gate_from_target_or_recipe_precision(tmp_path):
+def test_validation_extras_gate_from_the_target_only(project, monkeypatch, tmp_path):
     engine = tmp_path / "tensorrt.plan"
     _, info = trt_backend.sidecars(engine)
     summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
     info.write_text(json.dumps({"built_with": H200, "effective_precision": summary}))
     runner = SimpleNamespace(details={"cuda_graphs": "on", "captures": 1})
-    target = recipe_mod.TensorRTTarget(require_effective_precision="int8")
-    recipe = SimpleNamespace()  # no `precision:` section
+    monkeypatch.chdir(project.path)
+    recipe = recipe_mod.load("standard")
+    target = recipe_mod.TensorRTTarget(require_layer_precision="int8")
     extras = trt_backend.validation_extras(engine, target, recipe, runner)
     assert extras["runtime"]["cuda_graphs"] == "on"
     assert [g["passed"] for g in extras["gates"]] == [False]
     assert "per_layer" not in extras["effective_precision"]
-    # A `precision: {require_effective_precision: int8}` section (another issue's key) also counts.
-    recipe = SimpleNamespace(precision=SimpleNamespace(require_effective_precision="int8"))
+    # `precision.require_effective_precision` is a share of ONNX Runtime's integer FLOPs
+    # (validate.py judges it on the onnxruntime target): no gate on a TensorRT engine.
+    recipe = recipe_mod.load("standard", ["precision.mode=int8",
+                                          "precision.require_effective_precision=0.9"])
+    assert recipe.precision.require_effective_precision == 0.9
     plain = recipe_mod.TensorRTTarget()
-    assert trt_backend.required_precision(recipe, plain) == "int8"
-    assert trt_backend.validation_extras(engine, plain, SimpleNamespace(), runner)["gates"] == []
+    assert trt_backend.validation_extras(engine, plain, recipe, runner)["gates"] == []
 
 
 # ----------------------------------------------------------------------------- recipe and CLI
@@ -294,6 +430,20 @@ def test_profile_naming_an_unknown_dim_is_a_recipe_error(project, monkeypatch):
         recipe_mod.load("standard", ["targets.1.profiles=[{tokens: {min: 1, opt: 1, max: 2}}]"])
     with pytest.raises(RecipeError, match="targets.1.optimization_level"):
         recipe_mod.load("standard", ["targets.1.optimization_level=9"])
+
+
+def test_old_layer_precision_keys_name_their_new_names(project, monkeypatch):
+    """Renamed pre-1.0 (the `precision:` section's require_effective_precision is a share):
+    the old target keys get one error naming the new key, not a bare `unknown key`."""
+    monkeypatch.chdir(project.path)
+    with pytest.raises(RecipeError) as e:
+        recipe_mod.load("standard", ["targets.1.require_effective_precision=int8"])
+    assert "targets.1.require_effective_precision: renamed to `require_layer_precision`: " \
+           "write `require_layer_precision: int8`" in str(e.value)
+    with pytest.raises(RecipeError, match="renamed to `layer_precision_min_share`"):
+        recipe_mod.load("standard", ["targets.1.effective_precision_min_share=0.7"])
+    assert recipe_mod.load("standard", ["targets.1.require_layer_precision=int8"]).targets[1] \
+        .require_layer_precision == "int8"
 
 
 def test_every_glm_recipe_lists_tensorrt(project, monkeypatch):
@@ -308,14 +458,14 @@ def test_every_glm_recipe_lists_tensorrt(project, monkeypatch):
 @pytest.mark.skipif(trt_backend.unavailable(recipe_mod.TensorRTTarget()) is None,
                     reason="TensorRT and a GPU are here: the target builds instead of skipping")
 def test_without_tensorrt_the_target_is_skipped_and_the_rest_builds(built_standard):
-    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    report = json.loads((built_standard.engines / STANDARD / "report.json").read_text())
     engines = {e["target"]: e for e in report["engines"]}
     assert engines["onnxruntime"]["status"] == "built"
     trt = engines["tensorrt"]
     assert trt["status"] == "skipped" and trt["path"] is None
     assert trt["reason"].startswith(("TensorRT is not installed", "TensorRT needs an NVIDIA GPU"))
     assert "pip install -e '.[gpu]'" in trt["reason"] or "nvidia-smi" in trt["reason"]
-    assert not list((built_standard.engines / "standard").glob("tensorrt*"))
+    assert not list((built_standard.engines / STANDARD).glob("tensorrt*"))
 
 
 @pytest.mark.skipif(trt_backend.unavailable(recipe_mod.TensorRTTarget()) is None,
@@ -334,7 +484,7 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
     """Rendered from the JSON alone: a TensorRT-like engine entry with runtime extras."""
     from pipeline.stages import report as report_mod
 
-    report = json.loads((built_standard.engines / "standard" / "report.json").read_text())
+    report = json.loads((built_standard.engines / STANDARD / "report.json").read_text())
     engine = next(e for e in report["engines"] if e["status"] == "built")
     summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
     engine.update(runtime={"cuda_graphs": "fallback to plain enqueue (capture failed)",
@@ -353,7 +503,7 @@ def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(buil
     from pipeline import onnx_info
     from pipeline.errors import StageFailed
 
-    folder = built_standard.engines / "standard"
+    folder = built_standard.engines / STANDARD
     assert onnx_info.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
     foreign = onnx_info.foreign_ops(folder / "optimized.onnx")
     assert foreign["com.microsoft.GroupQueryAttention"] == 2
@@ -421,8 +571,9 @@ def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, mon
     with run.store.lock():
         graph = run.store.artifact("typed.onnx")
         assert onnx_info.foreign_ops(graph.path)  # fused for ONNX Runtime
-        assert run.graph_for(ort_target, graph) is graph
-        plain = run.graph_for(trt_target, graph)
+        assert run.chain.graph == graph
+        assert run.chain.for_target(ort_target) == graph
+        plain = run.chain.for_target(trt_target)
     assert plain.name == "typed-plain.onnx" and onnx_info.foreign_ops(plain.path) == {}
     ops = Counter(n.op_type for n in onnx.load(str(plain.path)).graph.node)
     assert ops["QuantizeLinear"] > 0 and ops["MatMul"] > 0  # INT8 Q/DQ, TensorRT's placement
@@ -434,5 +585,5 @@ def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, mon
     again = Run(recipe, project.engines)
     again.execute("precision")
     with again.store.lock():
-        assert again.graph_for(trt_target, again.store.artifact("typed.onnx")).sha256 == plain.sha256
-    assert not again.work_done
+        assert again.chain.for_target(trt_target).sha256 == plain.sha256
+    assert not again.cache.work_done

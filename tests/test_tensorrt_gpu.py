@@ -9,11 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, Project, set_folder
 
 pytestmark = [pytest.mark.tensorrt, pytest.mark.gpu, pytest.mark.slow]
 
 REQUIRED = ("--set", "targets.1.required=true")
+TRT = set_folder("standard", *FAST, *REQUIRED)  # where built_trt's run writes
 
 
 @pytest.fixture(scope="session")
@@ -25,13 +26,13 @@ def built_trt(tmp_path_factory) -> Project:
     return proj
 
 
-def _engine(proj: Project, target: str = "tensorrt") -> dict:
-    report = json.loads((proj.engines / "standard" / "report.json").read_text())
+def _engine(proj: Project, target: str = "tensorrt", folder: str = TRT) -> dict:
+    report = json.loads((proj.engines / folder / "report.json").read_text())
     return next(e for e in report["engines"] if e["target"] == target)
 
 
 def test_build_writes_engine_inspector_and_manifest_entries(built_trt):
-    folder = built_trt.engines / "standard"
+    folder = built_trt.engines / TRT
     manifest = json.loads((folder / "manifest.json").read_text())
     for name in ("tensorrt.plan", "tensorrt.inspector.json", "tensorrt.build.json"):
         assert manifest["files"][name]["sha256"], name
@@ -49,7 +50,7 @@ def test_build_writes_engine_inspector_and_manifest_entries(built_trt):
 def test_timing_cache_is_saved_per_gpu_and_version(built_trt):
     from pipeline.backends.tensorrt import timing_cache_path
 
-    meta = json.loads((built_trt.engines / "standard" / "manifest.json").read_text())
+    meta = json.loads((built_trt.engines / TRT / "manifest.json").read_text())
     build = meta["stages"]["build:tensorrt"]["meta"]
     w = build["built_with"]
     expected = timing_cache_path(w["tensorrt"], w["gpu"], w["compute_capability"]).name
@@ -73,7 +74,7 @@ def test_without_cuda_graphs_same_accuracy(built_trt):
     result = built_trt.run("run", "standard", *FAST, *REQUIRED, "--set", "targets.1.cuda_graphs=false",
                            env={"PIPELINE_CACHE_DIR": str(built_trt.path / "cache")})
     assert result.code == 0, result.err
-    e = _engine(built_trt)
+    e = _engine(built_trt, folder=result.folder.removeprefix("engines/"))
     assert e["runtime"]["cuda_graphs"].startswith("off") and e["runtime"]["replays"] == 0
     assert e["accuracy"]["logits"]["cosine"] > 0.9999
 
@@ -83,7 +84,7 @@ def test_runner_recaptures_when_shapes_change(built_trt):
     from pipeline import recipe as recipe_mod
     from pipeline.backends import tensorrt as backend
 
-    folder = built_trt.engines / "standard"
+    folder = built_trt.engines / TRT
     feeds, refs = data.load_feeds(folder / "baseline.npz")
     target = recipe_mod.TensorRTTarget()
     with backend.open(folder / "tensorrt.plan", target) as runner:
@@ -92,6 +93,7 @@ def test_runner_recaptures_when_shapes_change(built_trt):
     shapes = [f["input_ids"].shape for f in feeds + feeds[:1]]
     changes = sum(a != b for a, b in zip(shapes, shapes[1:])) + 1
     assert runner.details["captures"] == changes  # one capture per new shape, none when unchanged
+    assert runner.details["profile_switches"] == 0  # one profile: never switched, never re-set
     for out, ref in zip(outs, refs + refs[:1]):
         np.testing.assert_allclose(out["logits"], ref["logits"], atol=1e-3)
     np.testing.assert_array_equal(again["logits"], outs[-1]["logits"])
@@ -99,8 +101,9 @@ def test_runner_recaptures_when_shapes_change(built_trt):
 
 def test_int8_requirement_fails_an_fp32_engine(built_trt):
     result = built_trt.run("run", "standard", *FAST, *REQUIRED,
-                           "--set", "targets.1.require_effective_precision=int8",
+                           "--set", "targets.1.require_layer_precision=int8",
                            env={"PIPELINE_CACHE_DIR": str(built_trt.path / "cache")})
     assert result.code == 3, result.err
-    gate = next(g for g in _engine(built_trt)["gates"] if g["name"] == "effective_precision.int8")
+    gate = next(g for g in _engine(built_trt, folder=result.folder.removeprefix("engines/"))["gates"]
+                if g["name"] == "effective_precision.int8")
     assert not gate["passed"] and "fp32" in gate["detail"]

@@ -15,7 +15,7 @@ from tests.conftest import FAST, ROOT, Project, built
 
 @pytest.mark.slow
 def test_aotinductor_builds_and_validates_the_tiny_glm(built_aoti):
-    report = json.loads((built_aoti.engines / "standard-aoti" / "report.json").read_text())
+    report = json.loads((built_aoti.built / "report.json").read_text())
     engines = {e["target"]: e for e in report["engines"]}
     aoti = engines["aotinductor"]
     assert aoti["status"] == "built" and aoti["path"].endswith(".pt2")
@@ -30,7 +30,7 @@ def test_aotinductor_builds_and_validates_the_tiny_glm(built_aoti):
 def test_pt2_engine_runs_without_the_models_python_code(built_aoti):
     """A fresh interpreter loads the package with torch alone, at a shape it was not
     traced with (dynamic dims), and never imports the pipeline or the zoo."""
-    engine = built_aoti.engines / "standard-aoti" / "aotinductor.pt2"
+    engine = built_aoti.built / "aotinductor.pt2"
     code = (
         "import sys, torch\n"
         f"package = torch._inductor.aoti_load_package({str(engine)!r})\n"
@@ -114,7 +114,7 @@ def built_from_pytorch(tmp_path_factory) -> Project:
 
 @pytest.mark.slow
 def test_a_run_whose_targets_all_build_from_pytorch_skips_the_onnx_stages(built_from_pytorch):
-    folder = built_from_pytorch.engines / "standard-aoti"
+    folder = built_from_pytorch.built
     assert not list(folder.glob("*.onnx"))  # no export, optimize or precision work
     report = json.loads((folder / "report.json").read_text())
     (engine,) = report["engines"]
@@ -164,15 +164,20 @@ def test_gpu_check_rehearses_on_cpu(built_from_pytorch, tmp_path):
     """The GPU check's steps for one recipe (pipeline, shape study, checks), end to end on
     the host with the tiny GLM: what a lent GPU's few minutes would otherwise exercise first.
     The engines are a copy of a finished run, so only validation and the study run here."""
+    from pipeline import recipe as recipe_mod
+    from pipeline.folders import folder_name
     from pipeline.recipe import LatencySpec
 
     gpu_check = load_gpu_check()
     engines = tmp_path / "engines"
-    shutil.copytree(built_from_pytorch.engines, engines)
+    overrides = ("targets=[{kind: aotinductor}]",)
+    # the folder of the check's own --set values, seeded with the built one (no new compile)
+    shutil.copytree(built_from_pytorch.built, engines / folder_name(recipe_mod.load(
+        str(ROOT / "recipes" / "standard-aoti.yaml"), [*gpu_check.VALIDATION, *overrides])))
     entry, saved = {}, []
     gpu_check.check_recipe(str(ROOT / "recipes" / "standard-aoti.yaml"), engines, entry,
                            lambda: saved.append(json.dumps(entry, default=str)), device="cpu",
-                           shapes=((1, 16), (2, 64)), overrides=("targets=[{kind: aotinductor}]",),
+                           shapes=((1, 16), (2, 64)), overrides=overrides,
                            protocol=LatencySpec(warmup=3, iterations=30, min_seconds=0, block=5))
     assert entry["targets"] == ["aotinductor"]
     (engine,) = entry["engines"]

@@ -159,6 +159,26 @@ def test_sign_test_interval_needs_six_rounds():
     assert timed.blocks[0].shape == (stats.MIN_ROUNDS, 5) and timed.stop == "min_rounds"
 
 
+def _sign_test_rank_loop(n: int, alpha: float = 0.05) -> int:
+    """The hand-written binomial sum stats._sign_test_rank used before scipy: the oracle."""
+    import math
+
+    k, below = 0, 0.0
+    while True:
+        below += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                          - n * math.log(2))
+        if below > alpha / 2:
+            return k
+        k += 1
+
+
+def test_sign_test_rank_from_scipy_matches_the_old_binomial_sum():
+    ns = range(1, 2001)
+    assert [stats._sign_test_rank(n) for n in ns] == [_sign_test_rank_loop(n) for n in ns]
+    assert [stats._sign_test_rank(n, 0.01) for n in (10, 100, 1000)] == \
+        [_sign_test_rank_loop(n, 0.01) for n in (10, 100, 1000)]
+
+
 def test_summary_is_in_milliseconds():
     s = stats.summary(np.array([1e6, 2e6, 3e6, 4e6]))
     assert s["p50"] == pytest.approx(2.5) and s["n"] == 4 and s["min"] == 1.0
@@ -210,3 +230,14 @@ def test_too_small_keeps_gemms_with_a_dimension_under_16_float():
     # activation x activation has no constant operand to judge: not this rule's to keep
     assert nodes.too_small(model, names) == ["angles", "narrow"]
     assert nodes.too_small(model, ["projection", "activations"]) == []
+
+
+def test_speedups_read_engine_vs_reference_faster_or_slower():
+    from pipeline.text import speedup, time_ratio_speedup
+
+    assert speedup(2.0, [1.9, 2.1]) == "2.00x faster [1.90, 2.10]"
+    assert speedup(0.5, [0.4, 0.8]) == "2.00x slower [1.25, 2.50]"  # interval turned with it
+    assert speedup(1 / 1.224) == "1.22x slower"
+    # a comparison's time ratio (B time / A time) reads as B's speed-up over A
+    assert time_ratio_speedup(0.5, [0.4, 0.625]) == "2.00x faster [1.60, 2.50]"
+    assert time_ratio_speedup(1.224, [1.2, 1.25]) == "1.22x slower [1.20, 1.25]"

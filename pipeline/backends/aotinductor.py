@@ -19,8 +19,12 @@ from polygraphy.backend.base import BaseRunner
 from pipeline import deps
 from pipeline.recipe import AOTInductorTarget, Recipe
 
+TARGET = AOTInductorTarget
 EXTENSION = ".pt2"
 NEEDS_ONNX = False  # compiled from the PyTorch program (torch.export), never from the graph
+PLAIN_ONNX = False
+ENGINE_IS_ONNX = False
+TRITON = None  # Triton has no platform for AOTInductor packages: deploy refuses them
 
 
 def device(target: AOTInductorTarget) -> str:
@@ -44,7 +48,7 @@ def build(onnx_path: Path, target: AOTInductorTarget, recipe: Recipe, workdir: P
 
     from pipeline import data, models
     from pipeline.backends.torch import torch_dtype
-    from pipeline.stages.export import dynamic_shapes
+    from pipeline.shapes import dynamic_shapes
 
     where = device(target)
     model = models.load(recipe).to(device=where, dtype=torch_dtype(target.dtype))

@@ -14,11 +14,16 @@ from pathlib import Path
 from polygraphy.backend.base import BaseRunner
 
 from pipeline import deps
+from pipeline.backends.base import TritonModel
 from pipeline.errors import StageFailed
 from pipeline.recipe import OnnxRuntimeTarget, Recipe
 from pipeline.text import first_line
 
+TARGET = OnnxRuntimeTarget
 EXTENSION = ".onnx"
+NEEDS_ONNX = True
+PLAIN_ONNX = False  # takes ORT's contrib ops and fusions
+ENGINE_IS_ONNX = True  # the saved, session-optimized graph
 
 _PROVIDER = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -136,6 +141,20 @@ class OnnxRuntimeRunner(BaseRunner):
 
     def deactivate_impl(self):
         del self.session
+
+
+def _gpu(build_meta: dict) -> bool:
+    providers = build_meta.get("providers") or []
+    return bool(providers and providers[0] != _PROVIDER["cpu"])
+
+
+def _triton_optimization(policy, max_batch: int, opt_batch: int | None, inputs: list) -> None:
+    # The engine is already ORT's optimized graph, validated as is: level 2 tells Triton's
+    # ONNX Runtime backend to disable graph optimization so it serves exactly that graph.
+    policy.graph.level = 2
+
+
+TRITON = TritonModel("onnxruntime_onnx", "model.onnx", gpu=_gpu, optimization=_triton_optimization)
 
 
 def open(engine_path: Path, target: OnnxRuntimeTarget, recipe: Recipe, *,  # noqa: A001

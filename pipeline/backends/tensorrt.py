@@ -25,11 +25,30 @@ from pathlib import Path
 
 from pipeline import deps, onnx_info
 from pipeline.backends import tensorrt_layers
+from pipeline.backends.base import TritonModel
 from pipeline.errors import InputError, StageFailed
-from pipeline.recipe import Recipe, TensorRTTarget
+from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
 EXTENSION = ".plan"
 PLAIN_ONNX = True  # builds only from ONNX-domain ops: run.py gives it a graph without ORT fusions
+TARGET = TensorRTTarget
+NEEDS_ONNX = True
+ENGINE_IS_ONNX = False
+
+
+def _triton_optimization(policy, max_batch: int, opt_batch: int | None, inputs: list) -> None:
+    """Triton's TensorRT backend replays CUDA Graphs (launch-bound small batches gain most):
+    one graph captured at the profile's opt point, other shapes fall back to plain enqueue."""
+    policy.cuda.graphs = True
+    spec = policy.cuda.graph_spec.add()
+    if max_batch > 0:
+        spec.batch_size = opt_batch or 0
+    for t in inputs:
+        spec.input[t.name].dim.extend(t.opt or [])
+
+
+TRITON = TritonModel("tensorrt_plan", "model.plan", gpu=lambda build_meta: True,
+                     optimization=_triton_optimization)
 Shape = tuple[int, ...]
 
 
@@ -47,6 +66,8 @@ class BuildPlan:
     timing_cache: Path | None = None
     strongly_typed: bool = True
     profiling_verbosity: str = "DETAILED"
+    # every input dim fixed in the recipe: the exported graph has no dynamic dim
+    static_shapes: bool = False
 
 
 def profiles(recipe: Recipe, target: TensorRTTarget) -> list[dict[str, tuple[Shape, Shape, Shape]]]:
@@ -88,6 +109,7 @@ def plan(onnx: Path, engine: Path, recipe: Recipe, target: TensorRTTarget,
         optimization_level=target.optimization_level, pools=pools,
         hardware_compatibility=None if target.hardware_compatibility == "none" else "AMPERE_PLUS",
         timing_cache=cache,
+        static_shapes=not any(isinstance(d, Dim) for spec in recipe.inputs for d in spec.shape),
     )
 
 
@@ -160,7 +182,9 @@ def trtexec_command(p: BuildPlan, inspector_json: Path | None = None) -> list[st
     # trtexec turns TF32 on unless told not to; Polygraphy's CreateConfig (the build above)
     # leaves it off, and strongly typed networks still honour the flag.
     cmd.append("--noTF32")
-    for i, profile in enumerate(p.profiles):
+    # A network without dynamic dims takes no shapes: trtexec refuses them ("Static model does
+    # not take explicit shapes ..."). Polygraphy's build fills its profile with the fixed shapes.
+    for i, profile in enumerate([] if p.static_shapes else p.profiles):
         # One min/opt/max set stands alone; with several, trtexec wants `--profile=i` right
         # before each set (it refuses repeated sets without it).
         cmd += [f"--profile={i}"] if len(p.profiles) > 1 else []
@@ -251,6 +275,19 @@ def check_parseable(onnx_path: Path) -> None:
                           "option that writes these")
 
 
+def build_meta(p: BuildPlan, target: TensorRTTarget, built_with: dict, seconds: float,
+               inspector_name: str) -> dict:
+    """What the build records: every setting read from the plan that built the engine."""
+    return {
+        "built_with": built_with, "hardware_compatibility": target.hardware_compatibility,
+        "build_seconds": seconds, "strongly_typed": p.strongly_typed,
+        "profiles": [{n: [list(s) for s in mm] for n, mm in prof.items()} for prof in p.profiles],
+        "optimization_level": p.optimization_level, "memory_pools": p.pools,
+        "timing_cache": str(p.timing_cache) if p.timing_cache else None,
+        "commands": command_lines(p, inspector_name),
+    }
+
+
 def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path):
     from pipeline import data
     from pipeline.backends.tensorrt_runner import TensorRTRunner
@@ -273,14 +310,7 @@ def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path
     summary = tensorrt_layers.effective_precision(inspector, layer_ms)
     inspector_path, info_path = sidecars(engine_path)
     inspector_path.write_text(inspector_text)
-    commands = command_lines(p, inspector_path.name)
-    meta = {
-        "built_with": built_with, "hardware_compatibility": target.hardware_compatibility,
-        "build_seconds": seconds, "strongly_typed": True,
-        "profiles": [{n: [list(s) for s in mm] for n, mm in prof.items()} for prof in p.profiles],
-        "optimization_level": p.optimization_level, "memory_pools": p.pools,
-        "timing_cache": str(p.timing_cache) if p.timing_cache else None, "commands": commands,
-    }
+    meta = build_meta(p, target, built_with, seconds, inspector_path.name)
     info_path.write_text(json.dumps({**meta, "effective_precision": summary}, indent=2) + "\n")
     short = {k: v for k, v in summary.items() if k != "per_layer"}
     return engine_path, {**meta, "effective_precision": short,
@@ -302,21 +332,6 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
     return TensorRTRunner(engine_path, cuda_graphs=target.cuda_graphs, name=target.id)
 
 
-def required_precision(recipe: Recipe, target: TensorRTTarget) -> str | None:
-    """The target's own requirement, else one set in the recipe's `precision:` section."""
-    if target.require_effective_precision:
-        return target.require_effective_precision
-    section = getattr(recipe, "precision", None)
-    value = getattr(section, "require_effective_precision", None)
-    if isinstance(value, str):
-        return value.lower()
-    if value is True:  # a flag: require the precision the section asks for
-        for key in ("mode", "dtype", "kind", "precision"):
-            if isinstance(getattr(section, key, None), str):
-                return getattr(section, key).lower()
-    return None
-
-
 def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
     """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
     _, info_path = sidecars(Path(engine_path))
@@ -324,10 +339,12 @@ def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe,
     extras = {"runtime": dict(runner.details), "gates": []}
     if summary is not None:
         extras["effective_precision"] = {k: v for k, v in summary.items() if k != "per_layer"}
-    required = required_precision(recipe, target)
-    if required and required in tensorrt_layers.CATEGORIES:
+    # The target's own precision name only: the `precision:` section's key of the same name is
+    # a share of MatMul FLOPs that ONNX Runtime runs in integer kernels (validate.py judges it).
+    if target.require_layer_precision:
         extras["gates"].append(tensorrt_layers.check_required(
-            summary or {"detailed": False}, required, target.effective_precision_min_share))
+            summary or {"detailed": False}, target.require_layer_precision,
+            target.layer_precision_min_share))
     return extras
 
 

@@ -6,15 +6,19 @@ torch; a CUDA build of it is needed on GPU machines). Per request:
     host feed -> device inputs (pinned to the engine's I/O addresses) -> enqueue | graph replay
     -> device outputs -> host numpy
 
+On an input-shape change the runner picks the optimization profile tuned nearest the new
+shapes (`choose_profile`) and switches the context to it only when that is another profile.
 CUDA Graphs follow TensorRT's recipe: after an input-shape change, one plain enqueue
 (TensorRT flushes deferred shape work there), then capture one enqueue into a graph, then
-replay it for every request with those shapes. A capture that fails (data-dependent shapes,
-loops, plugins that sync) leaves the runner on plain enqueue with the reason in `details`.
+replay it for every request with those shapes (captured thread-local, as trtexec does). A
+capture that fails (data-dependent shapes, loops, plugins that sync) leaves the runner on
+plain enqueue with the reason in `details`.
 Nothing touches the GPU before the runner is activated.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections import OrderedDict
@@ -38,6 +42,70 @@ def _torch_dtype(trt, torch, dtype):
     return table[dtype]
 
 
+# What trtexec captures with (cudaStreamCaptureModeThreadLocal): only this thread's unsafe
+# calls (cudaMalloc, a sync) during the capture break it. "global", torch's default, breaks it
+# for such calls from any thread of the process too (a resource monitor, a data loader).
+CAPTURE_MODE = "thread_local"
+
+
+def _log_ratio(a: int, b: int) -> float:
+    return abs(math.log(max(a, 1) / max(b, 1)))
+
+
+def choose_profile(engine, shapes: dict[str, tuple]) -> int:
+    """The optimization profile that fits `shapes` best.
+
+    Among the profiles whose [min, max] holds every input shape: the one whose opt shape is
+    nearest (sum over all dims of |log(size / opt)|: 2 against opt 1 is as far as 64 against
+    32), then the narrowest range, then the lowest index. TensorRT times and picks each
+    profile's tactics at its opt shape (and only among kernels valid over its whole range),
+    so the profile tuned nearest to the request runs kernels chosen for it. Not the first that
+    fits: profile 0 always spans the inputs' full range (`tensorrt.profiles`), so the first fit
+    would always be 0 and a recipe's extra `profiles:` would never run.
+
+    engine: anything with TensorRT's ICudaEngine query API (`num_optimization_profiles`,
+    `get_tensor_profile_shape(name, index) -> [min, opt, max]`).
+    """
+    best = None
+    for index in range(engine.num_optimization_profiles):
+        distance = width = 0.0
+        for n, shape in shapes.items():
+            lo, opt, hi = (tuple(d) for d in engine.get_tensor_profile_shape(n, index))
+            if len(lo) != len(shape) or not all(a <= s <= b for a, s, b in zip(lo, shape, hi)):
+                break
+            distance += sum(_log_ratio(s, o) for s, o in zip(shape, opt))
+            width += sum(_log_ratio(b, a) for a, b in zip(lo, hi))
+        else:
+            key = (round(distance, 9), round(width, 9), index)  # rounded: equal sums tie
+            best = key if best is None or key < best else best
+    if best is None:
+        raise StageFailed(f"input shapes {shapes} are outside every optimization profile of the engine",
+                          "add a profile to the target's `profiles:` or widen the input dims")
+    return best[2]
+
+
+def switch_profile(context, index: int, stream_handle: int) -> bool:
+    """Make `index` the context's optimization profile; True when that was a switch.
+
+    Only on a change: each set_optimization_profile_async makes TensorRT schedule resource
+    updates (and warn about them) on the next enqueue, even when the index is the same."""
+    if context.active_optimization_profile == index:
+        return False
+    try:  # the Python bindings raise where the C++ API returns false
+        context.set_optimization_profile_async(index, stream_handle)
+    except RuntimeError as e:
+        raise StageFailed(f"TensorRT could not select optimization profile {index}: {e}") from e
+    return True
+
+
+def set_address(context, name: str, address: int) -> None:
+    """context.set_tensor_address, refusing what TensorRT refuses (it returns False, no raise)."""
+    if not context.set_tensor_address(name, address):
+        raise StageFailed(f"TensorRT refused the device address of tensor `{name}` "
+                          "(set_tensor_address returned False)",
+                          "see the TensorRT log above: an unknown tensor name or a misaligned address")
+
+
 class TensorRTRunner(BaseRunner):
     """engine: a path to a serialized plan, or an already deserialized trt.ICudaEngine."""
 
@@ -45,7 +113,8 @@ class TensorRTRunner(BaseRunner):
         super().__init__(name=name, prefix="trt-runner")
         self.engine_source, self.cuda_graphs = engine, cuda_graphs
         self.details = {"cuda_graphs": "on" if cuda_graphs else "off (disabled by the recipe)",
-                        "captures": 0, "replays": 0, "enqueues": 0, "capture_failure": None}
+                        "captures": 0, "replays": 0, "enqueues": 0, "capture_failure": None,
+                        "profile_switches": 0}
 
     # ---------------------------------------------------------------- lifecycle
     def activate_impl(self):
@@ -88,27 +157,11 @@ class TensorRTRunner(BaseRunner):
         return meta
 
     # ---------------------------------------------------------------- shapes and buffers
-    def _profile_for(self, shapes: dict[str, tuple]) -> int:
-        """The first optimization profile whose [min, max] holds every input shape."""
-        for index in range(self.engine.num_optimization_profiles):
-            fits = True
-            for n, shape in shapes.items():
-                lo, _, hi = self.engine.get_tensor_profile_shape(n, index)
-                fits &= len(lo) == len(shape) and all(a <= s <= b for a, s, b in zip(lo, shape, hi))
-            if fits:
-                return index
-        raise StageFailed(f"input shapes {shapes} are outside every optimization profile of the engine",
-                          "add a profile to the target's `profiles:` or widen the input dims")
-
     def bind(self, context, shapes: dict[str, tuple]) -> None:
         """Select a profile, set input shapes, (re)allocate buffers, set tensor addresses."""
         torch = self._torch
-        index = self._profile_for(shapes)
-        try:  # the Python bindings raise where the C++ API returns false
-            context.set_optimization_profile_async(index, self.stream.cuda_stream)
-        except RuntimeError as e:
-            raise StageFailed(f"TensorRT could not select optimization profile {index} for input "
-                              f"shapes {shapes}: {e}") from e
+        if switch_profile(context, choose_profile(self.engine, shapes), self.stream.cuda_stream):
+            self.details["profile_switches"] += 1
         for n, shape in shapes.items():
             if not context.set_input_shape(n, shape):
                 raise StageFailed(f"TensorRT refused shape {shape} for input `{n}`")
@@ -118,7 +171,7 @@ class TensorRTRunner(BaseRunner):
             buf = self.buffers.get(n)
             if buf is None or tuple(buf.shape) != shape:
                 self.buffers[n] = torch.empty(shape, dtype=dtype, device="cuda")
-            context.set_tensor_address(n, self.buffers[n].data_ptr())
+            set_address(context, n, self.buffers[n].data_ptr())
 
     def _enqueue(self, context) -> None:
         if not context.execute_async_v3(self.stream.cuda_stream):
@@ -134,7 +187,7 @@ class TensorRTRunner(BaseRunner):
         self.stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self.stream):
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode=CAPTURE_MODE):
                 if not self.context.execute_async_v3(self.stream.cuda_stream):
                     raise RuntimeError("execute_async_v3 returned False during capture")
         except Exception as e:  # noqa: BLE001 - any capture failure means: plain enqueue

@@ -1,10 +1,13 @@
 """A/B of engines from different recipes, interleaved in one process.
 
 - `versus`: the `expect.faster_than` stage: this recipe's engine against another recipe's
-  engine of the same target (run.py builds the other recipe first, through its own Run).
+  engine of the same target (stages/versus.py builds the other recipe and opens both).
 - `bench`: `pipeline bench RECIPE [--vs OTHER]`: every built engine of RECIPE and its
   PyTorch baseline (and OTHER's, with --vs) timed together at every shape; comparisons
-  engine vs baseline, and RECIPE vs OTHER runner by runner.
+  engine vs baseline, and RECIPE vs OTHER runner by runner (stages/bench.py opens them).
+
+Runners come in as openers (callables returning an unentered Runner, stages/openers.py), so
+the timing protocol imports no backend and no stage.
 
 A comparison (A, B) is B's time over A's with a 95% interval over the interleaved rounds
 (bench.stats.compare): 0.8 = B takes 20% less time than A; its verdict is B's.
@@ -14,28 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
-from pipeline import backends, models
+from pipeline.artifacts.recorded import dump
+from pipeline.artifacts.report import Versus
 from pipeline.bench import plots, protocol, sweep
 from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-VERSION = 3  # 3: min_seconds is each runner's own timed time
 BASELINE = "torch-eager"
-
-
-def engine_opener(recipe: Recipe, target, path: Path):
-    spec = recipe.validation.latency
-    return lambda: backends.get(target.kind).open(path, target, recipe, threads=recipe.validation.threads,
-                                                  spin=spec.spin)
-
-
-def baseline_opener(recipe: Recipe):
-    from pipeline.stages.validate import baseline_device, baseline_runner
-
-    return lambda: baseline_runner(recipe, models.load(recipe), baseline_device(recipe))
+Opener = Callable[[], object]  # returns a Runner, not yet entered
 
 
 def _fmt_range(r) -> str:
@@ -74,20 +67,13 @@ def check_compatible(recipe: Recipe, other: Recipe, dims: list[dict[str, int]] |
             f"`{recipe.name}`), or give both recipes the same inputs")
 
 
-def _timing_feed(recipe: Recipe):
-    from pipeline.stages.validate import timing_feed
-
-    return timing_feed(recipe)
-
-
 def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, other_target,
-           other_engine: Artifact, workdir: Path) -> tuple[dict[str, Path], dict]:
-    """This recipe's `target` engine (B) against `other`'s (A), at the opt shape."""
+           other_engine: Artifact, workdir: Path, feed, open_this: Opener,
+           open_other: Opener) -> tuple[dict[str, Path], dict]:
+    """This recipe's `target` engine (B) against `other`'s (A), at the opt shape, on `feed`."""
     check_compatible(recipe, other)
-    feed = _timing_feed(recipe)
     a, b = f"{other.name}/{other_target.id}", f"{recipe.name}/{target.id}"
-    openers = {a: engine_opener(other, other_target, other_engine.path),
-               b: engine_opener(recipe, target, engine.path)}
+    openers = {a: open_other, b: open_this}
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, _ = protocol.measure(runners, sweep.shapes(recipe, feed)[:1],
@@ -105,27 +91,26 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
         "harness_overhead_us": result["harness_overhead_us"],
     }
     path = workdir / name
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path.write_text(json.dumps(dump(Versus.model_validate(out)), indent=2) + "\n")
     return {name: path}, {"verdict": out["comparison"]["verdict"]}
 
 
-def bench(recipe: Recipe, engines: dict[str, Path], other: Recipe | None = None,
-          other_engines: dict[str, Path] | None = None) -> tuple[dict, dict]:
-    """engines: target id -> verified engine file. Returns (result JSON, samples at opt)."""
-    feed = _timing_feed(recipe)
-    targets = {t.id: t for t in recipe.targets}
-    openers = {f"{recipe.name}/{BASELINE}": baseline_opener(recipe)}
+def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
+          other: Recipe | None = None, other_engines: dict[str, Opener] | None = None,
+          other_baseline: Opener | None = None) -> tuple[dict, dict]:
+    """engines: target id -> opener of its verified engine; `baseline` opens the PyTorch
+    model. Returns (result JSON, samples at opt)."""
+    openers = {f"{recipe.name}/{BASELINE}": baseline}
     pairs = []
-    for tid, path in engines.items():
-        openers[f"{recipe.name}/{tid}"] = engine_opener(recipe, targets[tid], path)
+    for tid, opener in engines.items():
+        openers[f"{recipe.name}/{tid}"] = opener
         pairs.append((f"{recipe.name}/{BASELINE}", f"{recipe.name}/{tid}"))
     if other is not None:
         check_compatible(recipe, other, [dims for _, dims, _ in sweep.shapes(recipe, feed)])
-        others = {t.id: t for t in other.targets}
-        openers[f"{other.name}/{BASELINE}"] = baseline_opener(other)
+        openers[f"{other.name}/{BASELINE}"] = other_baseline
         pairs.append((f"{other.name}/{BASELINE}", f"{recipe.name}/{BASELINE}"))
-        for tid, path in (other_engines or {}).items():
-            openers[f"{other.name}/{tid}"] = engine_opener(other, others[tid], path)
+        for tid, opener in (other_engines or {}).items():
+            openers[f"{other.name}/{tid}"] = opener
             if tid in engines:
                 pairs.append((f"{other.name}/{tid}", f"{recipe.name}/{tid}"))
     with contextlib.ExitStack() as stack:

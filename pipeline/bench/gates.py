@@ -8,6 +8,7 @@ accuracy gates, so `run.check_gates` exits 3 on any of them.
 from __future__ import annotations
 
 from pipeline.recipe import Recipe
+from pipeline.text import speedup, time_ratio_speedup
 
 
 def _gate(name: str, passed: bool, detail: str) -> dict:
@@ -23,8 +24,8 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
         lo, hi = s["ci95"]
         out.append(_gate(
             "expect.min_speedup", lo >= want.min_speedup,
-            f"speedup {s['ratio']:.2f}x, 95% CI [{lo:.2f}, {hi:.2f}] over {s['blocks']} block pairs; "
-            f"needs the whole interval >= {want.min_speedup:g}x"))
+            f"vs torch {speedup(s['ratio'], s['ci95'])} (95% CI) over {s['blocks']} block pairs; "
+            f"needs the whole speed-up interval >= {want.min_speedup:g}x"))
     if want.max_p99_ms is not None:
         lat = engine["latency_ms"]
         out.append(_gate(
@@ -39,6 +40,8 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 loss is not None and loss <= want.max_accuracy_loss,
                 f"top-1 disagreement with PyTorch {'—' if loss is None else f'{loss:.4f}'}; "
                 f"needs <= {want.max_accuracy_loss:g}"))
+    if want.max_task_loss is not None:
+        out.append(task_gate(recipe, engine.get("task")))
     versus = {v["other"]: v for v in engine.get("versus") or []}
     for ref in want.faster_than:
         v = versus.get(ref)
@@ -51,8 +54,27 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
             lo, hi = c["ci95"]
             out.append(_gate(
                 f"expect.faster_than.{ref}", c["verdict"] == "faster",
-                f"time vs {ref}'s {v['target']}: {c['time_ratio']:.3f}x, 95% CI [{lo:.3f}, {hi:.3f}] "
-                f"({c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
-                f"interleaved, {c['blocks']} block pairs); needs the whole interval below "
-                f"1 / (1 + noise threshold {c['noise_threshold']:g})"))
+                f"vs {ref}'s {v['target']}: {time_ratio_speedup(c['time_ratio'], c['ci95'])} (95% CI; "
+                f"{c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
+                f"interleaved, {c['blocks']} block pairs); needs the whole interval faster than "
+                f"1 + noise threshold {c['noise_threshold']:g}"))
     return out
+
+
+def task_gate(recipe: Recipe, task: dict | None) -> dict:
+    """expect.max_task_loss on the engine's task metric (validate.task), point estimate
+    against the bound; relative bounds are shares of the PyTorch baseline's figure."""
+    from pipeline.recipe.schema import parse_task_loss
+    from pipeline.task_metrics import loss
+
+    bound, relative = parse_task_loss(recipe.expect.max_task_loss)
+    if not task:
+        return _gate("expect.max_task_loss", False, "no task metric was measured")
+    lost = loss(task)
+    allowed = bound * abs(task["baseline"]) if relative else bound
+    lo, hi = task["ci95"]
+    return _gate(
+        "expect.max_task_loss", lost <= allowed,
+        f"{task['metric']} PyTorch {task['baseline']:.4f}, engine {task['engine']:.4f}, delta "
+        f"{task['delta']:+.4f} (95% CI [{lo:+.4f}, {hi:+.4f}]); loss {lost:.4f} needs <= "
+        f"{allowed:.4f}" + (f" ({bound:.2%} of the baseline)" if relative else ""))

@@ -3,7 +3,6 @@ distribution-free intervals."""
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import numpy as np
@@ -60,14 +59,11 @@ def paired_ratio(a_blocks: np.ndarray, b_blocks: np.ndarray) -> tuple[float, flo
 def _sign_test_rank(n: int, alpha: float = 0.05) -> int:
     """Largest k with P(Binomial(n, 1/2) < k) <= alpha/2: the k-th smallest and k-th largest of
     n samples then bound their median with probability >= 1 - alpha. 0 when n is too small."""
-    k, below = 0, 0.0
-    while True:
-        # P(X = k) in logs: 2.0**n overflows a float from n = 1024 rounds on (a fast graph
-        # timed for min_seconds easily runs that many).
-        below += math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) - n * math.log(2))
-        if below > alpha / 2:
-            return k
-        k += 1
+    from scipy.stats import binom  # lazily: `import pipeline` stays light
+
+    # ppf: the smallest k with P(X <= k) >= alpha/2; the rank wants P(X <= k) > alpha/2.
+    k = int(binom.ppf(alpha / 2, n, 0.5))
+    return k + 1 if binom.cdf(k, n, 0.5) <= alpha / 2 else k
 
 
 def verdict(lo: float, hi: float, *, noise: float) -> Verdict:

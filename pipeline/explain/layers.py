@@ -6,6 +6,24 @@ unoptimized in ONNX Runtime (so tensor names survive). Tensors are walked in the
 graph's topological order; a node whose output error jumps well above the error of its own
 inputs is where accuracy was lost, named by node and module (where the exporter recorded
 one). The first such nodes are the first diverging layers.
+
+Why not ONNX Runtime's `onnxruntime.quantization.qdq_loss_debug` (checked against ORT 1.32):
+- Its pairing (`create_activation_matching`) finds tensors by the names ORT's own quantizer
+  gives Q/DQ outputs (`<x>_QuantizeLinear_Input`, `<x>_DequantizeLinear_Output`), so it
+  pairs int8/fp8 activations only. Our int4 is weight-only (DequantizeLinear on weights, no
+  activation Q/DQ; its `create_weight_matching` gives weight error, not propagated error),
+  fp16/bf16 are casts, and optimized graphs have no Q/DQ at all: nothing to pair.
+- What it reports per activation is the local Q/DQ noise (pre vs post Q/DQ) and float vs
+  Q/DQ; not where error *grows* relative to a node's inputs (the jump named here).
+- Its error (`compute_signal_to_quantization_noice_ratio`, 20 log10 ||x|| / ||x - y||) runs
+  over every element: an attention mask's -inf makes it NaN and a -3.4e38 sentinel swamps it;
+  `_relative_error` skips those.
+- Its tensor selection (`modify_model_output_intermediate_tensors`, through
+  `CalibraterBase.select_tensors_to_calibrate`) takes FLOAT and FLOAT16 only, so a bf16
+  graph's intermediates are skipped; it also goes through files on disk and flattens each
+  tensor. What would remain to reuse is exposing outputs and running a session: the ~20
+  lines of `_with_outputs` and `_run`.
+tests/test_explain_layers.py checks these points against the installed ORT.
 """
 
 from __future__ import annotations

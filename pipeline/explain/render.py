@@ -14,7 +14,7 @@ from rich.table import Table
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
 from pipeline.store import write_atomic
-from pipeline.text import fmt
+from pipeline.text import fmt, time_ratio_speedup
 
 # ------------------------------------------------------------------ tables as rows
 ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "top-1",
@@ -34,24 +34,22 @@ def engine_rows(result: dict) -> list[list[str]]:
             for e in result["engines"]]
 
 
-VERDICT_HEADERS = ["A", "B", "B time / A time [95% CI]", "verdict for B", "block pairs"]
+VERDICT_HEADERS = ["A", "B", "B vs A [95% CI]", "verdict for B", "block pairs"]
 
 
 def verdict_rows(result: dict) -> list[list[str]]:
     rows = []
     for c in result["timing"]["shapes"][0]["comparisons"]:
-        lo, hi = c["ci95"]
-        rows.append([c["a"], c["b"], f"{c['time_ratio']:.3f} [{lo:.3f}, {hi:.3f}]",
+        rows.append([c["a"], c["b"], time_ratio_speedup(c["time_ratio"], c["ci95"]),
                      _verdict_words(c), str(c["blocks"])])
     return rows
 
 
 def _verdict_words(c: dict) -> str:
-    r = c["time_ratio"]
     if c["verdict"] == "slower":
-        return f"SLOWER ({r:.2f}x the time)"
+        return f"SLOWER ({time_ratio_speedup(c['time_ratio'])})"
     if c["verdict"] == "faster":
-        return f"faster ({1 / r:.2f}x speedup)"
+        return f"faster ({time_ratio_speedup(c['time_ratio'])})"
     return "indistinguishable"
 
 
@@ -97,9 +95,8 @@ def profile_vs_measured(versus: dict) -> str | None:
             f"B {b:.0f} us per request ({b / a if a else float('nan'):.2f}x)")
     m = versus.get("measured")
     if m:
-        lo, hi = m["ci95"]
         line += (f"; measured without the profiler (interleaved p50s above): A {m['a_p50_ms']:.3f} ms, "
-                 f"B {m['b_p50_ms']:.3f} ms, B time / A time {m['time_ratio']:.2f}x [{lo:.2f}, {hi:.2f}]")
+                 f"B {m['b_p50_ms']:.3f} ms, B vs A {time_ratio_speedup(m['time_ratio'], m['ci95'])}")
     return (line + ". Profiling adds a cost to every node, so it inflates graphs of many small "
             "nodes more (see the node counts): read the categories as where the time goes, and "
             "the speed from the measured ratio.")

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.bench import stats
 from pipeline.errors import RecipeError
+from pipeline.folders import folder_name
 from pipeline.generation import metrics as gm
 from pipeline.generation.runners import OrtLoopRunner
 from pipeline.generation.validate import eos_token
@@ -88,7 +89,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         paths, runners = {}, {}
         for r in recipes:
             target = next(t for t in r.targets if t.id == tid)
-            paths[r.name] = Store(root, r.name).verify(engine_name(target)).path
+            paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
             runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validation.threads)
         with progress.stage(f"compare: task on {tid}"):
             traces = measure(runners, task, spec)

@@ -12,6 +12,7 @@ import contextlib
 import io
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,11 +56,14 @@ def feeds(recipe) -> list[dict]:
 @contextlib.contextmanager
 def quiet(verbose: bool, workdir: Path):
     """ORT's quantization tools print progress, log every node and write temporary files
-    into the working directory (quant_pre_process): keep all of it inside the stage."""
-    previous = os.getcwd()
+    into the working directory (quant_pre_process) and into tempfile's folder (its
+    calibrators' `ort.quant.*` copies of the graph): keep all of it inside the stage, so a
+    kill leaves it in the store's .tmp/ (swept by the next run), never in /tmp."""
+    previous, previous_tmp = os.getcwd(), tempfile.tempdir
     loggers = [logging.getLogger(), logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")]
     levels = [lg.level for lg in loggers]
     os.chdir(workdir)
+    tempfile.tempdir = str(Path(workdir).resolve())
     try:
         if verbose:
             yield
@@ -70,6 +74,7 @@ def quiet(verbose: bool, workdir: Path):
             yield
     finally:
         os.chdir(previous)
+        tempfile.tempdir = previous_tmp
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
 

@@ -6,8 +6,10 @@
     schema.py     the recipe and its other sections (Recipe)
     messages.py   the one-line messages a bad recipe gets (file or --set, key path, what is allowed)
     loader.py     YAML loading (no repeated keys), `extends:`, `--set a.b=c`, path confinement
+    plugins.py    target schemas of third-party backends, added to the union at runtime
 
-Imports point one way: base <- targets, precision <- schema <- messages <- loader.
+Imports point one way: base <- targets, precision <- schema <- messages <- loader;
+schema <- plugins.
 """
 
 from pipeline.recipe.base import Dim, DType, Strict  # noqa: F401

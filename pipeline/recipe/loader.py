@@ -63,7 +63,7 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
         if key in raw:
             source = source_of((key,), origin) or display_path(path)
             raise RecipeError(f"{source}: {key}: unknown key; allowed: {', '.join(allowed_keys(()))}",
-                              "the loader sets `name` and `source` from the recipe's file")
+                              "the loader sets `name` and `source` from the recipe's file (and `overrides` from --set)")
     try:
         recipe = Recipe.model_validate(raw)
     except ValidationError as e:
@@ -73,6 +73,7 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
     _confine_paths(recipe, path, origin)
     recipe.name = path.stem
     recipe.source = path
+    recipe.overrides = tuple(overrides)
     return recipe
 
 

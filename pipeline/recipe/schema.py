@@ -28,6 +28,7 @@ from pipeline.recipe.base import (  # noqa: F401
     NestedError,
     Strict,
 )
+from pipeline.recipe.data import CalibrationSpec, DataSpec, SplitSpec, parse_task_loss  # noqa: F401
 from pipeline.recipe.precision import FP32_BLOCK_LIST, BudgetSpec, PrecisionSpec, SensitivitySpec  # noqa: F401
 from pipeline.recipe.targets import (  # noqa: F401
     AOTInductorTarget,
@@ -144,44 +145,6 @@ class InputSpec(Strict):
         return tuple(d if isinstance(d, int) else getattr(d, which) for d in self.shape)
 
 
-# ----------------------------------------------------------------------------- data
-class SplitSpec(Strict):
-    samples: int = Field(ge=1, description="Number of input feeds in this split.")
-    shapes: list[Literal["min", "opt", "max"]] = Field(
-        ["opt"], min_length=1, description="Profile points the samples cycle through."
-    )
-
-
-class CalibrationSpec(SplitSpec):
-    file: Path | None = Field(
-        None, strict=False, description="A .npz of calibration feeds instead of random ones: one array per input "
-        "name with a leading sample axis, or `in/<i>/<name>` keys (as baseline.npz). Relative to "
-        "the working directory.",
-    )
-    loader: str | None = Field(
-        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="`package.module:function` returning a list of feeds (dicts name -> array).",
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> CalibrationSpec:
-        if self.file is not None and self.loader is not None:
-            raise ValueError("give at most one of `file` and `loader` (neither: seeded random feeds)")
-        return self
-
-
-class DataSpec(Strict):
-    seed: int = Field(0, ge=0, le=SEED_MAX,
-                      description="Seed of the random feeds; splits use disjoint streams.")
-    validation: SplitSpec = Field(
-        SplitSpec(samples=8), description="Held-out feeds for accuracy (never used to calibrate)."
-    )
-    calibration: CalibrationSpec | None = Field(
-        CalibrationSpec(samples=16),
-        description="Feeds for calibration (quantized precisions); null: none (fp32/fp16 only).",
-    )
-
-
 # ----------------------------------------------------------------------------- export
 class ParitySpec(Strict):
     max_abs: float = Field(1e-3, gt=0, description="Largest allowed |onnx - torch| element.")
@@ -260,6 +223,11 @@ class ValidateSpec(Strict):
     top1_outputs: list[str] | None = Field(
         None, description="Outputs that are logits (top-1 agreement). Default: names with 'logit'."
     )
+    task: Literal["perplexity", "accuracy", "embedding_similarity"] | None = Field(
+        None, description="Task metric on the validation data, for PyTorch and each engine on the "
+        "same samples, with the delta's 95% paired-bootstrap interval: `perplexity` (causal-LM "
+        "logits on text), `accuracy` (labels), `embedding_similarity` (Spearman of pair cosines "
+        "vs gold scores). Scored on the first output.")
 
 
 # ----------------------------------------------------------------------------- expect
@@ -277,6 +245,11 @@ class ExpectSpec(Strict):
         description="Largest share of top-1 predictions that may disagree with PyTorch, per "
         "logits output (1 - top-1 agreement): an upper bound on the accuracy lost on any labels.",
     )
+    max_task_loss: float | str | None = Field(
+        None, description="Largest task-metric loss of an engine against PyTorch (validate.task): "
+        "a number in the metric's units (0.01 = one accuracy point) or a share of the baseline "
+        "('2%'). Loss is the worsening: engine - baseline for perplexity, baseline - engine "
+        "otherwise; judged on the point estimate, the interval is shown with it.")
     faster_than: list[str] = Field(
         default_factory=list,
         description="Recipes (names or paths) whose engine of the same target each engine here "
@@ -355,6 +328,7 @@ class Recipe(Strict):
     # Set by the loader, not by YAML.
     name: str = Field("recipe", exclude=True)
     source: Path | None = Field(None, exclude=True)
+    overrides: tuple[str, ...] = Field((), exclude=True)  # the --set values, as given
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -418,6 +392,11 @@ class Recipe(Strict):
             if name not in self.outputs:
                 raise LocatedError(("validate", "top1_outputs", n),
                                     f"`{name}` is not one of outputs {self.outputs}")
+        if self.validate_.tolerance.top1_min is not None and not self.top1_outputs():
+            raise LocatedError(("validate", "tolerance", "top1_min"),
+                                f"no output is a logits output, so top-1 cannot be measured: "
+                                f"name the logits in validate.top1_outputs (outputs: {self.outputs})")
+        self._check_task()
         if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
             raise LocatedError(("expect", "max_accuracy_loss"),
                                 "needs a logits output (see validate.top1_outputs)")
@@ -432,6 +411,25 @@ class Recipe(Strict):
                 raise LocatedError(("validate", "latency", "sweep", symbol),
                                     f"sizes must be within [{dim.min}, {dim.max}] (got {sizes})")
         return self
+
+    def _check_task(self) -> None:
+        task, split = self.validate_.task, self.data.validation
+        if self.expect.max_task_loss is not None:
+            if task is None:
+                raise LocatedError(("expect", "max_task_loss"), "needs validate.task (the metric)")
+            parse_task_loss(self.expect.max_task_loss)  # raises ValueError on a bad form
+        if task is None:
+            return
+        if not split.real:
+            raise LocatedError(("validate", "task"), f"`{task}` needs real validation data: set "
+                                "data.validation.text (or arrays, file, loader)")
+        wants = {"perplexity": "text", "embedding_similarity": "text", "accuracy": None}[task]
+        if wants and split.text is None:
+            raise LocatedError(("validate", "task"), f"`{task}` is scored on text: set "
+                                "data.validation.text")
+        if task == "accuracy" and split.text is None and split.arrays is None:
+            raise LocatedError(("validate", "task"), "`accuracy` needs labels: set "
+                                "data.validation.arrays (.npz with `labels`) or text (.jsonl with `label`)")
 
     @property
     def validation(self) -> ValidateSpec:

@@ -1,16 +1,19 @@
 """Recipe schemas of the build targets, one class per kind; `Target` is their union.
 
-Adding a target kind: a class here (with `kind: Literal[...]`), its name in the union and
-in TARGET_KINDS, and a backend module registered in pipeline/backends.
+SCHEMAS (kind -> class) is the one list of target kinds: the union and TARGET_KINDS are
+derived from it. Adding a built-in kind: a class here (with `kind: Literal[...]`), its line in
+SCHEMAS, and a backend module registered in pipeline/backends. A third-party backend brings
+its own schema class, added at runtime by `pipeline.backends.register`
+(pipeline.recipe.schema.add_target_schema); this module imports no backend.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from pipeline.recipe.base import Dim, Strict
+from pipeline.recipe.base import Dim, LocatedError, Strict
 
 
 class TargetBase(Strict):
@@ -71,13 +74,24 @@ class TensorRTTarget(TargetBase):
         True, description="Run inference as a captured CUDA Graph (recaptured when shapes change; "
         "plain enqueue, with the reason reported, when capture fails)."
     )
-    require_effective_precision: Literal["int8", "fp8", "fp16", "bf16"] | None = Field(
-        None, description="Fail the engine unless at least `effective_precision_min_share` of its "
+    require_layer_precision: Literal["int8", "fp8", "fp16", "bf16"] | None = Field(
+        None, description="Fail the engine unless at least `layer_precision_min_share` of its "
         "layer time (layer count when untimed) runs at this precision or narrower."
     )
-    effective_precision_min_share: float = Field(
-        0.5, gt=0, le=1, description="Share required by `require_effective_precision`."
+    layer_precision_min_share: float = Field(
+        0.5, gt=0, le=1, description="Share required by `require_layer_precision`."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data):
+        """The keys were renamed (pre-1.0, no alias): `precision.require_effective_precision`
+        is a share of FLOPs, this one a precision name, and one name meant both."""
+        for old, new in RENAMED.items():
+            if isinstance(data, dict) and old in data:
+                raise LocatedError((old,), f"renamed to `{new}`: write `{new}: {data[old]}` "
+                                   "(`precision.require_effective_precision` is another key, a share)")
+        return data
 
     def check(self, recipe) -> None:  # recipe: a pipeline.recipe.Recipe
         symbols = {d.name for i in recipe.inputs for d in i.shape if isinstance(d, Dim) and d.name}
@@ -100,6 +114,20 @@ class AOTInductorTarget(TargetBase):
     )
 
 
-Target = Annotated[Union[OnnxRuntimeTarget, TensorRTTarget, AOTInductorTarget], Field(discriminator="kind")]  # noqa: UP007
+RENAMED = {"require_effective_precision": "require_layer_precision",
+           "effective_precision_min_share": "layer_precision_min_share"}
 
-TARGET_KINDS = ("onnxruntime", "tensorrt", "aotinductor")
+SCHEMAS: dict[str, type[TargetBase]] = {
+    "onnxruntime": OnnxRuntimeTarget,
+    "tensorrt": TensorRTTarget,
+    "aotinductor": AOTInductorTarget,
+}
+TARGET_KINDS = SCHEMAS.keys()  # a live view: kinds registered at runtime show up in messages
+
+
+def union(schemas) -> object:
+    """The tagged union of target schemas pydantic validates a `targets:` item against."""
+    return Annotated[Union[tuple(schemas)], Field(discriminator="kind")]  # noqa: UP007
+
+
+Target = union(SCHEMAS.values())

@@ -1,4 +1,5 @@
-"""build: the final ONNX graph -> one engine per target, through the target's backend."""
+"""build: the final ONNX graph (or, for a backend with NEEDS_ONNX False, the PyTorch model)
+-> one engine per target, through the target's backend."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pipeline import backends
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-NAME, VERSION = "build", 1
+NAME = "build"
 
 
 def engine_name(target) -> str:

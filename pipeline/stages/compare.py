@@ -9,7 +9,8 @@
 2. Speed: every engine the recipes share (by target id), and each recipe's PyTorch baseline,
    timed interleaved in one process at the first recipe's opt shape; each other recipe is
    compared with the first (B time / A time, 95% interval over the interleaved rounds, verdict).
-3. Where the time went: ONNX Runtime per-node profiles of each recipe's onnxruntime engine,
+3. Where the time went: ONNX Runtime per-node profiles of each recipe's first engine that is
+   an ONNX graph (its backend's ENGINE_IS_ONNX: onnxruntime),
    grouped into categories; the per-category delta to the first recipe, and tags naming the
    likely causes (explain.causes). The profiled totals are stated beside the measured p50s:
    the profiler adds a cost per node, so it inflates graphs of many small nodes.
@@ -24,20 +25,28 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from pipeline import data
+from pipeline import backends, data
 from pipeline.bench import ab, protocol, stats, sweep
 from pipeline.errors import RecipeError
 from pipeline.explain import causes, layers, profile
+from pipeline.folders import folder_name
 from pipeline.recipe import Recipe
 from pipeline.stages.build import engine_name
+from pipeline.stages.openers import baseline_opener, engine_opener, timing_feed
 from pipeline.store import Store, now
 
 SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
-PROFILED_KIND = "onnxruntime"
 
 
 def _built(report: dict) -> dict[str, dict]:
     return {e["target"]: e for e in report["engines"] if e["status"] == "built"}
+
+
+def _profiled(report: dict) -> dict | None:
+    """The recipe's engine ONNX Runtime's profiler can read: the first built one whose
+    backend's engine is an ONNX graph."""
+    return next((e for e in _built(report).values()
+                 if getattr(backends.lookup(e.get("kind")), "ENGINE_IS_ONNX", False)), None)
 
 
 def _graph_before_precision(store: Store) -> tuple[Path, Path] | None:
@@ -90,7 +99,7 @@ def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
 
     out = {}
     for r in recipes:
-        store = Store(root, r.name)
+        store = Store(root, folder_name(r))
         export = store.manifest["stages"].get("export")
         params = None
         if export:
@@ -141,16 +150,16 @@ def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tupl
     openers, pairs = {}, []
     for r in recipes:
         targets = {t.id: t for t in r.targets}
-        openers[f"{r.name}/{ab.BASELINE}"] = ab.baseline_opener(r)
-        store = Store(root, r.name)
+        openers[f"{r.name}/{ab.BASELINE}"] = baseline_opener(r)
+        store = Store(root, folder_name(r))
         for tid in shared:
             # the file timed must be the file validated: its sha256 is checked again here
             path = store.verify(engine_name(targets[tid])).path
-            openers[f"{r.name}/{tid}"] = ab.engine_opener(r, targets[tid], path)
+            openers[f"{r.name}/{tid}"] = engine_opener(r, targets[tid], path)
     for other in recipes[1:]:
         for tid in [ab.BASELINE, *shared]:
             pairs.append((f"{first.name}/{tid}", f"{other.name}/{tid}"))
-    feed = ab._timing_feed(first)
+    feed = timing_feed(first)
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, samples = protocol.measure(runners, sweep.shapes(first, feed)[:1],
@@ -172,21 +181,21 @@ def _measured(timed: dict, a: str, b: str) -> dict | None:
 
 def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
                  differ: dict[str, str] | None = None) -> dict:
-    """Profiles of each recipe's onnxruntime engine (taking turns); deltas and tags vs the
+    """Profiles of each recipe's ONNX-graph engine (taking turns); deltas and tags vs the
     first recipe, beside the interleaved timing of the same engines (`timed`). `differ`:
     recipe -> why its model is not the first's (model_differences)."""
     from pipeline.precision import effective
 
     first = recipes[0]
-    entries = {r.name: next((e for e in _built(reports[r.name]).values() if e["kind"] == PROFILED_KIND), None)
-               for r in recipes}
+    entries = {r.name: _profiled(reports[r.name]) for r in recipes}
     entries = {k: v for k, v in entries.items() if v is not None}
-    out = {"engine_kind": PROFILED_KIND, "profiles": {}, "versus": {}}
+    kinds = sorted({e["kind"] for e in entries.values()})
+    out = {"engine_kind": ", ".join(kinds) or None, "profiles": {}, "versus": {}}
     if not entries:
         return out
     fp8 = {k: {"session.disable_quant_qdq": "1"} for k, e in entries.items() if e.get("precision") == "fp8"}
     profiles = profile.profile_sessions({k: Path(e["path"]) for k, e in entries.items()},
-                                        ab._timing_feed(first), threads=first.validation.threads,
+                                        timing_feed(first), threads=first.validation.threads,
                                         session_config=fp8)
     ops = {k: causes.op_histogram(Path(e["path"])) for k, e in entries.items()}
     nbits = {k: effective.accuracy_levels(Path(e["path"])) for k, e in entries.items()}
@@ -216,7 +225,7 @@ def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
 def explain_error(recipes: list[Recipe], root: Path) -> dict:
     out = {}
     for r in recipes:
-        store = Store(root, r.name)
+        store = Store(root, folder_name(r))
         graphs = _graph_before_precision(store)
         if graphs is None:
             continue
@@ -231,7 +240,7 @@ def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, r
     rows = []
     opt = timed["shapes"][0]
     for r in recipes:
-        manifest = Store(root, r.name).manifest
+        manifest = Store(root, folder_name(r)).manifest
         for e in reports[r.name]["engines"]:
             key = f"{r.name}/{e['target']}"
             acc = e.get("accuracy") or {}
@@ -284,7 +293,8 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
         "method": {
             "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
                       f"interleaved in blocks of {recipes[0].validation.latency.block} at "
-                      f"{timed['shapes'][0]['shape']}; ratio = B time / A time: "
+                      f"{timed['shapes'][0]['shape']}; B vs A as a speed-up, A time / B time (JSON "
+                      "time_ratio: B time / A time): "
                       + stats.ratio_method(recipes[0].validation.latency.noise_threshold),
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
         },

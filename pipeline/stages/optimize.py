@@ -18,8 +18,9 @@ from pipeline.bench import stats, timing
 from pipeline.errors import RecipeError, StageFailed
 from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
+from pipeline.text import speedup
 
-NAME, VERSION = "optimize", 2  # 2: the latency verdict clears a noise threshold
+NAME = "optimize"
 SECTIONS = ("optimize", "inputs", "outputs", "data")
 CHECK_POINTS = ("min", "opt", "max")
 # Enough to see a fusion's effect beyond noise on small models without slowing every run.
@@ -140,5 +141,5 @@ def summary(meta: dict) -> str:
     lat = meta.get("latency")
     if lat:
         s = lat["speedup"]
-        line += f"; {s['ratio']:.2f}x vs exported ({s['verdict']})"
+        line += f"; optimized vs exported, {speedup(s['ratio'])} ({s['verdict']})"
     return line

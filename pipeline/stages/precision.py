@@ -16,7 +16,7 @@ from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe
 from pipeline.text import first_line
 
-NAME, VERSION = "precision", 1
+NAME = "precision"
 SECTIONS = ("precision", "data", "inputs", "outputs")
 
 
@@ -33,14 +33,10 @@ def preflight(recipe: Recipe) -> None:
 def spec(recipe: Recipe) -> dict:
     """The cache key's recipe part: the calibration data (not the validation split), and a
     calibration file by its content."""
-    from pipeline.store import sha256_file
-
     key = recipe.section("precision", "inputs", "outputs")
     data_spec = recipe.section("data")["data"]
     key["calibration"] = {"seed": data_spec["seed"], "calibration": data_spec["calibration"]}
-    file = recipe.data.calibration.file if recipe.data.calibration else None
-    if file is not None and Path(file).is_file():
-        key["calibration_file_sha256"] = sha256_file(Path(file))
+    key["calibration_files"] = data.key(recipe, "calibration")
     return key
 
 

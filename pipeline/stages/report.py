@@ -1,7 +1,8 @@
-"""report: report.json (the source of truth, schema 1), report.md and the terminal table.
+"""report: report.json (the source of truth, schema 2), report.md and the terminal table.
 
-Markdown and the table are rendered from the JSON alone, never recomputed, so what a
-person reads is what CI and `compare` read.
+report.json is a pipeline.artifacts.Report, written through the model (its dump is the
+file); Markdown and the table are rendered from that JSON alone, never recomputed, so what
+a person reads is what CI and `compare` read.
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
+from pipeline.artifacts import SCHEMA, Report, dump
 from pipeline.recipe import Recipe
 from pipeline.store import now
-from pipeline.text import fmt
-
-VERSION = 2  # 2: warnings (contention, baseline drift)
-SCHEMA = 1
+from pipeline.text import fmt, speedup, time_ratio_speedup
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
-             engines: list[dict]) -> dict:
+             engines: list[dict]) -> Report:
     """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
-    return {
+    return Report.model_validate({
         "schema": SCHEMA,
         "recipe": recipe.name,
         "recipe_sha256": recipe.digest,
@@ -33,10 +32,24 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "device": deps.device(),
         "versions": deps.versions(),
         **graph_stages,
+        "data": (baseline or {}).get("data"),
         "baseline": baseline,
         "engines": engines,
         "warnings": warnings(baseline, engines),
-    }
+    })
+
+
+def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> list[dict] | None:
+    """With --target, the entries of the last report (`previous`) for the recipe's targets not
+    in `chosen`, in the recipe's order, so a partial run keeps them in the report. None when
+    the last report was made from another version of the recipe (nothing is kept)."""
+    rest = [t.id for t in recipe.targets if t.id not in chosen]
+    if not rest or previous is None:
+        return []
+    if previous.get("recipe_sha256") != recipe.digest:
+        return None
+    kept = {e["target"]: e for e in previous["engines"] if e["target"] in rest}
+    return [kept[t] for t in rest if t in kept]
 
 
 # The same eager model timed alone (baseline stage) and interleaved with an engine (validate)
@@ -63,7 +76,8 @@ def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
     return out
 
 
-def write(report: dict, workdir: Path) -> dict[str, Path]:
+def write(model: Report, workdir: Path) -> dict[str, Path]:
+    report = dump(model)
     json_path = workdir / "report.json"
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     md_path = workdir / "report.md"
@@ -76,8 +90,7 @@ def _speedup(engine: dict) -> str:
     s = engine.get("speedup_vs_baseline")
     if not s:
         return "—"
-    lo, hi = s["ci95"]
-    return f"{s['ratio']:.2f}x [{lo:.2f}, {hi:.2f}]"
+    return speedup(s["ratio"], s["ci95"])
 
 
 def _worst(engine: dict, key: str, pick=min):
@@ -112,7 +125,7 @@ def rows(report: dict) -> list[list[str]]:
 
 
 HEADERS = ["engine", "precision", "cosine (worst)", "top-1", "max |err|", "p50 / p99 ms",
-           "speedup vs torch [95% CI]", "gates"]
+           "vs torch [95% CI]", "gates"]
 
 
 def table(report: dict) -> Table:
@@ -160,10 +173,9 @@ def markdown(report: dict) -> str:
         "",
         f"- created: {report['created']}",
         f"- recipe sha256: `{report['recipe_sha256'][:16]}…`",
-        f"- device: {report['device']['cpu']}"
-        + (f", GPU {report['device']['gpu']} (sm {report['device']['compute_capability']})"
-           if report["device"].get("gpu") else ", no GPU"),
+        f"- device: {deps.device_line(report['device'])}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items() if v),
+        *_data_lines(report.get("data")),
         "",
         "## Engines",
         "",
@@ -200,11 +212,13 @@ def markdown(report: dict) -> str:
             continue
         lines += ["", f"## {e['target']}", "", f"- engine: `{e['path']}` ({e['bytes']:,} bytes), "
                   f"sha256 `{e['sha256'][:16]}…`"]
-        lines += ["", "| output | max abs | mean abs | max rel | cosine (worst feed) | top-1 |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| output | max abs | mean abs | max rel | cosine (worst feed) | "
+                  "cosine (worst sample) | top-1 |", "|---|---|---|---|---|---|---|"]
         for name, m in e["accuracy"].items():
             lines.append(f"| {name} | {m['max_abs']:.3e} | {m['mean_abs']:.3e} | {m['max_rel']:.3e} "
-                         f"| {m['cosine']:.6f} | {fmt(m['top1_agreement'], '.4f')} |")
+                         f"| {m['cosine']:.6f} | {fmt(m.get('cosine_worst_sample'), '.6f')} "
+                         f"| {fmt(m['top1_agreement'], '.4f')} |")
+        lines += _task_lines(e.get("task"))
         el, bl = e["latency_ms"], e["baseline_latency_ms"]
         lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
         for label, x in ((e["target"], el), ("torch-eager (interleaved)", bl)):
@@ -219,13 +233,36 @@ def markdown(report: dict) -> str:
 
             lines += effective_markdown(e["effective_precision"])
         s = e["speedup_vs_baseline"]
-        lines += ["", f"Speedup vs PyTorch: **{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–"
-                  f"{s['ci95'][1]:.2f}, {s['verdict']}). How: {e['latency_method']}.", "",
+        lines += ["", f"{e['target']} vs PyTorch: **{speedup(s['ratio'], s['ci95'])}** (95% CI; "
+                  f"{s['verdict']}). How: {e['latency_method']}.", "",
                   *_engine_notes(e),
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
         lines += _measurement(e)
     return "\n".join(lines) + "\n"
+
+
+def _data_lines(data: dict | None) -> list[str]:
+    """`- data: validation ..., calibration ...`: where every accuracy figure came from."""
+    if not data:
+        return []
+    parts = []
+    for split in ("validation", "calibration"):
+        d = data.get(split)
+        parts.append(f"{split} none" if d is None else
+                     f"{split} {d['source']} ({d['samples']} samples, sha256 `{d['sha256'][:16]}…`)")
+    return ["- data: " + "; ".join(parts)]
+
+
+def _task_lines(task: dict | None) -> list[str]:
+    if not task:
+        return []
+    lo, hi = task["ci95"]
+    extra = (f"; retrieval top-1 agreement with PyTorch {task['retrieval_top1_agreement']:.4f}"
+             if task.get("retrieval_top1_agreement") is not None else "")
+    return ["", f"Task `{task['metric']}` on the validation data: PyTorch {task['baseline']:.4f}, "
+            f"engine {task['engine']:.4f}, delta {task['delta']:+.4f} (95% paired-bootstrap CI "
+            f"[{lo:+.4f}, {hi:+.4f}]){extra}."]
 
 
 def _measurement(e: dict) -> list[str]:
@@ -237,19 +274,19 @@ def _measurement(e: dict) -> list[str]:
                   f"imported): {e['target']} {cold['load']:.1f} + {cold['first_request']:.1f} ms; "
                   f"torch-eager {bcold['load']:.1f} + {bcold['first_request']:.1f} ms (warm p50 above)."]
     if e.get("sweep"):
-        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | speedup [95% CI] |",
+        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | engine vs torch [95% CI] |",
                   "|---|---|---|---|"]
         for s in e["sweep"]:
             el, bl, sp = s["latency_ms"], s["baseline_latency_ms"], s["speedup_vs_baseline"]
             lines.append(f"| {s['shape']} | {el['p50']:.3f} / {el['p99']:.3f} | {bl['p50']:.3f} / "
-                         f"{bl['p99']:.3f} | {sp['ratio']:.2f}x [{sp['ci95'][0]:.2f}, {sp['ci95'][1]:.2f}] |")
+                         f"{bl['p99']:.3f} | {speedup(sp['ratio'], sp['ci95'])} |")
     for v in e.get("versus") or []:
         if v.get("reason"):
             lines += ["", f"Versus `{v['other']}`: not measured ({v['reason']})."]
             continue
         c = v["comparison"]
-        lines += ["", f"Versus `{v['other_recipe']}`'s {v['target']} (interleaved): time ratio "
-                  f"{c['time_ratio']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}], {c['verdict']} "
+        lines += ["", f"Versus `{v['other_recipe']}`'s {v['target']} (interleaved): "
+                  f"{time_ratio_speedup(c['time_ratio'], c['ci95'])}, {c['verdict']} "
                   f"(p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms)."]
     res, over = e.get("resources"), e.get("harness_overhead_us")
     if res:
@@ -309,6 +346,6 @@ def _optimize_markdown(opt: dict | None) -> list[str]:
     if lat:
         s, a, b = lat["speedup"], lat["exported_ms"], lat["optimized_ms"]
         lines += ["", f"Latency, optimized vs exported graph: p50 {b['p50']:.3f} ms vs {a['p50']:.3f} ms, "
-                  f"**{s['ratio']:.2f}x** (95% CI {s['ci95'][0]:.2f}–{s['ci95'][1]:.2f}, {s['verdict']}). "
+                  f"**{speedup(s['ratio'], s['ci95'])}** (95% CI; {s['verdict']}). "
                   f"How: {lat['method']}."]
     return lines

@@ -15,13 +15,13 @@ import zipfile
 from pathlib import Path
 
 from pipeline import backends, data, metrics, models
+from pipeline.artifacts import EngineResult, dump
 from pipeline.backends.torch import TorchRunner
 from pipeline.bench import plots, protocol, stats, sweep, timing
 from pipeline.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.store import Artifact
 
-VERSION = 5  # 4: min_seconds per runner, contention warnings; 5: effective precision counts attention
 BASELINE = "torch-eager"
 
 PROTOCOL = (
@@ -80,7 +80,8 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         from pipeline.generation import validate as generation
 
         return generation.baseline(recipe, workdir)
-    feeds = data.feeds(recipe, "validation")
+    validation = data.split(recipe, "validation")
+    feeds = validation.feeds
     device = baseline_device(recipe)
     protocol.import_runtimes()
     with contextlib.ExitStack() as stack:
@@ -89,8 +90,9 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         samples = timing.time_runner(runner, timing_feed(recipe), recipe.validation.latency)
     path = workdir / "baseline.npz"
-    data.save_feeds(path, feeds, outputs)
+    data.save_feeds(path, feeds, outputs, validation.labels, validation.masks)
     return {"baseline.npz": path}, {
+        "data": data.provenance(recipe),
         "runner": "torch-eager",
         "precision": "fp32",
         "device": device,
@@ -111,22 +113,25 @@ def gates(recipe: Recipe, accuracy: dict) -> list[dict]:
         if tol.max_abs is not None:
             out.append(_gate(f"{name}.max_abs", m["max_abs"] <= tol.max_abs,
                              f"{m['max_abs']:.3g} <= {tol.max_abs:g}"))
-        if tol.top1_min is not None and m["top1_agreement"] is not None:
-            out.append(_gate(f"{name}.top1_agreement", m["top1_agreement"] >= tol.top1_min,
-                             f"{m['top1_agreement']:.4f} >= {tol.top1_min:g}"))
+        if tol.top1_min is not None and name in recipe.top1_outputs():
+            agree = m["top1_agreement"]  # None: no class axis to take an argmax over
+            out.append(_gate(f"{name}.top1_agreement", agree is not None and agree >= tol.top1_min,
+                             f"{agree:.4f} >= {tol.top1_min:g}" if agree is not None else
+                             f"not measurable: `{name}` has no class axis (last dim > 1)"))
         out.append(_gate(f"{name}.finite", m["nonfinite"] == 0, f"{m['nonfinite']} NaN/Inf elements"))
     return out
 
 
 def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
                      gate_list: list[dict]) -> dict:
-    """Effective precision of a quantized ONNX Runtime engine (and its gate), CPU caveats."""
+    """Effective precision of a quantized engine that is an ONNX graph (ENGINE_IS_ONNX: ONNX
+    Runtime's profiler times its kernels) and its gate; CPU caveats."""
     from pipeline.precision import EMULATED_ON_CPU
 
     spec, extra = recipe.precision, {}
     if spec.mode in EMULATED_ON_CPU:
         extra["latency_note"] = EMULATED_ON_CPU[spec.mode]
-    if target.kind == "onnxruntime" and spec.mode in ("int8", "int4", "fp8"):
+    if backends.get(target.kind).ENGINE_IS_ONNX and spec.mode in ("int8", "int4", "fp8"):
         from pipeline.precision import effective
 
         result = effective.measure(engine.path, timing_feed(recipe), workdir, fp8=spec.mode == "fp8")
@@ -134,6 +139,20 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
         if spec.require_effective_precision is not None:
             gate_list.append(effective.gate(result, spec.require_effective_precision))
     return extra
+
+
+def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> dict | None:
+    """validate.task: PyTorch and the engine scored on the same validation samples."""
+    if recipe.validation.task is None:
+        return None
+    from pipeline import task_metrics
+
+    try:
+        return task_metrics.score(recipe.validation.task, feeds, references, outputs,
+                                  recipe.outputs[0], labels, masks)
+    except ValueError as e:  # data without what the metric needs (labels, pairs)
+        raise StageFailed(f"validate.task {recipe.validation.task}: {e}",
+                          "check data.validation against the task") from None
 
 
 def _gate(name: str, passed: bool, detail: str) -> dict:
@@ -149,10 +168,10 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         result["gates"] = gates(recipe, result["accuracy"])
         result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
         path = workdir / f"validate-{target.id}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        path.write_text(json.dumps(dump(EngineResult.model_validate(result)), indent=2) + "\n")
         return {path.name: path, **files}, {"passed": all(g["passed"] for g in result["gates"])}
     try:
-        feeds, references = data.load_feeds(base.path)
+        feeds, references, labels, masks = data.load_all(base.path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # pickled arrays: ValueError
         raise StageFailed(f"{base.name}: cannot read the baseline feeds ({type(e).__name__}: {e})",
                           "rerun with --force to rebuild it") from e
@@ -170,6 +189,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         runner = runners[target.id]
         outputs = [runner.infer(f, check_inputs=False) for f in feeds]
         accuracy = metrics.compare(references, outputs, recipe.top1_outputs())
+        task = _task(recipe, feeds, references, outputs, labels, masks)
         bench, samples = protocol.measure(runners, sweep.shapes(recipe, feed), spec,
                                           pairs=[(BASELINE, target.id)])
         extras_of = getattr(backend, "validation_extras", None)
@@ -188,6 +208,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "bytes": engine.bytes,
         "precision": recipe.precision.mode,
         "accuracy": accuracy,
+        "task": task,
         "latency_ms": opt["latency_ms"][target.id],
         "baseline_latency_ms": opt["latency_ms"][BASELINE],
         "speedup_vs_baseline": protocol.as_speedup(opt["comparisons"][0]),
@@ -218,5 +239,5 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     }
     result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
     path = workdir / f"validate-{target.id}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(dump(EngineResult.model_validate(result)), indent=2) + "\n")
     return {path.name: path, plot.name: plot}, {"passed": all(g["passed"] for g in result["gates"])}

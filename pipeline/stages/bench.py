@@ -1,4 +1,5 @@
-"""`pipeline bench RECIPE [--vs OTHER]`: build what is needed (run.py), measure, write, show.
+"""`pipeline bench RECIPE [--vs OTHER]`: build what is needed (run.py), open the engines and
+baselines (stages/openers.py), time them with bench/ab.py, write, show.
 
 Writes engines/<RECIPE>/bench.json (bench-vs-OTHER.json with --vs) and a latency PNG beside
 it; prints the runners and the comparisons with their verdicts and 95% intervals.
@@ -11,7 +12,10 @@ from pathlib import Path
 from rich.table import Table
 
 from pipeline import backends
+from pipeline.folders import folder_name
 from pipeline.recipe import Recipe
+from pipeline.stages import openers
+from pipeline.text import time_ratio_speedup
 
 
 def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bool,
@@ -33,13 +37,21 @@ def bench(recipe: Recipe, other: Recipe | None, root: Path, force: bool, progres
     from pipeline.store import Store
 
     engines = built_engines(recipe, root, force, progress, verbose, only)
-    other_engines = built_engines(other, root, force, progress, verbose, only) if other else None
+    other_engines = built_engines(other, root, force, progress, verbose, only) if other else {}
     with progress.stage("bench"):
-        result, samples = ab.bench(recipe, engines, other, other_engines)
-    store = Store(root, recipe.name)
+        result, samples = ab.bench(
+            recipe, openers.timing_feed(recipe), _open(recipe, engines), openers.baseline_opener(recipe),
+            other, _open(other, other_engines) if other else None,
+            openers.baseline_opener(other) if other else None)
+    store = Store(root, folder_name(recipe))
     with store.lock():
         path, _ = ab.write(result, samples, store.dir)
     return result, path
+
+
+def _open(recipe: Recipe, engines: dict[str, Path]) -> dict:
+    targets = {t.id: t for t in recipe.targets}
+    return {tid: openers.engine_opener(recipe, targets[tid], path) for tid, path in engines.items()}
 
 
 def _ms(x: float | None) -> str:
@@ -56,14 +68,13 @@ def tables(result: dict) -> list[Table]:
             runners.add_row(name, shape["shape"], _ms(lat["p50"]), _ms(lat["p90"]), _ms(lat["p99"]),
                             f"{lat['cov']:.2f}", str(lat["n"]), _ms(cold["load"]),
                             _ms(cold["first_request"]))
-    comps = Table(title="A/B: B time / A time (interleaved rounds, 95% sign-test CI)")
-    for h in ("A", "B", "shape", "B/A [95% CI]", "verdict (B)"):
+    comps = Table(title="A/B: B vs A, speed-up = A time / B time (interleaved rounds, 95% sign-test CI)")
+    for h in ("A", "B", "shape", "B vs A [95% CI]", "verdict (B)"):
         comps.add_column(h)
     for shape in result["shapes"]:
         for c in shape["comparisons"]:
-            lo, hi = c["ci95"]
             style = {"faster": "green", "slower": "red"}.get(c["verdict"])
-            comps.add_row(c["a"], c["b"], shape["shape"], f"{c['time_ratio']:.3f} [{lo:.3f}, {hi:.3f}]",
+            comps.add_row(c["a"], c["b"], shape["shape"], time_ratio_speedup(c["time_ratio"], c["ci95"]),
                           c["verdict"], style=style)
     res, over = result["resources"], result["harness_overhead_us"]
     busy = res["system_busy_pct"]

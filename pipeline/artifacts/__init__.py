@@ -1,0 +1,8 @@
+"""Typed artifacts: report.json, validate-<target>.json and manifest.json as pydantic models
+(the contract), and the one way to read and write them (recorded.parse / recorded.dump)."""
+
+from pipeline.artifacts.manifest import Manifest
+from pipeline.artifacts.recorded import Unusable, dump, parse
+from pipeline.artifacts.report import SCHEMA, EngineResult, Report
+
+__all__ = ["Manifest", "Report", "EngineResult", "SCHEMA", "Unusable", "dump", "parse"]

@@ -1,0 +1,81 @@
+"""What every artifact model shares: the strictness of JSON the pipeline wrote, the value
+types that name files and digests, the device block, and one line for a validation error.
+
+Artifacts (report.json, validate-<target>.json, manifest.json) are read back by other
+commands and other machines; a file that does not fit its model is refused in one line
+(IntegrityError, exit 5) before anything indexes into it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from pipeline.paths import NAME
+
+# `strict`: JSON the pipeline wrote has its own types; "3" is not 3, 1 is not True (an int
+# is still a valid float). NaN and infinities are kept and written back as JSON's NaN /
+# Infinity, the way json.dumps writes them (a cosine of a zero vector is NaN, honestly).
+_CONFIG = dict(strict=True, populate_by_name=True, ser_json_inf_nan="constants",
+               regex_engine="python-re")  # FileName's pattern looks ahead
+
+
+class _Artifact(BaseModel):
+    @model_validator(mode="after")
+    def _collections_always_present(self):
+        """A list or mapping field (gates, warnings, files...) is written and read back even
+        when empty: readers index it without a fallback, and dumps keep only set fields."""
+        for name, field in type(self).model_fields.items():
+            if isinstance(field.default, (list, dict)):
+                self.__pydantic_fields_set__.add(name)
+        return self
+
+
+class Closed(_Artifact):
+    """A shape the pipeline owns end to end: an unknown key is an error (a key written by
+    no code here is a file changed by hand, or a writer whose field was never declared)."""
+
+    model_config = ConfigDict(extra="forbid", **_CONFIG)
+
+
+class Open(_Artifact):
+    """A shape that grows outside this module's control (the device block, measured
+    resources, sections another stage is adding): declared keys are typed, others kept."""
+
+    model_config = ConfigDict(extra="allow", **_CONFIG)
+
+
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+# A name inside one engines/<recipe>/ folder: never a path that leaves it.
+# A recorded name becomes a path in the folder: one plain component, the pattern every name
+# that becomes a path is checked against (paths.NAME).
+FileName = Annotated[str, StringConstraints(pattern=f"^{NAME.pattern}$")]
+Count = Annotated[int, Field(ge=0)]
+
+
+class Device(Open):
+    """The machine an artifact was made on (deps.device()); other keys may be added."""
+
+    cpu: str | None = Field(description="CPU model name.")
+    gpu: str | None = Field(None, description="First NVIDIA GPU's name, or null.")
+    compute_capability: str | None = Field(None, description="Its compute capability, e.g. \"9.0\".")
+
+
+def describe(error: ValidationError, limit: int = 1) -> str:
+    """A ValidationError in one line: the first problem's key path and message, and how
+    many more there are."""
+    items = error.errors()
+    parts = []
+    for item in items[:limit]:
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        parts.append(f"`{where}`: {item['msg']}")
+    more = len(items) - limit
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

@@ -1,0 +1,97 @@
+"""The graph stages of one run: which graph each target builds from.
+
+    export -> optimize -> precision        the chain: its last graph is what targets build from
+           -> optimize:plain -> precision:plain
+                                           the plain-ONNX chain, for a backend marked PLAIN_ONNX
+                                           (TensorRT) when the chain's graph holds ONNX Runtime
+                                           contrib ops: the same stages without the ORT-only
+                                           passes, from the same export (files *-plain.onnx)
+
+A graph stage is a module under pipeline/stages with NAME, SECTIONS (the recipe sections in
+its cache key), `enabled(recipe)`, `run(recipe, graph, workdir, verbose) -> ({file: path},
+meta)`, whose first output file is the next graph. Optional: `preflight(recipe)` (user errors,
+run before any stage works), `spec(recipe)` (the cache key's recipe part, when SECTIONS is not
+enough) and `summary(meta)`. Adding one is a module plus a line in stage_cache.GRAPH_STAGES.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from pipeline import backends
+from pipeline.recipe import Recipe
+from pipeline.stage_cache import GRAPH_STAGES, StageCache
+from pipeline.store import Artifact
+
+
+def needs_graph(targets: list, unavailable: dict[str, str]) -> bool:
+    """Does any target that will be built here build from the ONNX graph?"""
+    return any(getattr(backends.get(t.kind), "NEEDS_ONNX", True)
+               for t in targets if t.id not in unavailable)
+
+
+class GraphChain:
+    """Runs the graph stages through a StageCache; remembers what a second chain needs."""
+
+    def __init__(self, recipe: Recipe, cache: StageCache, verbose: bool = False):
+        self.recipe = recipe
+        self.cache = cache
+        self.verbose = verbose
+        self.meta: dict[str, dict] = {}  # graph stage id -> its meta, for the report
+        self.exported: Artifact | None = None  # the export's graph: where the plain chain starts
+        self.graph: Artifact | None = None  # the chain's last graph
+        self.plain: Artifact | None = None  # the plain chain's last graph, once built
+
+    def run(self, until: str | None = None) -> Artifact | None:
+        """The chain, stopping after stage `until` when it is a graph stage."""
+        stages = GRAPH_STAGES[:GRAPH_STAGES.index(until) + 1] if until in GRAPH_STAGES else GRAPH_STAGES
+        self.exported = self.graph = self._stage(stages[0], None)
+        for name in stages[1:]:
+            self.graph = self._stage(name, self.graph)
+        return self.graph
+
+    def for_target(self, target) -> Artifact | None:
+        """The graph `target` builds from: the chain's own, unless the target's backend takes
+        plain ONNX only and the chain wrote ONNX Runtime ops; then the plain chain's graph
+        (built once per run, cached across runs like any stage)."""
+        from pipeline import onnx_info, passes
+
+        graph = self.graph
+        if graph is None or not getattr(backends.get(target.kind), "PLAIN_ONNX", False):
+            return graph
+        if not onnx_info.foreign_ops(graph.path):
+            return graph
+        if self.plain is None:
+            spec = self.recipe.optimize
+            keep = [p for p in spec.passes if not passes.PASSES[p].ort_only]
+            plain = self.recipe.model_copy(update={"optimize": spec.model_copy(update={
+                "passes": keep, "options": {k: v for k, v in spec.options.items() if k in keep}})})
+            chain = self.exported  # the export is shared
+            for name in GRAPH_STAGES[1:]:
+                chain = self._stage(name, chain, plain, "plain")
+            self.plain = chain
+        return self.plain
+
+    def _stage(self, name: str, graph: Artifact | None, recipe: Recipe | None = None,
+               flavor: str = "") -> Artifact | None:
+        """Run one graph stage (if the recipe enables it); returns the graph to go on with.
+        A `flavor` runs it as a second chain: its own stage id and output file names."""
+        recipe = recipe or self.recipe
+        module = importlib.import_module(f"pipeline.stages.{name}")
+        if not module.enabled(recipe):
+            return graph
+        spec = module.spec(recipe) if hasattr(module, "spec") else recipe.section(*module.SECTIONS)
+        stage_id = f"{module.NAME}:{flavor}" if flavor else module.NAME
+
+        def produce(wd: Path):
+            files, meta = module.run(recipe, graph, wd, verbose=self.verbose)
+            if flavor:  # typed.onnx -> typed-plain.onnx: both chains' files live side by side
+                files = {f"{Path(n).stem}-{flavor}{Path(n).suffix}": path for n, path in files.items()}
+            return files, meta
+
+        result = self.cache.stage(stage_id, spec, [graph] if graph else [], produce)
+        self.meta[stage_id] = result.meta
+        if hasattr(module, "summary") and not result.cached:
+            self.cache.progress.note(module.summary(result.meta))
+        return next(iter(result.outputs.values()))

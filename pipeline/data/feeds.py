@@ -1,0 +1,99 @@
+"""Feeds as data: the types, numpy dtypes of recipe dtypes, and the baseline's .npz layout.
+
+baseline.npz holds everything an engine is judged on, so every validate stage reads the
+same samples: `in/<i>/<name>` (feeds), `out/<i>/<name>` (PyTorch outputs), and for task
+metrics `labels` ([samples]: class ids, or gold scores of sentence pairs) and
+`mask/<i>` ([B, T] per feed, 1 = a real token, 0 = padding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Feed = dict[str, np.ndarray]
+
+
+@dataclass
+class SplitData:
+    """One split as a data source produced it.
+
+    feeds       what the model is run on, in order
+    provenance  {source, sha256, samples}: where the feeds came from (report.json `data`)
+    labels      [samples]: class ids (accuracy) or gold similarity scores of pairs
+    masks       per feed [B, T], 1 = real token (text sources); None for other sources
+    kind        what a row is: "feed", "text", "pair" (rows a0 b0 a1 b1 ...), "labeled"
+    """
+
+    feeds: list[Feed]
+    provenance: dict
+    labels: np.ndarray | None = None
+    masks: list[np.ndarray] | None = None
+    kind: str = "feed"
+    rows: int = field(default=0)
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes  # shipped with onnx
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def fingerprint(feed: Feed) -> str:
+    h = hashlib.sha256()
+    for name in sorted(feed):
+        h.update(name.encode())
+        h.update(str(feed[name].shape).encode())
+        h.update(np.ascontiguousarray(feed[name]).tobytes())
+    return h.hexdigest()
+
+
+def feeds_sha256(feeds: list[Feed]) -> str:
+    """One digest of a list of feeds (random or loader feeds have no file to hash)."""
+    h = hashlib.sha256()
+    for f in feeds:
+        h.update(fingerprint(f).encode())
+    return h.hexdigest()
+
+
+def save_feeds(path, feeds_: list[Feed], outputs: list[Feed] | None = None,
+               labels: np.ndarray | None = None, masks: list[np.ndarray] | None = None) -> None:
+    """Feeds, reference outputs, labels and token masks as one .npz (layout above)."""
+    arrays = {f"in/{i}/{k}": v for i, f in enumerate(feeds_) for k, v in f.items()}
+    for i, o in enumerate(outputs or []):
+        arrays.update({f"out/{i}/{k}": v for k, v in o.items()})
+    if labels is not None:
+        arrays["labels"] = np.asarray(labels)
+    for i, m in enumerate(masks or []):
+        arrays[f"mask/{i}"] = m
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def load_feeds(path) -> tuple[list[Feed], list[Feed]]:
+    """Inverse of save_feeds: (feeds, outputs); outputs is [] when none were saved."""
+    feeds_, outputs, _, _ = load_all(path)
+    return feeds_, outputs
+
+
+def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
+    """(feeds, outputs, labels or None, masks or None) from a save_feeds file."""
+    groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}
+    masks: dict[int, np.ndarray] = {}
+    labels = None
+    with np.load(path, allow_pickle=False) as z:
+        for key in z.files:
+            if key == "labels":
+                labels = z[key]
+            elif key.startswith("mask/"):
+                masks[int(key.split("/", 1)[1])] = z[key]
+            else:
+                part, index, name = key.split("/", 2)
+                groups[part].setdefault(int(index), {})[name] = z[key]
+    return ([groups["in"][i] for i in sorted(groups["in"])],
+            [groups["out"][i] for i in sorted(groups["out"])],
+            labels, [masks[i] for i in sorted(masks)] if masks else None)

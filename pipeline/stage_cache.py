@@ -1,0 +1,172 @@
+"""One stage, cached by content hash: its key, the lookup in the manifest, the commit.
+
+A stage's key hashes:
+  - its id and its recipe part (`spec`), the sha256 of its input files, the model's source
+    code (models.code_digest) and the tool versions;
+  - the pipeline code it runs: its module and every pipeline module that imports,
+    transitively, plus the same for the stages before it (code_digest), so editing
+    pipeline/stages/optimize.py reruns optimize and every stage after it, and editing
+    pipeline/cli.py reruns none;
+  - the part of this machine's identity its result depends on (DEVICE_KEYS): a latency
+    measured on another CPU or GPU is never reused, a graph made on another machine is.
+
+When the key matches the manifest's record and the outputs still have their recorded sha256,
+the stage is skipped; when an output was changed by hand, the run refuses (IntegrityError)
+rather than use it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import code_digest, deps
+from pipeline.errors import PipelineError, StageFailed
+from pipeline.recipe import Recipe, sha256_json
+from pipeline.store import Artifact, Store, now
+from pipeline.text import first_line
+from pipeline.ui import Progress
+
+Produce = Callable[[Path], tuple[dict[str, Path], dict]]
+
+GRAPH_STAGES: tuple[str, ...] = ("export", "optimize", "precision")
+
+# The module each kind of stage runs (a stage id is `kind` or `kind:target...`).
+STAGE_MODULES = {
+    "export": "pipeline.stages.export",
+    "optimize": "pipeline.stages.optimize",
+    "precision": "pipeline.stages.precision",
+    "baseline": "pipeline.stages.validate",
+    "build": "pipeline.stages.build",
+    "validate": "pipeline.stages.validate",
+    "versus": "pipeline.stages.versus",
+    "report": "pipeline.stages.report",
+}
+# The stages whose output a stage uses, directly or not: their code is in its key too, so a
+# stage whose code changed reruns with everything after it, even when its files come out
+# byte for byte the same.
+UPSTREAM = {
+    "export": (), "optimize": ("export",), "precision": ("export", "optimize"),
+    "baseline": (), "build": GRAPH_STAGES,
+    "validate": (*GRAPH_STAGES, "build", "baseline"),
+    "versus": (*GRAPH_STAGES, "build"),
+    "report": tuple(k for k in STAGE_MODULES if k != "report"),
+}
+
+# The device keys (deps.device()) a stage's result depends on. Graph stages write the same
+# graph on any machine; optimize also times the exported vs optimized graph (ORT on the CPU);
+# whatever times engines depends on all of it. A build's depends on its target (build_keys).
+ALL = (*deps.CPU_KEYS, *deps.GPU_KEYS)
+DEVICE_KEYS: dict[str, tuple[str, ...]] = {
+    "export": (), "optimize": deps.CPU_KEYS, "precision": (),
+    "baseline": ALL, "validate": ALL, "versus": ALL, "report": ALL,
+}
+
+
+def build_keys(target) -> tuple[str, ...]:
+    """A build that may run on the GPU (TensorRT plans; `cuda` or `auto` providers and devices)
+    is tied to the GPU, its compute capability and driver (all None without one). An ONNX
+    Runtime CPU build saves a graph; at optimization level `all` that graph holds layout
+    transforms chosen for this CPU's instruction set (ORT's documentation). Read from the
+    target alone: asking the backend would import its runtime on an unchanged rerun."""
+    where = getattr(target, "provider", None) or getattr(target, "device", None)
+    keys = deps.GPU_KEYS if target.kind == "tensorrt" or where in ("cuda", "auto") else ()
+    if getattr(target, "optimization_level", None) == "all":
+        keys = (*keys, "cpu_isa")
+    return keys
+
+
+def code(kind: str) -> str:
+    """The digest of the pipeline code a stage of this kind runs, its upstream's included."""
+    return code_digest.digest(tuple(STAGE_MODULES[k] for k in (*UPSTREAM[kind], kind)))
+
+
+@dataclass
+class Result:
+    """What one stage left in the store."""
+
+    outputs: dict[str, Artifact]
+    meta: dict
+    cached: bool
+
+    def one(self) -> Artifact:
+        (artifact,) = self.outputs.values()
+        return artifact
+
+
+class StageCache:
+    """Runs stages into one recipe's store, each only when its key changed."""
+
+    def __init__(self, store: Store, recipe: Recipe, model_code: str, force: bool, progress: Progress):
+        self.store = store
+        self.recipe = recipe
+        self.model_code = model_code  # model source edits invalidate every stage
+        self.force = force
+        self.progress = progress
+        self.work_done = False
+
+    def key(self, stage_id: str, spec: object, inputs: list[Artifact],
+            device_keys: tuple[str, ...] | None = None) -> str:
+        kind = stage_id.partition(":")[0]
+        keys = DEVICE_KEYS[kind] if device_keys is None else device_keys
+        return sha256_json({
+            "stage": stage_id, "spec": spec, "model_code": self.model_code, "code": code(kind),
+            "inputs": {a.name: a.sha256 for a in inputs},
+            "versions": deps.versions(), "device": deps.device_part(keys),
+        })
+
+    def stage(self, stage_id: str, spec: object, inputs: list[Artifact], produce: Produce,
+              device_keys: tuple[str, ...] | None = None) -> Result:
+        key = self.key(stage_id, spec, inputs, device_keys)
+        record = self.store.manifest["stages"].get(stage_id)
+        if not self.force and record and record["key"] == key:
+            outputs = self._cached_outputs(record)
+            if outputs is not None:
+                self.progress.cached(stage_id)
+                return Result(outputs, record["meta"], cached=True)
+
+        workdir = self.store.workdir(stage_id)
+        t0 = time.perf_counter()
+        try:
+            with self.progress.stage(stage_id):
+                produced, meta = produce(workdir)
+        except BaseException as e:
+            shutil.rmtree(workdir, ignore_errors=True)  # no half-written leftovers (full disk)
+            if isinstance(e, Exception) and not isinstance(e, PipelineError):
+                # A library failing on this stage's input (a corrupt graph, memory, a full disk)
+                # is a failed stage for the user; --debug still shows the original trace.
+                used = f" on {', '.join(a.name for a in inputs)}" if inputs else ""
+                raise StageFailed(f"{stage_id} failed{used}: {first_line(e, with_type=True)}",
+                                  "rerun with --debug for the trace") from e
+            raise
+        seconds = time.perf_counter() - t0
+        record = {"key": key, "outputs": list(produced), "meta": meta,
+                  "seconds": round(seconds, 3), "finished": now()}
+        outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
+                                          recipe_sha256=self.recipe.digest,
+                                          recipe_file=self.recipe.where,
+                                          recipe_overrides=list(self.recipe.overrides))
+        self.work_done = True
+        self.progress.done(stage_id, seconds)
+        return Result(outputs, meta, cached=False)
+
+    def _cached_outputs(self, record: dict) -> dict[str, Artifact] | None:
+        """The recorded outputs, verified; None if one is gone (then the stage reruns)."""
+        outputs = {}
+        for name in record["outputs"]:
+            if not (self.store.dir / name).is_file():
+                return None
+            outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+        return outputs
+
+    def forget_targets_not_in(self, recipe: Recipe) -> None:
+        """Drop records of targets the recipe no longer has (their files stay until clean)."""
+        ids = {t.id for t in recipe.targets}
+        stages = self.store.manifest["stages"]
+        for stage_id in list(stages):
+            kind, _, target = stage_id.partition(":")
+            if target and kind in ("build", "validate") and target not in ids:
+                del stages[stage_id]

