@@ -30,6 +30,9 @@ class Plan:
 
 def before_work(recipe: Recipe, targets: list, validates: bool) -> Plan:
     """Every check that needs no lock; `validates`: the run goes as far as validation."""
+    # first: the memory and time the recipe asks for (exit 2 beyond the ceilings), before
+    # anything below draws feeds at the recipe's shapes and sample counts
+    check_limits(recipe)
     models.check(recipe)
     for name in GRAPH_STAGES:
         module = importlib.import_module(f"pipeline.stages.{name}")
@@ -43,7 +46,6 @@ def before_work(recipe: Recipe, targets: list, validates: bool) -> Plan:
         baseline_device(recipe)
         plan.faster_than = expect_recipes(recipe)
     plan.unavailable = unavailable_targets(targets)
-    check_limits(recipe)  # the memory and time the recipe asks for (exit 2 beyond the ceilings)
     return plan
 
 

@@ -241,21 +241,6 @@ class EngineResult(Closed):
         return self
 
 
-class Baseline(Closed):
-    """The PyTorch baseline timed alone (the baseline stage's meta)."""
-
-    runner: str
-    precision: str
-    device: str
-    threads: int | None = None
-    feeds: Count
-    latency_ms: LatencySummary
-    cold_start_ms: ColdStart | None = None
-    latency_method: str
-    generation: dict[str, Any] | None = Field(
-        None, description="Generation workload: PyTorch (static KV cache) timed alone per request.")
-
-
 class Split(Open):
     """Provenance of one data split."""
 
@@ -267,6 +252,23 @@ class Split(Open):
 class DataProvenance(Open):
     validation: Split | None = None
     calibration: Split | None = None
+
+
+class Baseline(Closed):
+    """The PyTorch baseline timed alone (the baseline stage's meta)."""
+
+    runner: str
+    precision: str
+    device: str
+    threads: int | None = None
+    feeds: Count
+    latency_ms: LatencySummary
+    cold_start_ms: ColdStart | None = None
+    latency_method: str
+    data: DataProvenance | None = Field(
+        None, description="The data the baseline ran on (the report's `data`, from this meta).")
+    generation: dict[str, Any] | None = Field(
+        None, description="Generation workload: PyTorch (static KV cache) timed alone per request.")
 
 
 class Report(Closed):

@@ -32,8 +32,8 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "device": deps.device(),
         "versions": deps.versions(),
         **graph_stages,
-        "data": (baseline or {}).get("data"),
-        "baseline": baseline,
+        "data": (baseline or {}).get("data"),  # the data the baseline ran on, said once
+        "baseline": {k: v for k, v in baseline.items() if k != "data"} if baseline else None,
         "engines": engines,
         "warnings": warnings(baseline, engines),
     })
