@@ -85,7 +85,7 @@ inputs:
     range: [0, {vocab}]
 outputs: [logits]
 export: {{parity: {{max_abs: 1.0e-2, cosine_min: 0.9999}}}}
-optimize: {{passes: [fold_constants, attention_with_past, ort_fusions]}}
+optimize: {{passes: [fold_constants, attention_with_past, ort_fusions, pack_matmuls]}}
 precision: {{mode: {precision}, block_size: 32}}
 data: {{calibration: null}}
 targets: [{{kind: onnxruntime}}]

@@ -25,8 +25,8 @@ from pipeline.errors import RecipeError
 from pipeline.folders import folder_name
 from pipeline.generation import metrics as gm
 from pipeline.generation.runners import OrtLoopRunner
-from pipeline.generation.validate import eos_token
-from pipeline.generation.workload import measure, requests
+from pipeline.generation.validate import eos_token, workload_requests
+from pipeline.generation.workload import measure
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape
 from pipeline.stages.build import engine_name
@@ -82,7 +82,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     shared = sorted(set.intersection(*built))
     if not shared:
         raise RecipeError("compare: the recipes share no built onnxruntime engine")
-    task = next(r for r in requests(spec, decoder_shape(first.model).vocab, eos_token(first)) if r.kind == "task")
+    task = next(r for r in workload_requests(first) if r.kind == "task")
     noise = first.validation.latency.noise_threshold
     engines, versus, profiles = {}, [], {}
     for tid in shared:

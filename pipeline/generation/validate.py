@@ -34,6 +34,17 @@ def eos_token(recipe: Recipe) -> int:
         else decoder_shape(recipe.model).vocab - 1
 
 
+def prompt_vocab(recipe: Recipe) -> int:
+    """Prompt tokens are drawn below the input_ids range's end (a byte-level LM: 256), within
+    the model's vocabulary."""
+    high = recipe.inputs[0].range[1] if recipe.inputs[0].range else decoder_shape(recipe.model).vocab
+    return min(int(high), decoder_shape(recipe.model).vocab)
+
+
+def workload_requests(recipe: Recipe):
+    return requests(recipe.workload, prompt_vocab(recipe), eos_token(recipe))
+
+
 def _context(recipe: Recipe) -> int:
     return recipe.workload.context_max() + 1  # + the token a turn carries over
 
@@ -99,7 +110,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     spec = recipe.workload
     runner = _torch_runner(recipe)
     figures, tokens = {}, {}
-    for request in requests(spec, decoder_shape(recipe.model).vocab, eos_token(recipe)):
+    for request in workload_requests(recipe):
         traces = measure({BASELINE: runner}, request, spec, rounds=1)[BASELINE]  # alone; validate interleaves
         figures[request.label] = gm.summarize(request, traces)
         tokens[request.label] = traces[0].tokens
@@ -157,7 +168,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     accuracy = accuracy_metrics.compare(references, outputs, ["logits"])
 
     points, baseline_points, agreement, used = {}, {}, {}, {}
-    for request in requests(spec, shape.vocab, eos):
+    for request in workload_requests(recipe):
         runner = genai if genai is not None and can_run(genai, request) else loop
         traces = measure({BASELINE: torch_runner, target.id: runner}, request, spec)
         mine, theirs = traces[target.id], traces[BASELINE]
@@ -224,7 +235,7 @@ def _run_feed(session, feed: dict, names: list[str]) -> dict:
 def _peak_memory(recipe: Recipe, runners_: dict, spec, shape, eos: int) -> dict:
     """Peak RSS while each runner generates the longest request alone (the peak is reset
     before each), and the KV cache's bytes per token."""
-    reqs = requests(spec, shape.vocab, eos)
+    reqs = workload_requests(recipe)
     longest = max((r for r in reqs if len(r.turns) == 1), key=lambda r: r.batch * (
         r.turns[0][0].shape[1] + r.new_tokens))
     peaks = {}

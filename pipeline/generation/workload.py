@@ -39,8 +39,11 @@ class Trace:
 
 
 def _prompt(rng: np.random.Generator, batch: int, length: int, vocab: int, eos: int) -> np.ndarray:
+    """Token ids below `vocab`, never the (suppressed) EOS token."""
+    if eos >= vocab:
+        return rng.integers(0, vocab, size=(batch, length), dtype=np.int64)
     tokens = rng.integers(0, vocab - 1, size=(batch, length), dtype=np.int64)
-    return np.where(tokens >= eos, tokens + 1, tokens)  # never the (suppressed) EOS token
+    return np.where(tokens >= eos, tokens + 1, tokens)
 
 
 def requests(spec: WorkloadSpec, vocab: int, eos: int) -> list[Request]:
