@@ -17,7 +17,6 @@ import numpy as np
 from pipeline import deps, models
 from pipeline import metrics as accuracy_metrics
 from pipeline.bench import monitor
-from pipeline.errors import StageFailed
 from pipeline.generation import genai_config, runners
 from pipeline.generation import metrics as gm
 from pipeline.generation.workload import can_run, generate, measure, requests
@@ -136,10 +135,11 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
              workdir: Path) -> tuple[dict, dict[str, Path]]:
     """The engine's entry (without gates: the validate stage adds them from `accuracy`, as
     for every engine) and the files beside it (genai_config.json)."""
-    if target.kind != "onnxruntime":
-        raise StageFailed(f"workload generation: no generation runner for {target.kind} engines "
-                          "(the engine is built with its KV-cache profiles; only ONNX Runtime "
-                          "engines are driven token by token here)")
+    if target.kind != "onnxruntime":  # built (TensorRT: with its KV-cache profiles), not driven
+        return {"target": target.id, "kind": target.kind, "status": "skipped",
+                "reason": f"workload generation: no generation runner for {target.kind} engines yet "
+                          "(the engine was built; only ONNX Runtime engines are driven token by token)",
+                "path": str(engine.path), "sha256": engine.sha256, "bytes": engine.bytes}, {}
     spec, shape = recipe.workload, decoder_shape(recipe.model)
     eos, noise = eos_token(recipe), recipe.validation.latency.noise_threshold
     feeds, references, base_tokens = _load(base.path)

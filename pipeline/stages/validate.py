@@ -165,11 +165,12 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         from pipeline.generation import validate as generation
 
         result, files = generation.validate(recipe, target, engine, base, workdir)
-        result["gates"] = gates(recipe, result["accuracy"])
-        result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
+        if result["status"] == "built":
+            result["gates"] = gates(recipe, result["accuracy"])
+            result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
         path = workdir / f"validate-{target.id}.json"
         path.write_text(json.dumps(dump(EngineResult.model_validate(result)), indent=2) + "\n")
-        return {path.name: path, **files}, {"passed": all(g["passed"] for g in result["gates"])}
+        return {path.name: path, **files}, {"passed": all(g["passed"] for g in result.get("gates", []))}
     try:
         feeds, references, labels, masks = data.load_all(base.path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # pickled arrays: ValueError
