@@ -217,6 +217,13 @@ def compare_command(recipes, overrides, force, engines_dir, verbose):
 
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
     result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
+    if result.get("workload") == "generation":
+        from pipeline.generation.compare import lines
+
+        for line in lines(result):
+            out.print(line)
+        console.print(f"compare: {folder / 'compare-generation.md'}")
+        return
     for t in tables(result):
         out.print(t)
     console.print(f"compare: {folder / 'compare.md'}, {folder / 'compare.html'}")

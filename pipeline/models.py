@@ -95,7 +95,7 @@ def load(recipe: Recipe):
         from pipeline import hf
 
         pretrained = pretrained_dir(spec.pretrained, _where(recipe)) if spec.pretrained else None
-        model = hf.build(spec, [i.name for i in recipe.inputs], pretrained, _where(recipe))
+        model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
     else:
         fn = _factory(recipe.model, _where(recipe), recipe.source)
         try:
@@ -132,6 +132,8 @@ def check_signature(recipe: Recipe, model) -> None:
         return  # forward(*args) names nothing
     named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [i.name for i in recipe.inputs]
+    if recipe.workload.kind == "generation":  # the KV-cache graph's inputs come from its wrapper;
+        names = names[:1]  # the model itself takes input_ids
     if names == named[:len(names)]:
         return
     unknown = [n for n in names if n not in named]
@@ -255,6 +257,8 @@ def _check_transformers(recipe: Recipe) -> None:
     where, spec = _where(recipe), recipe.model.transformers
     deps.require("transformers", "model.transformers")
     names = tuple(i.name for i in recipe.inputs)
+    if recipe.workload.kind == "generation":  # the KV-cache signature (recipe/workload.py)
+        names = names[:1]
     if names not in (HF_INPUTS[:1], HF_INPUTS):
         raise RecipeError(f"{where}: inputs: a transformers model takes [input_ids] or "
                           f"[input_ids, attention_mask] (got {list(names)})")

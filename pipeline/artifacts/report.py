@@ -267,6 +267,8 @@ class Baseline(Closed):
     latency_method: str
     data: DataProvenance | None = Field(
         None, description="The data the baseline ran on (the report's `data`, from this meta).")
+    generation: dict[str, Any] | None = Field(
+        None, description="Generation workload: PyTorch (static KV cache) timed alone per request.")
 
 
 class Report(Closed):

@@ -38,6 +38,9 @@ PASSES: dict[str, Pass] = {
         "pipeline.passes.onnx_passes:ort_fusions",
         "onnxscript ORT fusions: (multi-head) attention, (skip) layer/RMS norm, GELU, rotary",
         ("skip",), ort_only=True),
+    "attention_with_past": Pass(
+        "pipeline.passes.attention:attention_with_past",
+        "KV cache: Concat(past, new) -> Attention folded into ONNX Attention's past/present (opset 23)"),
     "pack_matmuls": Pass(
         "pipeline.passes.pack:pack_matmuls",
         "pack MatMuls that read one activation (q/k/v, gate/up) into one MatMul + Split",

@@ -38,6 +38,7 @@ from pipeline.recipe.targets import (  # noqa: F401
     TensorRTTarget,
 )
 from pipeline.recipe.validate import ExpectSpec, LatencySpec, ToleranceSpec, ValidateSpec  # noqa: F401
+from pipeline.recipe.workload import WorkloadSpec, kv_signature
 from pipeline.text import display_path
 from pipeline.zoo import ZOO
 
@@ -224,6 +225,9 @@ class Recipe(Strict):
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
     )
     expect: ExpectSpec = Field(ExpectSpec(), description="Gates: speed and accuracy promises.")
+    workload: WorkloadSpec = Field(
+        WorkloadSpec(), description="What one request is: a forward pass, or generation "
+        "(prefill + decode with a KV cache; the inputs then derive from `input_ids`).")
 
     # Set by the loader, not by YAML.
     name: str = Field("recipe", exclude=True)
@@ -248,6 +252,16 @@ class Recipe(Strict):
         if repeated:
             raise ValueError(f"output names must be unique (repeated: {', '.join(repeated)})")
         return outputs
+
+    @model_validator(mode="after")
+    def _generation_signature(self) -> Recipe:
+        """workload generation: the KV-cache graph's inputs and outputs (pipeline/recipe/workload.py)."""
+        if self.workload.kind == "generation":
+            try:
+                self.inputs, self.outputs = kv_signature(self.inputs, self.model, self.workload, InputSpec)
+            except ValueError as e:
+                raise LocatedError(("workload", "kind"), str(e)) from None
+        return self
 
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:

@@ -266,6 +266,11 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
     names = [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
+    if recipes[0].workload.kind == "generation":  # time per task, per phase (pipeline/generation)
+        from pipeline.generation import compare as generation
+
+        generation.check_same_workload(recipes)
+        return generation.compare(recipes, run_all(recipes, root, force, progress, verbose), root, progress)
     for other in recipes[1:]:  # before anything is built: one feed is timed on every engine
         ab.check_compatible(recipes[0], other)
     reports = run_all(recipes, root, force, progress, verbose)

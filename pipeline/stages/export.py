@@ -55,6 +55,15 @@ def enabled(recipe: Recipe) -> bool:
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
     """The first graph stage: `graph` is None (there is none before export)."""
     import onnx
+
+    if recipe.workload.kind == "generation":  # a KV-cache graph (pipeline/generation/export.py)
+        from pipeline.generation import export as kv_export
+
+        files, meta = kv_export.run(recipe, workdir, verbose)
+        proto = onnx.load(str(files["model.onnx"]))
+        if portable_paths(proto):
+            onnx.save(proto, str(files["model.onnx"]))
+        return files, meta
     import torch
 
     model = models.load(recipe)

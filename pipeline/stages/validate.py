@@ -76,6 +76,10 @@ def baseline_device(recipe: Recipe) -> str:
 
 
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
+    if recipe.workload.kind == "generation":
+        from pipeline.generation import validate as generation
+
+        return generation.baseline(recipe, workdir)
     validation = data.split(recipe, "validation")
     feeds = validation.feeds
     device = baseline_device(recipe)
@@ -157,6 +161,16 @@ def _gate(name: str, passed: bool, detail: str) -> dict:
 
 def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
              workdir: Path) -> tuple[dict[str, Path], dict]:
+    if recipe.workload.kind == "generation":  # TTFT, TPOT, time per task (pipeline/generation)
+        from pipeline.generation import validate as generation
+
+        result, files = generation.validate(recipe, target, engine, base, workdir)
+        if result["status"] == "built":
+            result["gates"] = gates(recipe, result["accuracy"])
+            result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
+        path = workdir / f"validate-{target.id}.json"
+        path.write_text(json.dumps(dump(EngineResult.model_validate(result)), indent=2) + "\n")
+        return {path.name: path, **files}, {"passed": all(g["passed"] for g in result.get("gates", []))}
     try:
         feeds, references, labels, masks = data.load_all(base.path)
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # pickled arrays: ValueError

@@ -1,0 +1,1 @@
+"""Generation: KV-cache export, genai_config.json, runners, the generation workload and its metrics."""

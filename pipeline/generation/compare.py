@@ -1,0 +1,164 @@
+"""`pipeline compare A B` for generation recipes: time per task, and where the time went.
+
+1. Each recipe is run up to its report (cached stages are reused); their workloads must be
+   the same script (else the comparison is refused: exit 2).
+2. The task is timed on every onnxruntime engine the recipes share, interleaved in one
+   process (the IOBinding loop: the task has turns). B against A: time per task, and per
+   phase, prefill (every turn's) and decode (every step), each a time ratio with a 95%
+   interval over the rounds and a verdict.
+3. Then by op category: ONNX Runtime per-node profiles of each engine on a prefill feed and
+   on a decode feed (a one-token step over a cache as long as the task's context), sessions
+   taking turns, grouped into categories (explain.profile).
+
+Writes engines/compare/<A>-vs-<B>/compare-generation.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.bench import stats
+from pipeline.errors import RecipeError
+from pipeline.folders import folder_name
+from pipeline.generation import metrics as gm
+from pipeline.generation.runners import OrtLoopRunner
+from pipeline.generation.validate import eos_token, workload_requests
+from pipeline.generation.workload import measure
+from pipeline.recipe import Recipe
+from pipeline.recipe.workload import decoder_shape
+from pipeline.stages.build import engine_name
+from pipeline.store import Store, now
+
+SCHEMA = 1
+KIND = "onnxruntime"
+
+
+def check_same_workload(recipes: list[Recipe]) -> None:
+    first = recipes[0]
+    for other in recipes[1:]:
+        if other.workload.kind != "generation":
+            raise RecipeError(f"compare: `{first.name}` is a generation recipe, `{other.name}` is not",
+                              "compare generation recipes with generation recipes")
+        mine = first.workload.model_dump(exclude={"rounds", "warmup"})
+        theirs = other.workload.model_dump(exclude={"rounds", "warmup"})
+        if mine != theirs:
+            raise RecipeError(f"compare: `{other.name}` runs another workload than `{first.name}`",
+                              "give both recipes the same workload: section")
+        if decoder_shape(first.model).vocab != decoder_shape(other.model).vocab:
+            raise RecipeError(f"compare: `{other.name}` has another vocabulary than `{first.name}`")
+
+
+def _phase_blocks(traces) -> dict[str, np.ndarray]:
+    return {"task": gm.total_blocks(traces),
+            "prefill": np.array([[sum(t.ttft_ns)] for t in traces], dtype=np.float64),
+            "decode": np.array([[sum(map(sum, t.step_ns))] for t in traces], dtype=np.float64)}
+
+
+def _profile_feeds(recipe: Recipe, context: int) -> dict[str, dict]:
+    shape = decoder_shape(recipe.model)
+    rng = np.random.default_rng([recipe.data.seed, 5])
+    prompt = recipe.workload.task[0].prompt
+    names = [f"past_key_values.{i}.{kv}" for i in range(shape.layers) for kv in ("key", "value")]
+
+    def feed(t: int, p: int) -> dict:
+        return {"input_ids": rng.integers(0, shape.vocab - 1, size=(1, t), dtype=np.int64),
+                "attention_mask": np.ones((1, p + t), np.int64),
+                **{n: rng.standard_normal((1, shape.kv_heads, p, shape.head_dim)).astype(np.float32)
+                   for n in names}}
+
+    return {"prefill": feed(prompt, 0), "decode": feed(1, context)}
+
+
+def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progress) -> tuple[dict, Path]:
+    """reports: each recipe's report.json, built (check_same_workload ran before)."""
+    from pipeline.explain import profile
+
+    first, spec = recipes[0], recipes[0].workload
+    built = [{e["target"] for e in reports[r.name]["engines"] if e["status"] == "built" and e["kind"] == KIND}
+             for r in recipes]
+    shared = sorted(set.intersection(*built))
+    if not shared:
+        raise RecipeError("compare: the recipes share no built onnxruntime engine")
+    task = next(r for r in workload_requests(first) if r.kind == "task")
+    noise = first.validation.latency.noise_threshold
+    engines, versus, profiles = {}, [], {}
+    for tid in shared:
+        paths, runners = {}, {}
+        for r in recipes:
+            target = next(t for t in r.targets if t.id == tid)
+            paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
+            runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validation.threads)
+        with progress.stage(f"compare: task on {tid}"):
+            traces = measure(runners, task, spec)
+        blocks = {k: _phase_blocks(v) for k, v in traces.items()}
+        for key, v in traces.items():
+            engines[key] = gm.summarize(task, v)
+        a = f"{first.name}/{tid}"
+        for other in recipes[1:]:
+            b = f"{other.name}/{tid}"
+            versus.append({"a": a, "b": b, **{phase: stats.compare(blocks[a][phase], blocks[b][phase], noise=noise)
+                                              for phase in ("task", "prefill", "decode")}})
+        with progress.stage(f"compare: profiles of {tid}"):
+            feeds = _profile_feeds(first, spec.context_max() - 1)
+            profiles[tid] = {phase: {name: _categories(p) for name, p in profile.profile_sessions(
+                paths, feed, runs=20, warmup=3, threads=first.validation.threads).items()}
+                for phase, feed in feeds.items()}
+    folder = Path(root) / "compare" / "-vs-".join(r.name for r in recipes)
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {
+        "schema": SCHEMA, "workload": "generation", "created": now(), "recipes": [r.name for r in recipes],
+        "reference": first.name, "shared_targets": shared, "task": [t.model_dump() for t in spec.task],
+        "engines": engines, "versus": versus, "profiles": profiles,
+        "reports": {r.name: {e["target"]: (e.get("generation") or {}).get("time_per_task_s")
+                             for e in reports[r.name]["engines"]} for r in recipes},
+        "method": {"timing": f"the task ({len(spec.task)} turns) on each engine through the IOBinding "
+                             f"loop, {spec.warmup} warm-up, {spec.rounds} rounds taking turns in one "
+                             "process; ratio = B time / A time: " + stats.ratio_method(noise),
+                   "profiles": "ONNX Runtime profiler per node, sessions taking turns, median of 20 "
+                               "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
+                               "empty cache) and one decode feed (one token over the task's context)"},
+    }
+    (folder / "compare-generation.json").write_text(json.dumps(result, indent=2) + "\n")
+    (folder / "compare-generation.md").write_text(markdown(result))
+    return result, folder
+
+
+def _categories(p: dict) -> dict:
+    return {"total_us": p["total_us"], **{c: v["us"] for c, v in p["categories"].items() if v["us"] > 0}}
+
+
+def _words(c: dict) -> str:
+    lo, hi = c["ci95"]
+    return f"{c['time_ratio']:.2f}x (95% CI {lo:.2f}-{hi:.2f}, {c['verdict']})"
+
+
+def lines(result: dict) -> list[str]:
+    """The verdicts, one line each: time per task, then per phase."""
+    out = []
+    for v in result["versus"]:
+        out.append(f"{v['b']} vs {v['a']}: time per task {_words(v['task'])}; "
+                   f"prefill {_words(v['prefill'])}; decode {_words(v['decode'])}")
+    return out
+
+
+def markdown(result: dict) -> str:
+    md = [f"# Generation: {' vs '.join(result['recipes'])}", "", f"- created: {result['created']}",
+          f"- timing: {result['method']['timing']}", f"- profiles: {result['method']['profiles']}", "",
+          "## Time per task (B time / A time; > 1: B is slower)", ""]
+    md += [f"- {line}" for line in lines(result)]
+    md += ["", "| engine | time per task s | prefill s | decode s | TTFT p50 ms | TPOT p50 ms |",
+           "|---|---|---|---|---|---|"]
+    for name, e in result["engines"].items():
+        md.append(f"| {name} | {e['time_s']:.4f} | {e['phases_s']['prefill']:.4f} | "
+                  f"{e['phases_s']['decode']:.4f} | {e['ttft_ms']['p50']:.3f} | {e['tpot_ms']['p50']:.3f} |")
+    for tid, phases in result["profiles"].items():
+        for phase, by_engine in phases.items():
+            cats = sorted({c for p in by_engine.values() for c in p if c != "total_us"})
+            md += ["", f"### {tid}, {phase}: profiled microseconds per request by op category", "",
+                   "| engine | total | " + " | ".join(cats) + " |", "|---" * (len(cats) + 2) + "|"]
+            for name, p in by_engine.items():
+                md.append(f"| {name} | {p['total_us']:.0f} | " + " | ".join(f"{p.get(c, 0):.0f}" for c in cats) + " |")
+    return "\n".join(md) + "\n"

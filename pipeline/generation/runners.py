@@ -1,0 +1,162 @@
+"""Generation runners: one decoder each, driven token by token by the workload.
+
+Every runner has the same three calls, so the workload times them alike:
+    new(batch)        a fresh, empty context for `batch` sequences (untimed)
+    prefill(tokens)   append tokens [B, T] to the context; returns the next tokens [B]
+    step()            feed the tokens returned last; returns the next tokens [B]
+Greedy decoding with the end-of-sequence token suppressed, so every runner generates exactly
+the tokens asked for. A turn after the first appends the previous reply's last token with
+its prompt (that token was chosen but never fed).
+
+- GenaiRunner: onnxruntime-genai's C++ generation loop over the engine (genai_config.json
+  written by the pipeline). Single-turn points only: with a concatenating KV cache
+  (past_present_share_buffer false), genai 0.18 sizes the attention mask (and the presents)
+  of an append_tokens after generate_next_token for one token more than the cache holds, and
+  the run fails (measured: "present.0.key ... {1,2,29,16} but the computed output shape ...
+  {1,2,28,16}"; with ONNX Attention: "inconsistent total_sequence_length (between attn_mask
+  and past_key ...)"). tests/test_generation.py pins it.
+- OrtLoopRunner: a lean ONNX Runtime loop with IOBinding (presents stay OrtValues and are
+  bound as the next pasts, no copy); runs the task's turns, which genai cannot.
+- TorchStaticRunner: the PyTorch baseline over a static (preallocated) KV cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _greedy(logits: np.ndarray, eos: int) -> np.ndarray:
+    """logits [B, vocab] -> next tokens [B], EOS never chosen."""
+    logits = logits.copy()
+    logits[:, eos] = -np.inf
+    return logits.argmax(axis=-1).astype(np.int64)
+
+
+class GenaiRunner:
+    name = "onnxruntime-genai"
+    turns = False  # cannot append a turn after generating (see the module docstring)
+
+    def __init__(self, folder: Path, context_length: int):
+        import onnxruntime_genai as og
+
+        self.og, self.context = og, context_length
+        self.model = og.Model(str(folder))
+        self.generator = None
+
+    def new(self, batch: int) -> None:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=self.context, min_length=self.context,
+                                  do_sample=False, batch_size=batch)
+        self.generator = self.og.Generator(self.model, params)
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        self.generator.append_tokens(np.ascontiguousarray(tokens, dtype=np.int32))
+        self.generator.generate_next_token()  # logits were computed by append_tokens: selects only
+        return np.asarray(self.generator.get_next_tokens(), dtype=np.int64)
+
+    def step(self) -> np.ndarray:
+        self.generator.generate_next_token()  # runs the model on the last token, then selects
+        return np.asarray(self.generator.get_next_tokens(), dtype=np.int64)
+
+    def close(self) -> None:
+        self.generator = None
+        self.model = None
+
+
+class OrtLoopRunner:
+    name = "onnxruntime-iobinding"
+    turns = True
+
+    def __init__(self, engine: Path, eos: int, threads: int | None = None):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        # idle workers must not spin while the baseline takes its turn (docs/measurement.md)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.ort, self.eos = ort, eos
+        self.session = ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
+        inputs = self.session.get_inputs()
+        self.past_names = [i.name for i in inputs[2:]]
+        self.present_names = [o.name for o in self.session.get_outputs()[1:]]
+        _, self.kv_heads, _, self.head_dim = inputs[2].shape
+
+    def new(self, batch: int) -> None:
+        empty = np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
+        self.past = {n: self.ort.OrtValue.ortvalue_from_numpy(empty) for n in self.past_names}
+        self.length, self.batch, self.last = 0, batch, None
+
+    def _run(self, tokens: np.ndarray) -> np.ndarray:
+        binding = self.session.io_binding()
+        self.length += tokens.shape[1]
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
+        binding.bind_cpu_input("attention_mask", np.ones((self.batch, self.length), np.int64))
+        for name, value in self.past.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("logits")
+        for name in self.present_names:
+            binding.bind_output(name)
+        self.session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        self.past = dict(zip(self.past_names, outputs[1:]))  # presents become the next pasts
+        self.last = _greedy(outputs[0].numpy()[:, -1], self.eos)
+        return self.last
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        if self.last is not None:  # a later turn: the reply's last token goes in first
+            tokens = np.concatenate([self.last[:, None], tokens], axis=1)
+        return self._run(tokens)
+
+    def step(self) -> np.ndarray:
+        return self._run(self.last[:, None])
+
+    def close(self) -> None:
+        self.session = None
+
+
+class TorchStaticRunner:
+    name = "torch-static-cache"
+    turns = True
+
+    def __init__(self, decoder, eos: int, threads: int | None = None):
+        """decoder: a static-cache decoder (reset(batch); __call__(ids) -> next logits [B, V])."""
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch, self.decoder, self.eos = torch, decoder, eos
+
+    def new(self, batch: int) -> None:
+        self.decoder.reset(batch)
+        self.last = None
+
+    def _run(self, tokens: np.ndarray) -> np.ndarray:
+        with self.torch.inference_mode():
+            logits = self.decoder(self.torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)))
+        self.last = _greedy(logits.numpy(), self.eos)
+        return self.last
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        if self.last is not None:
+            tokens = np.concatenate([self.last[:, None], tokens], axis=1)
+        return self._run(tokens)
+
+    def step(self) -> np.ndarray:
+        return self._run(self.last[:, None])
+
+    def close(self) -> None:
+        self.decoder = None
+
+
+def torch_decoder(recipe, model, max_len: int):
+    """The static-cache decoder of the recipe's PyTorch model."""
+    if recipe.model.zoo == "glm":
+        from pipeline.generation.glm_cache import StaticCacheGLM
+
+        return StaticCacheGLM(model, max_len)
+    from pipeline.generation.llama_cache import StaticCacheLlama
+
+    return StaticCacheLlama(model.model, max_len)
