@@ -1,4 +1,11 @@
-"""What is in an ONNX file: op histogram, inputs and outputs with shapes, size (`pipeline inspect`)."""
+"""What is in an ONNX file: op histogram, inputs and outputs with shapes, size (`pipeline inspect`).
+
+Why not `polygraphy inspect model`: it prints a text listing for people (layers, attributes,
+weights), with no op histogram and no machine-readable form, while the same facts here feed
+the pipeline itself (compare's parameter counts and "not the same model", the plain-ONNX
+check of foreign ops, deploy's tensors) and `pipeline inspect --json`. For a layer-by-layer
+look, `polygraphy inspect model FILE.onnx --show layers` works on every graph this writes.
+"""
 
 from __future__ import annotations
 

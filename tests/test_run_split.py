@@ -60,3 +60,11 @@ def test_the_timing_protocol_imports_no_backend_and_no_stage():
            if n.startswith(("pipeline.backends", "pipeline.stages", "pipeline.run"))
            or n in ("pipeline.backends", "pipeline.stages")}
     assert bad == set()
+
+
+def test_backends_import_no_stage():
+    """A backend is below the stages: it builds and runs engines, the stages call it."""
+    bad = {f"{p.name}: {n}" for p in (PIPELINE / "backends").glob("*.py") for n in _imports(p)
+           if n.startswith(("pipeline.stages", "pipeline.run", "pipeline.chain"))}
+    assert bad == set()
+
