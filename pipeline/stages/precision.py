@@ -16,7 +16,7 @@ from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe
 from pipeline.text import first_line
 
-NAME, VERSION = "precision", 1
+NAME, VERSION = "precision", 2
 SECTIONS = ("precision", "data", "inputs", "outputs")
 
 
@@ -26,7 +26,8 @@ def enabled(recipe: Recipe) -> bool:
 
 def preflight(recipe: Recipe) -> None:
     """Before any stage runs: calibration data loads and fits the recipe's inputs."""
-    if enabled(recipe) and recipe.precision.mode in ("int8", "fp8"):
+    p = recipe.precision
+    if enabled(recipe) and (p.needs_calibration or p.sensitivity.enabled):
         data.calibration_feeds(recipe)
 
 
@@ -41,6 +42,10 @@ def spec(recipe: Recipe) -> dict:
     file = recipe.data.calibration.file if recipe.data.calibration else None
     if file is not None and Path(file).is_file():
         key["calibration_file_sha256"] = sha256_file(Path(file))
+    if recipe.precision.mode == "int8" and recipe.precision.weight_range == "auto":
+        from pipeline.precision import isa
+
+        key["reduced_weight_range"] = isa.needs_reduced_range()  # the graph depends on the CPU
     return key
 
 
