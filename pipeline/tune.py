@@ -39,13 +39,15 @@ class Candidate:
 def space(schemes=("dynamic", "static"), per_channel=(True, False), methods=("minmax", "percentile"),
           alphas=(None, 0.5), op_types=("MatMul",)) -> list[Candidate]:
     """The grid: dynamic x per-channel x alpha; static (per-channel only: per-tensor static
-    weights lose accuracy and gain no speed on ORT's CPU kernels) x method x alpha."""
+    weights lose accuracy and gain no speed on ORT's CPU kernels) x method x alpha. Dynamic
+    candidates quantize the fused attention's projection too (dynamic.split_attention)."""
     out = []
     for scheme in schemes:
         for pc in (per_channel if scheme == "dynamic" else [p for p in per_channel if p] or [True]):
             for method in (methods if scheme == "static" else (None,)):
                 for alpha in alphas:
-                    p = {"mode": "int8", "scheme": scheme, "per_channel": pc, "op_types": list(op_types)}
+                    ops = list(op_types) + (["Attention"] if scheme == "dynamic" else [])
+                    p = {"mode": "int8", "scheme": scheme, "per_channel": pc, "op_types": ops}
                     if method:
                         p["calibration"] = method
                     if alpha is not None:
@@ -207,8 +209,11 @@ def recipe_text(recipe, chosen: dict, table_lines: list[str]) -> str:
 
     source = getattr(recipe, "source", None)
     parent = Path(source).name if source else f"{recipe.name}.yaml"
+    precision = dict(chosen["precision"])
+    if precision.pop("sensitivity", None):  # pin what the analysis chose: no rerun, same graph
+        precision["exclude"] = list(chosen["excluded"])
     body = {"description": f"{recipe.name}, INT8 chosen by `pipeline tune` ({chosen['name']})",
-            "extends": parent, "precision": chosen["precision"]}
+            "extends": parent, "precision": precision}
     head = ["# Written by `pipeline tune`: the fastest candidate within the accuracy budget.", "#"]
     head += [f"# {line}" for line in table_lines]
     return "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)

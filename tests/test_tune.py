@@ -73,6 +73,22 @@ def test_tune_reuses_cached_candidates_and_rescues_with_exclusions(tuned):
     assert not (proj.path / "strict.yaml").exists()
 
 
+def test_a_rescued_choice_is_written_with_its_exclusions_pinned():
+    from types import SimpleNamespace
+
+    import yaml
+
+    from pipeline.tune import recipe_text
+
+    chosen = {"name": "dynamic per-channel + auto-exclude", "excluded": ["node_a", "node_b"],
+              "precision": {"mode": "int8", "scheme": "dynamic",
+                            "sensitivity": {"enabled": True, "auto_exclude": True}}}
+    text = recipe_text(SimpleNamespace(name="m", source="recipes/m.yaml"), chosen, ["| table |"])
+    body = yaml.safe_load(text)
+    assert body["extends"] == "m.yaml" and "# | table |" in text
+    assert body["precision"] == {"mode": "int8", "scheme": "dynamic", "exclude": ["node_a", "node_b"]}
+
+
 def test_tune_without_calibration_data_is_exit_2(tmp_path):
     proj = Project(tmp_path)
     proj.write("recipes/mlp.yaml", MLP.replace("calibration: {samples: 2}", "calibration: null"))

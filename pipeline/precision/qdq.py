@@ -92,8 +92,14 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     reduce_range = spec.mode == "int8" and isa.reduce_range(spec.weight_range)
     with calibrate.quiet(verbose, workdir):
         pre = calibrate.preprocess(src, workdir)
+        split = []
+        if dynamic_scheme and "Attention" in spec.op_types:
+            pre, split = dynamic.split_attention(pre, workdir / "split.onnx")
         model = onnx.load(str(pre))
-        candidates = nodes.quantizable(model, list(spec.op_types))
+        op_types = list(spec.op_types) + (["MatMul"] if split and "MatMul" not in spec.op_types else [])
+        candidates = nodes.quantizable(model, op_types)
+        if split and "MatMul" not in spec.op_types:  # only the attention projections
+            candidates = [c for c in candidates if c in split or c not in nodes.quantizable(model, ["MatMul"])]
         if not candidates:
             raise StageFailed(f"precision.mode {spec.mode}: the graph has no node of op types "
                               f"{spec.op_types} to quantize")
@@ -142,6 +148,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "weight_range": {"setting": spec.weight_range,
                          "bits": 7 if reduce_range else 8, "cpu": isa.describe()},
         "smoothing": smoothing,
+        "attention_split": len(split),
         "op_types": list(spec.op_types),
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(candidates) - len(excluded) - len(skipped),

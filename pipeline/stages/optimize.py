@@ -19,7 +19,7 @@ from pipeline.errors import RecipeError, StageFailed
 from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
 
-NAME, VERSION = "optimize", 2  # 2: the latency verdict clears a noise threshold
+NAME, VERSION = "optimize", 3  # 2: the latency verdict clears a noise threshold; 3: ort_fusions packs constant q/k/v concats
 SECTIONS = ("optimize", "inputs", "outputs", "data")
 CHECK_POINTS = ("min", "opt", "max")
 # Enough to see a fusion's effect beyond noise on small models without slowing every run.
