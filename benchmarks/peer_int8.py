@@ -1,10 +1,12 @@
 """This project's MiniLM engines against the one-command alternative (Optimum's documented
 dynamic INT8 recipe), all in one process, on held-out real sentences.
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/peer_int8.py [RECIPE ...] [--rounds N]
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/peer_int8.py [RECIPE ...] [--tuned TUNE_JSON]
 
 RECIPE: this project's recipes to build and time (default: minilm, the FP32 engine with
-fusions, and minilm-int8-sentences-tuned, what `pipeline tune` chose). The peer is rebuilt
+fusions). --tuned (default engines/minilm-int8-sentences/tune/tune.json, when there): the
+engine `pipeline tune` chose, the very file it validated (run `pipeline tune
+minilm-int8-sentences --feeds benchmarks.minilm_sentences:heldout` first). The peer is rebuilt
 here as Optimum configures it (`AutoQuantizationConfig.avx512_vnni(is_static=False,
 per_channel=...)`: ONNX Runtime's quantize_dynamic, QOperator/IntegerOps, uint8 activations,
 int8 symmetric weights, reduce_range False, MatMul and Attention) on a plain TorchScript
@@ -117,7 +119,7 @@ def peer_models(folder: Path) -> dict[str, Path]:
 
 
 @contextlib.contextmanager
-def runners(recipes: list, folder: Path):
+def runners(recipes: list, folder: Path, tuned: Path | None = None):
     import torch
 
     from pipeline import models
@@ -133,6 +135,13 @@ def runners(recipes: list, folder: Path):
             label = f"this project: {recipe.name} ({_precision(recipe)})"
             opened[label] = stack.enter_context(backends.get("onnxruntime").open(
                 engine, target, recipe, threads=THREADS, spin=False))
+        if tuned is not None and tuned.is_file():
+            result = json.loads(tuned.read_text())
+            chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
+            recipe = recipes[0]
+            label = f"this project: tuned ({chosen['name']})"
+            opened[label] = stack.enter_context(backends.get("onnxruntime").open(
+                Path(chosen["engine"]), recipe.targets[0], recipe, threads=THREADS, spin=False))
         for label, path in peer_models(folder).items():
             opened[label] = PeerRunner(path, label)
         yield opened
@@ -152,7 +161,8 @@ def _precision(recipe) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipes", nargs="*", default=["minilm", "minilm-int8-sentences-tuned"])
+    parser.add_argument("recipes", nargs="*", default=["minilm"])
+    parser.add_argument("--tuned", type=Path, default=Path("engines/minilm-int8-sentences/tune/tune.json"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
@@ -161,7 +171,7 @@ def main() -> None:
     spec = LatencySpec(warmup=5, iterations=args.iterations, min_seconds=1.0, block=5)
     load_before = os.getloadavg()
     result = {"created": now(), "threads": THREADS, "shapes": {}, "runners": []}
-    with tempfile.TemporaryDirectory() as tmp, runners(recipes, Path(tmp)) as opened:
+    with tempfile.TemporaryDirectory() as tmp, runners(recipes, Path(tmp), args.tuned) as opened:
         names = list(opened)
         result["runners"] = names
         for shape, feeds in shapes.items():

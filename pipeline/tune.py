@@ -123,7 +123,7 @@ class Search:
         folder = self.folder / self.key(c)
         done = folder / "result.json"
         if done.is_file():
-            c.result = json.loads(done.read_text())
+            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
             return folder / "engine.onnx"
         shutil.rmtree(folder, ignore_errors=True)
         work = folder / "work"
@@ -140,9 +140,11 @@ class Search:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
         c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds),
                     "excluded": [e["node"] for e in meta.get("excluded", [])],
+                    "speed_cost_of_float_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes")}
         shutil.rmtree(work)
         done.write_text(json.dumps(c.result, indent=1))
+        c.result["engine"] = str(engine)
         return engine
 
     # ---------------------------------------------------------------- the search

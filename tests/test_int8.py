@@ -192,3 +192,41 @@ def test_int8_recipe_cross_checks_fail_at_load(int8_project, overrides, expected
     result = int8_project.run("quantize", "mlp", *[a for o in overrides for a in ("--set", o)])
     assert result.code == 2, result.err
     assert len(result.error_lines) == 1 and expected in result.err, result.err
+
+
+def test_split_attention_keeps_the_float_graph_and_lets_the_projection_quantize(tmp_path):
+    """A fused Attention with an additive attention bias (what the fusion writes for a
+    padding mask) becomes MatMul + Split + MultiHeadAttention: same outputs, and dynamic
+    quantization then runs the q/k/v projection as an integer kernel."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from pipeline.passes import check
+    from pipeline.precision import dynamic
+
+    rng = np.random.default_rng(0)
+    d, heads = 32, 2
+    inits = [numpy_helper.from_array(rng.standard_normal((d, d)).astype(np.float32), f"w{i}") for i in range(3)]
+    inits.append(numpy_helper.from_array(rng.standard_normal(3 * d).astype(np.float32), "b"))
+    nodes = [helper.make_node("Concat", ["w0", "w1", "w2"], ["w"], axis=1),  # as the fusion packs them
+             helper.make_node("Attention", ["x", "w", "b", "", "", "bias"], ["y"], domain="com.microsoft",
+                              num_heads=heads)]
+    graph = helper.make_graph(nodes, "attn", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", d]),
+        helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["B", 1, "S", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", d])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    src = tmp_path / "attn.onnx"
+    onnx.save(model, str(src))
+    out, names = dynamic.split_attention(src, tmp_path / "split.onnx")
+    assert len(names) == 1
+    mask = np.where(rng.random((2, 1, 8, 8)) < 0.2, -10000.0, 0.0).astype(np.float32)
+    feeds = [{"x": rng.standard_normal((2, 8, d)).astype(np.float32), "bias": mask}]
+    a = check.run(str(src), feeds, ["y"], optimize=True)[0]["y"]
+    b = check.run(str(out), feeds, ["y"], optimize=True)[0]["y"]
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    quantize_dynamic(str(out), str(tmp_path / "q.onnx"), op_types_to_quantize=["MatMul"],
+                     weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node]
+    assert "MatMulInteger" in ops and "MultiHeadAttention" in ops and "Attention" not in ops
