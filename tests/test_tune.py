@@ -69,6 +69,10 @@ def test_tune_reuses_cached_candidates_and_rescues_with_exclusions(tuned):
     assert out["chosen"] == "fp32" and "nothing beat FP32" in result.err
     rescue = out["candidates"][-1]
     assert rescue["name"].endswith("+ auto-exclude") and rescue["precision"]["sensitivity"]["auto_exclude"]
+    cost = rescue["speed_cost_of_float_nodes"]  # what keeping each node in float costs
+    assert rescue["excluded"] and [r["node"] for r in cost["nodes"]] == [
+        n for n in rescue["excluded"] if n in {r["node"] for r in cost["nodes"]}]
+    assert all(r["float_ms"] is None or r["float_ms"] >= 0 for r in cost["nodes"])
     assert all("ab" not in c for c in out["candidates"][1:-1])  # over budget: not timed
     assert not (proj.path / "strict.yaml").exists()
 
