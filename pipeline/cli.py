@@ -264,13 +264,14 @@ def recipes_command(folder):
 @click.option("--alpha", "alphas", multiple=True, type=click.FloatRange(0, 1),
               help="SmoothQuant alphas searched besides none (default 0.5).")
 @click.option("--no-exclusions", is_flag=True, help="Do not try keeping sensitive nodes in float.")
+@click.option("--within-only", is_flag=True, help="Time only candidates within the budget.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where the chosen recipe goes (default: RECIPE-tuned.yaml beside RECIPE).")
 @engines_dir_option()
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
 @debug_option
 def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, schemes, alphas,
-                 no_exclusions, out, engines_dir, verbose):
+                 no_exclusions, within_only, out, engines_dir, verbose):
     """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
     from pipeline import recipe as recipe_mod
     from pipeline import tune
@@ -281,7 +282,8 @@ def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, scheme
     loaded = recipe_mod.load(recipe, overrides)
     result, folder, written = tune.command(
         loaded, engines_dir, feeds_ref, Budget(worst_cosine, mean_cosine),
-        schemes or ("dynamic", "static"), (None, *(alphas or (0.5,))), not no_exclusions, out, verbose)
+        schemes or ("dynamic", "static"), (None, *(alphas or (0.5,))), not no_exclusions, out, verbose,
+        not within_only)
     stdout.print(tune.table(result))
     console.print(f"tune: {folder / 'tune.md'}" + (f"; chosen recipe: {written}" if written else
                                                     "; nothing beat FP32 within the budget"))

@@ -6,11 +6,12 @@ SmoothQuant alpha, and sensitivity-chosen exclusions) sets the precision in the 
 builds the ONNX Runtime engine and measures, on held-out feeds the engine was not
 calibrated on, each metric of the budget against the PyTorch model (tune_metrics.py).
 
-Timing is the project's A/B protocol: a candidate that meets the budget is timed
-interleaved with the current best (bench.timing.time_interleaved, bench.stats.compare),
-starting from the FP32 engine; it becomes the best only when the whole 95% interval of
-its time ratio lies below 1 - noise_threshold (verdict `faster`). A candidate over budget
-is not timed. Each candidate's graph, engine and accuracy are cached under
+Timing is the project's A/B protocol: each candidate is timed interleaved with the current
+best (bench.timing.time_interleaved, bench.stats.compare), starting from the FP32 engine;
+it becomes the best only when it meets the budget and the whole 95% interval of its time
+ratio lies below 1 - noise_threshold (verdict `faster`). Candidates over budget are timed
+too (never chosen; --within-only skips them), to show what the budget costs. Each
+candidate's graph, engine and accuracy are cached under
 engines/<recipe>/tune/<key>/ (key: the candidate, the FP32 graph's sha256, the held-out
 feeds, the tool versions and the CPU), so a rerun times only. The result is a table and a
 recipe (extends the tuned one, sets its `precision:`) the user can keep.
@@ -70,7 +71,7 @@ def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) 
 
 class Search:
     def __init__(self, recipe, engines_root: Path, feeds: list[dict], budget: tune_metrics.Budget,
-                 progress, verbose: bool = False):
+                 progress, verbose: bool = False, time_all: bool = True):
         from pipeline.recipe import OnnxRuntimeTarget
 
         self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
@@ -80,6 +81,7 @@ class Search:
         self.graph: Path | None = None
         self.reference: list[dict] | None = None
         self.folder = Path(engines_root) / recipe.name / "tune"
+        self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
 
     # ---------------------------------------------------------------- one candidate
     def prepare(self) -> None:
@@ -172,16 +174,17 @@ class Search:
             with self.progress.stage(f"tune: {c.name} ({len(done)}/{len(done) + len(queue)})"):
                 engine = self.build(c)
                 c.result["within"] = tune_metrics.within(c.result["accuracy"], self.budget)
-                if c.result["within"]["ok"]:
+                if c.result["within"]["ok"] or self.time_all:
                     ab = self.time_pair(best_engine, engine, timing_feed)
                     c.result.update(vs=best.name, ab=ab, chained=best.result["chained"] * ab["time_ratio"])
-                    if ab["verdict"] == "faster":
+                    if ab["verdict"] == "faster" and c.result["within"]["ok"]:
                         best, best_engine = c, engine
             acc = c.result["accuracy"]
             self.progress.note(f"{c.name}: worst cosine {acc['worst_cosine']:.4f}, mean "
                                f"{acc['mean_cosine']:.5f}"
                                + (f", time x{c.result['ab']['time_ratio']:.3f} vs {c.result['vs']} "
-                                  f"({c.result['ab']['verdict']})" if "ab" in c.result else ", over budget"))
+                                  f"({c.result['ab']['verdict']})" if "ab" in c.result else "")
+                               + ("" if c.result["within"]["ok"] else ", over budget"))
             done.append(c)
             if not queue and exclusions and not any("sensitivity" in d.precision for d in done):
                 closest = _closest_over_budget(done)
@@ -192,9 +195,9 @@ class Search:
                 "feeds": {"samples": len(self.feeds), "shapes": sorted({str(list(v.shape)) for f in self.feeds
                                                                       for v in f.values()})},
                 "timing_feed": {k: list(v.shape) for k, v in timing_feed.items()},
-                "protocol": "each candidate within budget timed interleaved with the current best "
+                "protocol": "each candidate timed interleaved with the current best "
                             "(bench.timing.time_interleaved, the recipe's validate.latency); best "
-                            "replaced on verdict `faster` only; `chained` multiplies the ratios "
+                            "replaced on verdict `faster` within budget only; `chained` multiplies the ratios "
                             "back to the FP32 engine (an estimate, the pairs were timed apart)"}
 
 
@@ -261,7 +264,7 @@ def markdown_lines(result: dict) -> list[str]:
 
 
 def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metrics.Budget,
-            schemes, alphas, exclusions: bool, out: Path | None, verbose: bool):
+            schemes, alphas, exclusions: bool, out: Path | None, verbose: bool, time_all: bool = True):
     """Run the search; write tune.json/tune.md beside the engines and the chosen recipe."""
     from pipeline import data
     from pipeline.errors import RecipeError
@@ -276,7 +279,7 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
         raise RecipeError(f"tune {recipe.name}: the search calibrates static candidates; set "
                           "data.calibration (held-out feeds stay separate)")
     candidates = space(schemes=schemes, alphas=alphas)
-    search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose)
+    search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose, time_all)
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder

@@ -56,13 +56,13 @@ def test_tune_times_each_candidate_against_the_best_and_writes_a_recipe(tuned):
 
 
 def test_tune_reuses_cached_candidates_and_rescues_with_exclusions(tuned):
-    """A budget nothing meets: no candidate is timed, the search adds sensitivity-chosen
+    """A budget nothing meets (--within-only: none is timed): the search adds sensitivity-chosen
     exclusions to one over budget; the graphs and accuracies of the first run are reused."""
     proj, _ = tuned
     results = sorted((proj.engines / "mlp" / "tune").glob("*/result.json"))
     stamps = {p: p.stat().st_mtime_ns for p in results}
     result = proj.run("tune", "mlp", "--worst-cosine", "0.999999", "--mean-cosine", "0.999999",
-                      "--out", "strict.yaml", *SEARCH)
+                      "--out", "strict.yaml", "--within-only", *SEARCH)
     assert result.code == 0, result.err
     assert all(p.stat().st_mtime_ns == stamps[p] for p in results)  # cached, not rebuilt
     out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
