@@ -284,6 +284,46 @@ def schema_command(what):
     click.echo(json.dumps(schema, indent=2))
 
 
+@cli.command("tune")
+@click.argument("recipe")
+@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+              help="Override a recipe value (repeatable).")
+@click.option("--feeds", "feeds_ref", metavar="MODULE:FUNCTION", default=None,
+              help="Held-out feeds the budget is measured on (default: the recipe's validation split).")
+@click.option("--worst-cosine", type=float, default=0.99, show_default=True,
+              help="Least cosine of any output row (a sentence embedding, a token's logits) vs PyTorch.")
+@click.option("--mean-cosine", type=float, default=0.998, show_default=True,
+              help="Least mean row cosine vs PyTorch.")
+@click.option("--scheme", "schemes", multiple=True, type=click.Choice(["dynamic", "static"]),
+              help="Schemes searched (default both).")
+@click.option("--alpha", "alphas", multiple=True, type=click.FloatRange(0, 1),
+              help="SmoothQuant alphas searched besides none (default 0.5).")
+@click.option("--no-exclusions", is_flag=True, help="Do not try keeping sensitive nodes in float.")
+@click.option("--within-only", is_flag=True, help="Time only candidates within the budget.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Where the chosen recipe goes (default: RECIPE-tuned.yaml beside RECIPE).")
+@engines_dir_option()
+@click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+@debug_option
+def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, schemes, alphas,
+                 no_exclusions, within_only, out, engines_dir, verbose):
+    """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
+    from pipeline import recipe as recipe_mod
+    from pipeline import tune
+    from pipeline.tune_metrics import Budget
+    from pipeline.ui import console
+    from pipeline.ui import out as stdout
+
+    loaded = recipe_mod.load(recipe, overrides)
+    result, folder, written = tune.command(
+        loaded, engines_dir, feeds_ref, Budget(worst_cosine, mean_cosine),
+        schemes or ("dynamic", "static"), (None, *(alphas or (0.5,))), not no_exclusions, out, verbose,
+        not within_only)
+    stdout.print(tune.table(result))
+    console.print(f"tune: {folder / 'tune.md'}" + (f"; chosen recipe: {written}" if written else
+                                                    "; nothing beat FP32 within the budget"))
+
+
 @cli.command("inspect")
 @click.argument("onnx_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the facts as JSON.")

@@ -16,6 +16,11 @@ one of: integer, fake-quantized float, float, attention (float).
   weights are dequantized and the product runs in float. ORT's DQ -> MatMulNBits fusion
   writes level 4 by default (session config `session.qdq_matmulnbits_accuracy_level`), so
   the level is read from the engine's graph, never assumed from the op name.
+- Convolutions: 2 * numel(Y) * (C_in / group) * prod(kernel), C_in from the input's shape,
+  group and kernel from the engine's graph (the profiler leaves constant weights out of a
+  kernel's shapes). QLinearConv and ConvInteger run integer kernels; Conv, FusedConv and
+  NhwcFusedConv float (fake-quantized behind a DQ); ConvTranspose 2 * numel(X) * (M / group)
+  * prod(kernel).
 - Fused attention (MultiHeadAttention, GroupQueryAttention, ...): QK^T and probabilities x V
   are activation x activation products that run in float. Per node: 4 * numel(Y) * L (Y the
   attention output [B, S, heads * head_size], L the key length: 2 * B*S*L*D for each
@@ -31,8 +36,11 @@ from collections import Counter
 from pathlib import Path
 
 INTEGER = {"QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
-           "QGemm", "MatMulBnb4", "QAttention", "DynamicQuantizeLSTM"}
-FLOAT = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulFloat8"}
+           "QGemm", "MatMulBnb4", "QAttention", "DynamicQuantizeLSTM", "QLinearConv", "ConvInteger"}
+FLOAT = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulFloat8", "Conv", "FusedConv",
+         "NhwcFusedConv", "ConvTranspose"}
+CONV = {"QLinearConv": 3, "ConvInteger": 1, "Conv": 1, "FusedConv": 1, "NhwcFusedConv": 1,
+        "ConvTranspose": 1}  # op -> index of the weight input
 NBITS = "MatMulNBits"  # integer or float by its accuracy_level attribute
 ATTENTION = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
              "PackedMultiHeadAttention", "SparseAttention", "QAttention"}
@@ -40,7 +48,8 @@ ATTENTION = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAt
 ACCURACY_LEVELS = {0: "fp32", 1: "fp32", 2: "fp16", 3: "bf16", 4: "int8"}
 INT8_LEVEL = 4
 KINDS = ("integer", "fake_quantized", "float", "attention")
-SCOPE = "matrix-multiply FLOPs (MatMul/Gemm family, and attention's QK^T and PV products)"
+SCOPE = ("matrix-multiply FLOPs (MatMul/Gemm family, convolutions, and attention's QK^T and "
+         "PV products)")
 
 
 def _numel(shape: list[int]) -> int:
@@ -96,12 +105,35 @@ def _key_length(inputs: list[list[int]], outputs: list[list[int]], y: list[int])
     return y[1] if len(y) >= 2 else 1
 
 
-def _kernel_flops(op: str, inputs: list[list[int]], outputs: list[list[int]]) -> list[tuple[str, float]]:
+def conv_params(graph) -> dict[str, tuple[int, int, int]]:
+    """Conv-family node name -> (group, prod(kernel), weight dim 1) from the graph."""
+    dims = {i.name: list(i.dims) for i in graph.initializer}
+    for n in graph.node:  # a fake-quantized Conv reads its weight through a DequantizeLinear
+        if n.op_type == "DequantizeLinear" and n.input[0] in dims:
+            dims[n.output[0]] = dims[n.input[0]]
+    out = {}
+    for n in graph.node:
+        if n.op_type in CONV and len(n.input) > CONV[n.op_type]:
+            w = dims.get(n.input[CONV[n.op_type]])
+            if w is not None and len(w) >= 3:
+                out[n.name] = (int(_attr(n, "group", 1)), _numel(w[2:]), w[1])
+    return out
+
+
+def _kernel_flops(op: str, inputs: list[list[int]], outputs: list[list[int]],
+                  conv: tuple[int, int, int] | None = None) -> list[tuple[str, float]]:
     """(part, FLOPs) of one kernel run: part "matmul" or "attention"."""
     a, y = inputs[0] if inputs else [], outputs[0] if outputs else []
     if not y or not a or _numel(y) == 0:
         return []
     out = []
+    if op in CONV:
+        if conv is None:
+            return []
+        group, kernel, per_group_out = conv
+        if op == "ConvTranspose":  # each input value meets (M / group) * prod(kernel) weights
+            return [("matmul", 2.0 * _numel(a) * per_group_out * kernel)]
+        return [("matmul", 2.0 * _numel(y) * (a[1] / group) * kernel)]
     if op in ATTENTION:
         out.append(("attention", 4.0 * _numel(y) * _key_length(inputs, outputs, y)))
         if op in ("Attention", "QAttention") and len(inputs) > 1 and len(inputs[1]) == 2:
@@ -109,6 +141,14 @@ def _kernel_flops(op: str, inputs: list[list[int]], outputs: list[list[int]]) ->
         return out
     k = _numel(a) * y[-1] / _numel(y)
     return [("matmul", 2.0 * _numel(y) * k)]
+
+
+def node_flops(args: dict, conv: tuple[int, int, int] | None = None) -> list[tuple[str, float]]:
+    """(part, FLOPs) of one profiled kernel event's args (op_name, input/output shapes)."""
+    if args.get("op_name") not in INTEGER | FLOAT | ATTENTION | {NBITS}:
+        return []
+    return _kernel_flops(args["op_name"], _shapes(args.get("input_type_shape", [])),
+                         _shapes(args.get("output_type_shape", [])), conv)
 
 
 def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
@@ -132,11 +172,12 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
     profile = Path(session.end_profiling())
     events = json.loads(profile.read_text())
     profile.unlink()
-    return summarize(events, fed_by_dq, levels, {k: list(v.shape) for k, v in feed.items()})
+    return summarize(events, fed_by_dq, levels, {k: list(v.shape) for k, v in feed.items()},
+                     conv_params(graph))
 
 
 def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, int],
-              feed_shapes: dict) -> dict:
+              feed_shapes: dict, convs: dict | None = None) -> dict:
     """Fold one request's profile events into FLOPs by kind (measure(), without a session)."""
     flops = dict.fromkeys(KINDS, 0.0)
     by_op: dict[str, float] = {}
@@ -151,7 +192,8 @@ def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, 
         if not event.get("name", "").endswith("_kernel_time"):
             continue
         seen.add(name)
-        parts = _kernel_flops(op, _shapes(args["input_type_shape"]), _shapes(args["output_type_shape"]))
+        parts = _kernel_flops(op, _shapes(args["input_type_shape"]), _shapes(args["output_type_shape"]),
+                              (convs or {}).get(name))
         for part, f in parts:
             if part == "attention":
                 kind, label = "attention", f"{op} (QK^T, PV)"
@@ -187,7 +229,7 @@ def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, 
 
 def gate(result: dict, required: float) -> dict:
     share = result["integer_share"]
-    scope = "matrix-multiply FLOPs (attention products included)"
+    scope = "matrix-multiply FLOPs (convolutions and attention products included)"
     detail = f"{share:.3f} of {scope} in integer kernels >= {required:g}"
     if share < required:
         worst = ", ".join(f"{n['node']} ({n['op']}, {n['kind'].replace('_', '-')}, {n['mflops']:g} MFLOP)"

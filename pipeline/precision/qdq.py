@@ -6,6 +6,10 @@ recipe's calibration feeds; Q/DQ sit on the inputs of quantized ops, never on th
 The Q/DQ graph is what TensorRT builds a strongly typed INT8 engine from and what ONNX
 Runtime fuses into integer kernels (see cpu_pairs.py). GEMMs with a dimension under 16 stay
 float (nodes.too_small).
+
+`scheme: dynamic` swaps the quantizer for dynamic.Quantizer (run-time activation ranges);
+`smoothing` rewrites the graph first (smooth.py); both share the exclusions, sensitivity
+analysis and report below. Weights use 7 bits where the CPU needs it (isa.py).
 """
 
 from __future__ import annotations
@@ -15,15 +19,30 @@ from pathlib import Path
 import onnx
 
 from pipeline.errors import StageFailed
-from pipeline.precision import calibrate, cpu_pairs, evaluate, nodes, sensitivity
+from pipeline.precision import (
+    calibrate,
+    cpu_pairs,
+    dynamic,
+    evaluate,
+    isa,
+    nodes,
+    sensitivity,
+    smooth,
+)
+
+# ONNX Runtime fuses a Q/DQ Conv into an integer kernel only as QLinearConv, which needs a Q
+# on the Conv's output (there is no "ConvIntegerToFloat"); without it the Conv runs in float
+# between DQ and Q (measured on a tiny CNN: FusedConv, 0% integer). Convs keep their output Q.
+_OUTPUT_QUANTIZED = {"Conv"}
 
 
 class Quantizer:
     """Quantizes one pre-processed graph repeatedly from a single calibration pass."""
 
-    def __init__(self, recipe, pre: Path, workdir: Path, feeds: list[dict]):
+    def __init__(self, recipe, pre: Path, workdir: Path, feeds: list[dict], reduce_range: bool):
         self.recipe, self.spec, self.pre, self.workdir, self.feeds = (
             recipe, recipe.precision, pre, workdir, feeds)
+        self.reduce_range = reduce_range
         self.cache = workdir / "calibration.json"
         self.count = 0
 
@@ -40,14 +59,15 @@ class Quantizer:
         # and a DQ per MatMul. Measured on flash-int8: cosine 0.99955 -> 0.99982, top-1
         # 0.949 -> 0.967, and ORT runs MatMulIntegerToFloat instead of QLinearMatMul + DQ.
         extra = {"ActivationSymmetric": True, "WeightSymmetric": True,
-                 "OpTypesToExcludeOutputQuantization": list(self.spec.op_types)}
+                 "OpTypesToExcludeOutputQuantization": [
+                     t for t in self.spec.op_types if fp8 or t not in _OUTPUT_QUANTIZED]}
         if self.spec.method == "percentile":
             extra["CalibPercentile"] = self.spec.percentile
         try:
             quantize_static(
                 str(self.pre), str(out), calibrate.reader(self.feeds),
                 quant_format=QuantFormat.QDQ, op_types_to_quantize=list(self.spec.op_types),
-                per_channel=self.spec.per_channel and not fp8,
+                per_channel=self.spec.per_channel and not fp8, reduce_range=self.reduce_range,
                 activation_type=qtype, weight_type=qtype,
                 nodes_to_quantize=only, nodes_to_exclude=exclude,
                 calibrate_method=calibrate.method(self.spec.method),
@@ -67,18 +87,31 @@ class Quantizer:
 
 def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path, dict]:
     spec = recipe.precision
-    feeds = calibrate.feeds(recipe)
+    dynamic_scheme = spec.mode == "int8" and spec.scheme == "dynamic"
+    feeds = calibrate.feeds(recipe) if spec.needs_calibration or spec.sensitivity.enabled else []
+    reduce_range = spec.mode == "int8" and isa.reduce_range(spec.weight_range)
     with calibrate.quiet(verbose, workdir):
         pre = calibrate.preprocess(src, workdir)
+        split = []
+        if dynamic_scheme and "Attention" in spec.op_types:
+            pre, split = dynamic.split_attention(pre, workdir / "split.onnx")
         model = onnx.load(str(pre))
-        candidates = nodes.quantizable(model, list(spec.op_types))
+        op_types = list(spec.op_types) + (["MatMul"] if split and "MatMul" not in spec.op_types else [])
+        candidates = nodes.quantizable(model, op_types)
+        if split and "MatMul" not in spec.op_types:  # only the attention projections
+            candidates = [c for c in candidates if c in split or c not in nodes.quantizable(model, ["MatMul"])]
         if not candidates:
             raise StageFailed(f"precision.mode {spec.mode}: the graph has no node of op types "
                               f"{spec.op_types} to quantize")
         by_recipe = nodes.excluded(candidates, spec.exclude)
         small = [n for n in nodes.too_small(model, candidates) if n not in by_recipe]
         excluded = by_recipe + small
-        quantize = Quantizer(recipe, pre, workdir, feeds)
+        smoothing = None
+        if spec.smoothing is not None:
+            pre, smoothing = smooth.apply(pre, [c for c in candidates if c not in excluded], feeds,
+                                          spec.smoothing.alpha, workdir / "smoothed.onnx")
+        kind = dynamic.Quantizer if dynamic_scheme else Quantizer
+        quantize = kind(recipe, pre, workdir, feeds, reduce_range)
         # The first call calibrates (and caches the ranges); later calls reuse them.
         first, calibration_seconds = calibrate.timed(quantize, excluded)
         report = None
@@ -98,22 +131,31 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         out = quantize(excluded, out=workdir / "typed.onnx") if report else first
         if out != workdir / "typed.onnx":
             out = out.rename(workdir / "typed.onnx")
+        if report and report["auto_excluded"]:
+            report["speed_cost"] = sensitivity.speed_cost(out, feeds[0], report["auto_excluded"], workdir)
+    skipped = dynamic.unquantized(out, [c for c in candidates if c not in excluded]) if dynamic_scheme else []
     typed = onnx.load(str(out), load_external_data=False)
     counts = {op: sum(n.op_type == op for n in typed.graph.node)
-              for op in ("QuantizeLinear", "DequantizeLinear")}
+              for op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")}
     return out, {
+        "scheme": spec.scheme if spec.mode == "int8" else "static",
         "calibration": {
             "method": spec.method, "samples": len(feeds),
             "source": _source(recipe), "seconds": round(calibration_seconds, 3),
-        },
-        "symmetric": True,
+        } if spec.needs_calibration else None,
+        "symmetric": not dynamic_scheme,
         "per_channel": spec.per_channel and spec.mode != "fp8",
+        "weight_range": {"setting": spec.weight_range,
+                         "bits": 7 if reduce_range else 8, "cpu": isa.describe()},
+        "smoothing": smoothing,
+        "attention_split": len(split),
         "op_types": list(spec.op_types),
         "quantizable_nodes": len(candidates),
-        "quantized_nodes": len(candidates) - len(excluded),
+        "quantized_nodes": len(candidates) - len(excluded) - len(skipped),
         "excluded": [{"node": n, "why": "recipe" if n in by_recipe else
                       f"small (a dimension < {nodes.MIN_CHANNELS})" if n in small else "sensitivity"}
-                     for n in excluded],
+                     for n in excluded]
+                    + [{"node": n, "why": "no ONNX Runtime integer kernel for its inputs"} for n in skipped],
         "qdq_nodes": counts,
         "sensitivity": report,
     }

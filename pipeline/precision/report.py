@@ -14,9 +14,23 @@ def markdown(p: dict) -> list[str]:
     if cal:
         lines.append(f"- calibration: {cal['method']} on {cal['samples']} feeds ({cal['source']}), "
                      f"{cal['seconds']:.1f} s (calibration + quantization)")
+    if p.get("scheme") == "dynamic":
+        lines.append("- scheme: **dynamic** (int8 weights; activations quantized at run time, "
+                     "uint8 per tensor)")
+    wr = p.get("weight_range")
+    if wr:
+        lines.append(f"- weights: {wr['bits']}-bit range (weight_range {wr['setting']}; CPU VNNI: "
+                     f"{'yes' if wr['cpu']['vnni'] else 'no'})")
+    sm = p.get("smoothing")
+    if sm:
+        lines.append(f"- SmoothQuant smoothing: alpha {sm['alpha']:g} on {sm['nodes']} nodes "
+                     f"({sm['activations']} activations"
+                     + (f"; largest outlier ratio {sm['outlier_ratio_max']:g}" if "outlier_ratio_max" in sm else "")
+                     + ")")
     if "quantized_nodes" in p:
+        symmetric = "symmetric (zero point 0)" if p.get("symmetric", True) else "asymmetric activations"
         lines.append(f"- quantized nodes: {p['quantized_nodes']} of {p['quantizable_nodes']} "
-                     f"({', '.join(p.get('op_types') or ['MatMul'])}); symmetric (zero point 0)"
+                     f"({', '.join(p.get('op_types') or ['MatMul'])}); {symmetric}"
                      + (", per-channel weights" if p.get("per_channel") else "")
                      + (f", block size {p['block_size']}" if p.get("block_size") else ""))
     if "fp32_nodes" in p:
@@ -48,6 +62,14 @@ def markdown(p: dict) -> list[str]:
                   "", "| rank | node quantized alone | cosine | top-1 |", "|---|---|---|---|"]
         for i, r in enumerate(sens["ranking"], 1):
             lines.append(f"| {i} | `{r['node']}` | {fmt(r['cosine'], '.6f')} | {fmt(r['top1_agreement'], '.4f')} |")
+        cost = sens.get("speed_cost")
+        if cost:
+            lines += ["", f"Time each node kept in float costs ({cost['method']}; "
+                      f"{cost['feed_shapes']}): {fmt(cost['total_ms'], '.3f')} ms in all.", "",
+                      "| node | op | float ms | as integer ms (est.) | cost ms |", "|---|---|---|---|---|"]
+            for r in cost["nodes"]:
+                lines.append(f"| `{r['node']}` | {r.get('op') or '—'} | {fmt(r['float_ms'], '.4f')} | "
+                             f"{fmt(r['integer_ms_estimate'], '.4f')} | {fmt(r['cost_ms'], '.4f')} |")
     return lines
 
 

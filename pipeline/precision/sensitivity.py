@@ -10,6 +10,7 @@ nodes, so the prefix test is monotone in practice), log2(n) quantizations instea
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -60,3 +61,54 @@ def analyse(quantize: Quantize, candidates: list[str], excluded: list[str], scor
         "met": evaluate.meets(reached, budget.cosine_min, budget.top1_min),
         "trials": len(trials) + len(ranking),
     }
+
+
+def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
+    """What each node kept in float costs in time, from one profiled request of the typed
+    graph as ONNX Runtime optimizes it: the node's float kernel time, against the same
+    FLOPs at the rate this very run achieved in its integer kernels (the node quantized
+    would run at about that rate). Times in ms; a node ORT fused away has no entry."""
+    import onnx
+    import onnxruntime as ort
+
+    from pipeline.precision import effective
+
+    convs = effective.conv_params(onnx.load(str(typed), load_external_data=False).graph)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = str(workdir / "speed-cost-profile")
+    session = ort.InferenceSession(str(typed), options, providers=["CPUExecutionProvider"])
+    session.run(None, feed)
+    session.run(None, feed)  # the second request: no first-run allocation in the kernel times
+    profile = Path(session.end_profiling())
+    events = [e for e in json.loads(profile.read_text()) if e.get("cat") == "Node"
+              and e.get("name", "").endswith("_kernel_time")]
+    profile.unlink()
+    last = {e["name"].removesuffix("_kernel_time"): e for e in events}  # the second run's
+    int_us = int_flops = 0.0
+    for name, e in last.items():
+        args = e.get("args") or {}
+        if args.get("op_name") in effective.INTEGER:
+            parts = effective.node_flops(args, convs.get(name))
+            int_us += e["dur"]
+            int_flops += sum(f for _, f in parts)
+    rate = int_flops / int_us if int_us else None  # FLOPs per microsecond, integer kernels
+    rows, total = [], 0.0
+    for node in kept:
+        e = last.get(node)
+        if e is None:
+            rows.append({"node": node, "float_ms": None, "integer_ms_estimate": None, "cost_ms": None})
+            continue
+        flops = sum(f for _, f in effective.node_flops(e.get("args") or {}, convs.get(node)))
+        float_ms = e["dur"] / 1e3
+        int_ms = flops / rate / 1e3 if rate else None
+        cost = float_ms - int_ms if int_ms is not None else None
+        total += cost or 0.0
+        rows.append({"node": node, "op": (e.get("args") or {}).get("op_name"),
+                     "float_ms": round(float_ms, 4),
+                     "integer_ms_estimate": None if int_ms is None else round(int_ms, 4),
+                     "cost_ms": None if cost is None else round(cost, 4)})
+    return {"nodes": rows, "total_ms": round(total, 4), "feed_shapes": {k: list(v.shape) for k, v in feed.items()},
+            "method": "one profiled request (ORT's optimization, the second of two): each kept "
+                      "node's float kernel time minus its FLOPs at this run's integer-kernel rate"}

@@ -20,10 +20,21 @@ class BudgetSpec(Strict):
 class SensitivitySpec(Strict):
     enabled: bool = Field(False, description="Rank quantizable nodes by the error each causes alone.")
     auto_exclude: bool = Field(
-        False, description="Keep the most sensitive nodes in float until `budget` is met."
+        False, description="Keep the most sensitive nodes in float until `budget` is met; the "
+        "report gives the time each node kept in float costs (its kernel time, int8 vs float)."
     )
     budget: BudgetSpec = Field(BudgetSpec(), description="Accuracy the quantized graph must keep.")
     samples: int = Field(4, ge=1, description="Calibration feeds the accuracy is measured on.")
+
+
+class SmoothingSpec(Strict):
+    """SmoothQuant (Xiao et al. 2023): per input channel j of a quantized MatMul, divide the
+    activation by s_j and multiply the weight's row j by s_j (exact in float), with
+    s_j = max|X_j|^alpha / max|W_j|^(1 - alpha): activation outliers move into the weights,
+    which are quantized per channel and take them better."""
+
+    alpha: float = Field(0.5, ge=0, le=1, description="Migration strength: 0 leaves the "
+                         "activations, 1 moves all of their range into the weights.")
 
 
 FP32_BLOCK_LIST = ["ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax", "Exp", "Sigmoid",
@@ -42,14 +53,30 @@ class PrecisionSpec(Strict):
     block_list: list[str] = Field(
         FP32_BLOCK_LIST, description="fp16/bf16: op types kept in FP32 (norms, softmax, reductions).",
     )
+    scheme: Literal["static", "dynamic"] = Field(
+        "static", description="int8: `static` calibrated Q/DQ on activations and weights (what "
+        "TensorRT builds); `dynamic` int8 weights with activations quantized at run time "
+        "(ONNX Runtime's DynamicQuantizeLinear + MatMulInteger, or fused forms), no calibration "
+        "needed unless `smoothing` is set.",
+    )
+    smoothing: SmoothingSpec | None = Field(
+        None, description="int8: SmoothQuant activation smoothing before quantization (needs "
+        "calibration data for the activation ranges).",
+    )
+    weight_range: Literal["auto", "full", "reduced"] = Field(
+        "auto", description="int8 weights: `full` [-127, 127]; `reduced` 7 bits [-64, 63], which "
+        "x86 CPUs without VNNI need (their u8 x s8 kernel, VPMADDUBSW, saturates int16 pair sums "
+        "of full-range weights); `auto` reduced only where the machine lacks VNNI.",
+    )
     calibration: Literal["minmax", "percentile", "entropy", "distribution"] | None = Field(
         None, description="int8/fp8 calibration method; default minmax (int8), distribution (fp8).",
     )
     percentile: float = Field(99.999, gt=50, le=100, description="Percentile kept by `percentile`.")
-    op_types: list[Literal["MatMul", "Gemm", "Conv", "Add"]] = Field(
+    op_types: list[Literal["MatMul", "Gemm", "Conv", "Add", "Attention"]] = Field(
         ["MatMul", "Gemm", "Conv"], min_length=1,
         description="Op types quantized (int8/fp8; int4 takes MatMul/Gemm weights). `Add` adds "
-        "the residual adds.",
+        "the residual adds (static); `Attention` the fused attention's QKV projection (dynamic: "
+        "QAttention, where ONNX Runtime's kernel takes the node's inputs).",
     )
     per_channel: bool = Field(True, description="int8: one weight scale per output channel.")
     exclude: list[str] = Field(
@@ -87,9 +114,24 @@ class PrecisionSpec(Strict):
             raise ValueError("sensitivity.auto_exclude needs sensitivity.enabled: true")
         if self.require_effective_precision is not None and self.mode not in ("int8", "int4"):
             raise ValueError("require_effective_precision applies to integer modes (int8, int4)")
+        if self.mode != "int8" and (self.scheme != "static" or self.smoothing is not None):
+            raise ValueError(f"scheme and smoothing apply to int8, not mode {self.mode}")
+        if self.scheme == "dynamic" and self.calibration is not None and self.smoothing is None:
+            raise ValueError("scheme dynamic takes no calibration method (activations are "
+                             "quantized at run time); drop precision.calibration")
+        if self.scheme == "dynamic" and "Add" in self.op_types:
+            raise ValueError("scheme dynamic quantizes MatMul, Gemm, Conv and Attention, not Add")
+        if self.scheme == "static" and "Attention" in self.op_types:
+            raise ValueError("op_types Attention needs scheme dynamic (QAttention); static Q/DQ "
+                             "leaves fused attention in float")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two (got {self.block_size})")
         return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Static Q/DQ calibrates activation ranges; smoothing needs activation maxima."""
+        return self.mode in ("int8", "fp8") and (self.scheme == "static" or self.smoothing is not None)
 
     @property
     def method(self) -> str:

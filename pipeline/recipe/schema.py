@@ -284,7 +284,7 @@ class Recipe(Strict):
                 target.check(self)
             except ValueError as e:
                 raise LocatedError(("targets", n), str(e)) from None
-        if self.precision.mode in ("int8", "fp8") and self.data.calibration is None:
+        if self.precision.needs_calibration and self.data.calibration is None:
             raise LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode} "
                                 "needs calibration data: set data.calibration (random samples, "
                                 "a .npz `file` or a `loader`)")

@@ -94,6 +94,10 @@ class TensorRTTarget(TargetBase):
         return data
 
     def check(self, recipe) -> None:  # recipe: a pipeline.recipe.Recipe
+        if recipe.precision.mode == "int8" and recipe.precision.scheme == "dynamic":
+            raise ValueError(f"target `{self.id}`: TensorRT builds static Q/DQ INT8 only; "
+                             "precision.scheme dynamic writes ONNX Runtime ops (use scheme: static, "
+                             "or a recipe without this target)")
         symbols = {d.name for i in recipe.inputs for d in i.shape if isinstance(d, Dim) and d.name}
         for n, profile in enumerate(self.profiles):
             unknown = sorted(set(profile) - symbols)

@@ -26,7 +26,8 @@ def enabled(recipe: Recipe) -> bool:
 
 def preflight(recipe: Recipe) -> None:
     """Before any stage runs: calibration data loads and fits the recipe's inputs."""
-    if enabled(recipe) and recipe.precision.mode in ("int8", "fp8"):
+    p = recipe.precision
+    if enabled(recipe) and (p.needs_calibration or p.sensitivity.enabled):
         data.calibration_feeds(recipe)
 
 
@@ -37,6 +38,10 @@ def spec(recipe: Recipe) -> dict:
     data_spec = recipe.section("data")["data"]
     key["calibration"] = {"seed": data_spec["seed"], "calibration": data_spec["calibration"]}
     key["calibration_files"] = data.key(recipe, "calibration")
+    if recipe.precision.mode == "int8" and recipe.precision.weight_range == "auto":
+        from pipeline.precision import isa
+
+        key["reduced_weight_range"] = isa.needs_reduced_range()  # the graph depends on the CPU
     return key
 
 

@@ -1,0 +1,294 @@
+"""`pipeline tune RECIPE`: the fastest INT8 engine whose accuracy stays within a budget.
+
+The search runs the recipe's export and optimize stages once (cached as usual), then for
+each candidate precision (scheme static/dynamic, per-channel weights, calibration method,
+SmoothQuant alpha, and sensitivity-chosen exclusions) sets the precision in the graph,
+builds the ONNX Runtime engine and measures, on held-out feeds the engine was not
+calibrated on, each metric of the budget against the PyTorch model (tune_metrics.py).
+
+Timing is the project's A/B protocol: each candidate is timed interleaved with the current
+best (bench.timing.time_interleaved, bench.stats.compare), starting from the FP32 engine;
+it becomes the best only when it meets the budget and the whole 95% interval of its time
+ratio lies below 1 - noise_threshold (verdict `faster`). Candidates over budget are timed
+too (never chosen; --within-only skips them), to show what the budget costs. Each
+candidate's graph, engine and accuracy are cached under
+engines/<recipe>/tune/<key>/ (key: the candidate, the FP32 graph's sha256, the held-out
+feeds, the tool versions and the CPU), so a rerun times only. The result is a table and a
+recipe (extends the tuned one, sets its `precision:`) the user can keep.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from pipeline import tune_metrics
+
+FP32 = "fp32"
+
+
+@dataclass
+class Candidate:
+    name: str
+    precision: dict  # the recipe's precision section for this candidate (fp32: {})
+    result: dict = field(default_factory=dict)
+
+
+def space(schemes=("dynamic", "static"), per_channel=(True, False), methods=("minmax", "percentile"),
+          alphas=(None, 0.5), op_types=("MatMul",)) -> list[Candidate]:
+    """The grid: dynamic x per-channel x alpha; static (per-channel only: per-tensor static
+    weights lose accuracy and gain no speed on ORT's CPU kernels) x method x alpha. Dynamic
+    candidates quantize the fused attention's projection too (dynamic.split_attention)."""
+    out = []
+    for scheme in schemes:
+        for pc in (per_channel if scheme == "dynamic" else [p for p in per_channel if p] or [True]):
+            for method in (methods if scheme == "static" else (None,)):
+                for alpha in alphas:
+                    ops = list(op_types) + (["Attention"] if scheme == "dynamic" else [])
+                    p = {"mode": "int8", "scheme": scheme, "per_channel": pc, "op_types": ops}
+                    if method:
+                        p["calibration"] = method
+                    if alpha is not None:
+                        p["smoothing"] = {"alpha": alpha}
+                    label = [scheme, "per-channel" if pc else "per-tensor"] + ([method] if method else [])
+                    label += [f"smooth {alpha:g}"] if alpha is not None else []
+                    out.append(Candidate(" ".join(label), p))
+    return out
+
+
+def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) -> Candidate:
+    """The best candidate, with sensitivity analysis keeping its most harmful nodes in float
+    until the calibration-feed cosine (a feed of unit-norm embeddings: the mean row cosine)
+    meets the stricter of the budget's cosines."""
+    p = dict(best.precision)
+    p["sensitivity"] = {"enabled": True, "auto_exclude": True, "samples": samples,
+                        "budget": {"cosine_min": max(budget.worst_cosine, budget.mean_cosine)}}
+    return Candidate(best.name + " + auto-exclude", p)
+
+
+class Search:
+    def __init__(self, recipe, engines_root: Path, feeds: list[dict], budget: tune_metrics.Budget,
+                 progress, verbose: bool = False, time_all: bool = True):
+        from pipeline.recipe import OnnxRuntimeTarget
+
+        self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
+            recipe, feeds, budget, progress, verbose)
+        self.target = next((t for t in recipe.targets if t.kind == "onnxruntime"), OnnxRuntimeTarget())
+        self.engines_root = engines_root
+        self.graph: Path | None = None
+        self.reference: list[dict] | None = None
+        self.folder = Path(engines_root) / recipe.name / "tune"
+        self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
+
+    # ---------------------------------------------------------------- one candidate
+    def prepare(self) -> None:
+        """The FP32 graph (the recipe's own stages, cached) and PyTorch's held-out outputs."""
+        from pipeline import models
+        from pipeline.run import Run
+        from pipeline.stages.validate import baseline_runner
+
+        fp32 = self.recipe.model_copy(update={"precision": self.recipe.precision.model_copy(
+            update={"mode": "fp32"})})
+        store = Run(fp32, self.engines_root, progress=self.progress, verbose=self.verbose).execute(
+            "optimize").store
+        self.graph = next(p for p in (store.dir / "optimized.onnx", store.dir / "model.onnx") if p.is_file())
+        with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
+            self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]
+
+    def key(self, c: Candidate) -> str:
+        from pipeline import deps
+        from pipeline.precision import isa
+        from pipeline.recipe.schema import sha256_json
+        from pipeline.stages import precision as stage
+        from pipeline.store import sha256_file
+
+        recipe = self.candidate_recipe(c)
+        return sha256_json({"precision": c.precision, "graph": sha256_file(self.graph),
+                            "stage": stage.spec(recipe) if c.precision else None,
+                            "feeds": tune_metrics.digest(self.feeds), "versions": deps.versions(),
+                            "cpu": isa.describe(), "target": self.target.model_dump()})[:16]
+
+    def candidate_recipe(self, c: Candidate):
+        from pipeline.recipe.precision import PrecisionSpec
+
+        return self.recipe.model_copy(update={"precision": PrecisionSpec(**c.precision)})
+
+    def build(self, c: Candidate) -> Path:
+        """The candidate's engine (and its accuracy in c.result), from the cache when there."""
+        from pipeline import backends
+        from pipeline.backends import onnxruntime as ort_backend
+        from pipeline.stages import precision as stage
+
+        folder = self.folder / self.key(c)
+        done = folder / "result.json"
+        if done.is_file():
+            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
+            return folder / "engine.onnx"
+        shutil.rmtree(folder, ignore_errors=True)
+        work = folder / "work"
+        work.mkdir(parents=True)
+        recipe = self.candidate_recipe(c)
+        graph, meta = self.graph, {}
+        if c.precision:
+            (work / "precision").mkdir()
+            outputs, meta = stage.run(recipe, SimpleNamespace(path=self.graph), work / "precision")
+            graph = outputs["typed.onnx"]
+        engine, _ = ort_backend.build(graph, self.target, recipe, work)
+        engine = engine.rename(folder / "engine.onnx")
+        with backends.get("onnxruntime").open(engine, self.target, recipe) as runner:
+            actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
+        c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds),
+                    "excluded": [e["node"] for e in meta.get("excluded", [])],
+                    "speed_cost_of_float_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
+                    "quantized_nodes": meta.get("quantized_nodes")}
+        shutil.rmtree(work)
+        done.write_text(json.dumps(c.result, indent=1))
+        c.result["engine"] = str(engine)
+        return engine
+
+    # ---------------------------------------------------------------- the search
+    def time_pair(self, best_engine: Path, engine: Path, feed: dict) -> dict:
+        from pipeline import backends
+        from pipeline.bench import stats, timing
+
+        spec = self.recipe.validation.latency
+        backend = backends.get("onnxruntime")
+        threads = self.recipe.validation.threads
+        with backend.open(best_engine, self.target, self.recipe, threads=threads, spin=False) as a, \
+                backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
+            timed = timing.time_interleaved([a, b], feed, spec)
+        return stats.compare(timed.blocks[0], timed.blocks[1], noise=spec.noise_threshold)
+
+    def run(self, candidates: list[Candidate], timing_feed: dict, exclusions: bool = True) -> dict:
+        self.prepare()
+        fp32 = Candidate(FP32, {})
+        best, best_engine = fp32, self.build(fp32)
+        fp32.result.update(vs=None, chained=1.0, within=tune_metrics.within(fp32.result["accuracy"], self.budget))
+        done = [fp32]
+        queue = list(candidates)
+        while queue:
+            c = queue.pop(0)
+            with self.progress.stage(f"tune: {c.name} ({len(done)}/{len(done) + len(queue)})"):
+                engine = self.build(c)
+                c.result["within"] = tune_metrics.within(c.result["accuracy"], self.budget)
+                if c.result["within"]["ok"] or self.time_all:
+                    ab = self.time_pair(best_engine, engine, timing_feed)
+                    c.result.update(vs=best.name, ab=ab, chained=best.result["chained"] * ab["time_ratio"])
+                    if ab["verdict"] == "faster" and c.result["within"]["ok"]:
+                        best, best_engine = c, engine
+            acc = c.result["accuracy"]
+            self.progress.note(f"{c.name}: worst cosine {acc['worst_cosine']:.4f}, mean "
+                               f"{acc['mean_cosine']:.5f}"
+                               + (f", time x{c.result['ab']['time_ratio']:.3f} vs {c.result['vs']} "
+                                  f"({c.result['ab']['verdict']})" if "ab" in c.result else "")
+                               + ("" if c.result["within"]["ok"] else ", over budget"))
+            done.append(c)
+            if not queue and exclusions and not any("sensitivity" in d.precision for d in done):
+                closest = _closest_over_budget(done)
+                if closest is not None:
+                    queue.append(with_exclusions(closest, self.budget, 4))
+        return {"budget": self.budget.describe(), "chosen": best.name,
+                "candidates": [{"name": c.name, "precision": c.precision, **c.result} for c in done],
+                "feeds": {"samples": len(self.feeds), "shapes": sorted({str(list(v.shape)) for f in self.feeds
+                                                                      for v in f.values()})},
+                "timing_feed": {k: list(v.shape) for k, v in timing_feed.items()},
+                "protocol": "each candidate timed interleaved with the current best "
+                            "(bench.timing.time_interleaved, the recipe's validate.latency); best "
+                            "replaced on verdict `faster` within budget only; `chained` multiplies the ratios "
+                            "back to the FP32 engine (an estimate, the pairs were timed apart)"}
+
+
+def _closest_over_budget(done: list[Candidate]) -> Candidate | None:
+    """The candidate most worth rescuing with exclusions: over budget by the least (highest
+    mean cosine), so the fewest nodes have to stay in float."""
+    over = [c for c in done if c.precision and not c.result["within"]["ok"]]
+    return max(over, key=lambda c: c.result["accuracy"]["mean_cosine"]) if over else None
+
+
+def recipe_text(recipe, chosen: dict, table_lines: list[str]) -> str:
+    """A recipe that extends the tuned one with the chosen precision."""
+    import yaml
+
+    source = getattr(recipe, "source", None)
+    parent = Path(source).name if source else f"{recipe.name}.yaml"
+    precision = dict(chosen["precision"])
+    if precision.pop("sensitivity", None):  # pin what the analysis chose: no rerun, same graph
+        precision["exclude"] = list(chosen["excluded"])
+    body = {"description": f"{recipe.name}, INT8 chosen by `pipeline tune` ({chosen['name']})",
+            "extends": parent, "precision": precision}
+    head = ["# Written by `pipeline tune`: the fastest candidate within the accuracy budget.", "#"]
+    head += [f"# {line}" for line in table_lines]
+    return "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def table(result: dict):
+    """The candidates as a rich table, the chosen one marked."""
+    from rich.table import Table
+
+    from pipeline.text import fmt
+
+    t = Table(title=f"tune: fastest within budget ({', '.join(_bound_text(result['budget']))})")
+    for col in ("", "candidate", "vs", "time ratio [95% CI]", "verdict", "≈ vs fp32", "worst cos",
+                "mean cos", "within budget"):
+        t.add_column(col)
+    for c in result["candidates"]:
+        ab = c.get("ab")
+        acc = c["accuracy"]
+        t.add_row("★" if c["name"] == result["chosen"] else "", c["name"], c.get("vs") or "—",
+                  f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}]" if ab else "—",
+                  ab["verdict"] if ab else ("reference" if c["name"] == FP32 else "not timed"),
+                  fmt(c.get("chained"), ".3f"), f"{acc['worst_cosine']:.4f}", f"{acc['mean_cosine']:.5f}",
+                  "yes" if c["within"]["ok"] else "no: " + "; ".join(c["within"]["misses"]))
+    return t
+
+
+def _bound_text(budget: dict) -> list[str]:
+    return [f"{k} {'>=' if v['kind'] == 'min' else '<='} {v['bound']:g}" for k, v in budget.items()]
+
+
+def markdown_lines(result: dict) -> list[str]:
+    lines = ["| | candidate | vs | time ratio [95% CI] | verdict | ≈ vs fp32 | worst cos | mean cos | within |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in result["candidates"]:
+        ab, acc = c.get("ab"), c["accuracy"]
+        timed = (f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}] | {ab['verdict']}" if ab
+                 else "— | " + ("reference" if c["name"] == FP32 else "not timed"))
+        chained = f"{c['chained']:.3f}" if c.get("chained") is not None else "—"
+        lines.append(f"| {'★' if c['name'] == result['chosen'] else ''} | {c['name']} | "
+                     f"{c.get('vs') or '—'} | {timed} | {chained} | {acc['worst_cosine']:.4f} | "
+                     f"{acc['mean_cosine']:.5f} | {'yes' if c['within']['ok'] else 'no'} |")
+    return lines
+
+
+def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metrics.Budget,
+            schemes, alphas, exclusions: bool, out: Path | None, verbose: bool, time_all: bool = True):
+    """Run the search; write tune.json/tune.md beside the engines and the chosen recipe."""
+    from pipeline import data
+    from pipeline.errors import RecipeError
+    from pipeline.ui import Progress
+
+    if feeds_ref:  # held-out feeds from a loader: the recipe's validation split replaced by it
+        from pipeline.recipe import SplitSpec
+
+        split = SplitSpec(loader=feeds_ref, samples=None)
+        recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"validation": split})})
+    feeds = data.feeds(recipe, "validation")
+    if recipe.data.calibration is None:
+        raise RecipeError(f"tune {recipe.name}: the search calibrates static candidates; set "
+                          "data.calibration (held-out feeds stay separate)")
+    candidates = space(schemes=schemes, alphas=alphas)
+    search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose, time_all)
+    result = search.run(candidates, feeds[0], exclusions)
+    chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
+    folder = search.folder
+    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    md = markdown_lines(result)
+    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    written = None
+    if chosen["precision"]:
+        written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
+        written.write_text(recipe_text(recipe, chosen, md))
+    return result, folder, written

@@ -1,0 +1,100 @@
+"""`pipeline tune`: the search over INT8 settings on a tiny LayerNorm MLP, the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import Project
+
+MLP = """\
+description: LayerNorm MLP
+model: {factory: "tests.test_int8:tiny_mlp"}
+inputs:
+  - {name: x, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
+outputs: [y]
+data: {calibration: {samples: 2}, validation: {samples: 3}}
+export: {exporter: torchscript, opset: 20}
+targets: [{kind: onnxruntime}]
+validate: {latency: {warmup: 2, iterations: 20, min_seconds: 0, block: 5}}
+"""
+
+SEARCH = ("--scheme", "dynamic", "--alpha", "0.5")
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    proj = Project(tmp_path_factory.mktemp("tune"))
+    proj.write("recipes/mlp.yaml", MLP)
+    result = proj.run("tune", "mlp", "--worst-cosine", "0.99", "--mean-cosine", "0.995", *SEARCH)
+    assert result.code == 0, result.err
+    return proj, result
+
+
+def test_tune_times_each_candidate_against_the_best_and_writes_a_recipe(tuned):
+    proj, result = tuned
+    out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
+    names = [c["name"] for c in out["candidates"]]
+    assert names == ["fp32", "dynamic per-channel", "dynamic per-channel smooth 0.5",
+                     "dynamic per-tensor", "dynamic per-tensor smooth 0.5"]
+    for c in out["candidates"][1:]:
+        acc = c["accuracy"]
+        assert 0.99 < acc["worst_cosine"] <= acc["mean_cosine"] <= 1.0
+        ab = c["ab"]  # within budget: timed interleaved against the best at that point
+        assert c["vs"] in names[: names.index(c["name"])]
+        assert ab["ci95"][0] <= ab["time_ratio"] <= ab["ci95"][1] and ab["blocks"] >= 6
+    chosen = out["chosen"]
+    assert "★" in result.out and chosen in names
+    if chosen != "fp32":  # the best replaced the reference only on a `faster` verdict
+        best = next(c for c in out["candidates"] if c["name"] == chosen)
+        assert best["ab"]["verdict"] == "faster"
+        text = (proj.path / "recipes" / "mlp-tuned.yaml").read_text()
+        assert "extends: mlp.yaml" in text and "scheme: dynamic" in text and "| ★ |" in text
+        check = proj.run("recipes")
+        assert check.code == 0 and "mlp-tuned" in check.out and "invalid" not in check.out
+
+
+def test_tune_reuses_cached_candidates_and_rescues_with_exclusions(tuned):
+    """A budget nothing meets (--within-only: none is timed): the search adds sensitivity-chosen
+    exclusions to one over budget; the graphs and accuracies of the first run are reused."""
+    proj, _ = tuned
+    results = sorted((proj.engines / "mlp" / "tune").glob("*/result.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in results}
+    result = proj.run("tune", "mlp", "--worst-cosine", "0.999999", "--mean-cosine", "0.999999",
+                      "--out", "strict.yaml", "--within-only", *SEARCH)
+    assert result.code == 0, result.err
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in results)  # cached, not rebuilt
+    out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
+    assert out["chosen"] == "fp32" and "nothing beat FP32" in result.err
+    rescue = out["candidates"][-1]
+    assert rescue["name"].endswith("+ auto-exclude") and rescue["precision"]["sensitivity"]["auto_exclude"]
+    cost = rescue["speed_cost_of_float_nodes"]  # what keeping each node in float costs
+    assert rescue["excluded"] and [r["node"] for r in cost["nodes"]] == [
+        n for n in rescue["excluded"] if n in {r["node"] for r in cost["nodes"]}]
+    assert all(r["float_ms"] is None or r["float_ms"] >= 0 for r in cost["nodes"])
+    assert all("ab" not in c for c in out["candidates"][1:-1])  # over budget: not timed
+    assert not (proj.path / "strict.yaml").exists()
+
+
+def test_a_rescued_choice_is_written_with_its_exclusions_pinned():
+    from types import SimpleNamespace
+
+    import yaml
+
+    from pipeline.tune import recipe_text
+
+    chosen = {"name": "dynamic per-channel + auto-exclude", "excluded": ["node_a", "node_b"],
+              "precision": {"mode": "int8", "scheme": "dynamic",
+                            "sensitivity": {"enabled": True, "auto_exclude": True}}}
+    text = recipe_text(SimpleNamespace(name="m", source="recipes/m.yaml"), chosen, ["| table |"])
+    body = yaml.safe_load(text)
+    assert body["extends"] == "m.yaml" and "# | table |" in text
+    assert body["precision"] == {"mode": "int8", "scheme": "dynamic", "exclude": ["node_a", "node_b"]}
+
+
+def test_tune_without_calibration_data_is_exit_2(tmp_path):
+    proj = Project(tmp_path)
+    proj.write("recipes/mlp.yaml", MLP.replace("calibration: {samples: 2}", "calibration: null"))
+    result = proj.run("tune", "mlp", *SEARCH)
+    assert result.code == 2 and len(result.error_lines) == 1 and "data.calibration" in result.err
