@@ -250,6 +250,14 @@ BUILT_ELSEWHERE = {
        for p in ("fp32", "fp16", "int8", "int4")},
     "minilm-int8": "BERT export + INT8 calibration take ~2 min on 2 cores; tests/test_data.py covers "
                    "its data (pairs, the model's tokenizer) and minilm its build",
+    **{name: "BERT export + INT8 take ~2 min each on 2 cores; tests/test_int8.py and test_tune.py "
+             "cover the dynamic scheme, smoothing and the search on small models, minilm the build"
+       for name in ("minilm-int8-sentences", "minilm-int8-sentences-tuned")},
+    **{name: "a generation workload times prefill and decode of every point (minutes on 2 cores); "
+             "tests/test_generation.py builds standard-gen end to end and standard-int8 / "
+             "flash-int4 cover the precisions"
+       for name in ("standard-gen", "standard-gen-int8", "standard-gen-int4", "flash-gen",
+                    "lm-gen", "lm-gen-int8", "lm-gen-int4")},
 }
 
 
