@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, Project
+from tests.conftest import FAST, Project, set_folder
 
 
 def tiny_cnn(seed: int = 0):
@@ -35,7 +35,7 @@ CNN = """\
 description: tiny CNN, INT8 convolutions
 model: {factory: "tests.test_int8:tiny_cnn"}
 inputs:
-  - {name: x, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, 3, 16, 16], range: [0, 1]}
+  - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, 3, 16, 16], range: [0, 1]}
 outputs: [logits]
 data: {calibration: {samples: 4}}
 export: {exporter: torchscript, opset: 20}
@@ -48,7 +48,7 @@ MLP = """\
 description: LayerNorm MLP, dynamic INT8
 model: {factory: "tests.test_int8:tiny_mlp"}
 inputs:
-  - {name: x, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
+  - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
 outputs: [y]
 export: {exporter: torchscript, opset: 20}
 precision: {mode: int8, scheme: dynamic, require_effective_precision: 0.9}
@@ -58,7 +58,7 @@ validate: {tolerance: {cosine_min: 0.99}}
 
 
 def _report(proj: Project, name: str) -> dict:
-    return json.loads((proj.engines / name / "report.json").read_text())
+    return json.loads((proj.engines / set_folder(name, *FAST) / "report.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_int8_convolutions_run_integer_kernels_and_count(int8_project):
     # 2*32*16*16*16*9 at batch 2; the Gemm (10 outputs, too small to quantize) stays float.
     assert eff["by_op_mflops"]["QLinearConv"] == pytest.approx((2 * 2 * 256 * 16 * 27 + 2 * 2 * 256 * 32 * 144) / 1e6, rel=1e-3)
     assert eff["integer_share"] >= 0.99
-    assert "quantized nodes: 2 of 3" in (int8_project.engines / "cnn" / "report.md").read_text()
+    assert "quantized nodes: 2 of 3" in (int8_project.engines / set_folder("cnn", *FAST) / "report.md").read_text()
     gate = next(g for g in engine["gates"] if g["name"] == "effective_precision")
     assert gate["passed"], gate
 
@@ -91,7 +91,7 @@ def test_a_float_conv_between_qdq_fails_the_effective_precision_gate(int8_projec
 
     from pipeline.precision import effective
 
-    folder = int8_project.engines / "cnn"
+    folder = int8_project.engines / set_folder("cnn", *FAST)
     typed = onnx.load(str(folder / "typed.onnx"))
     # Drop each Conv's output Q/DQ pair (rewire its consumers to the Conv's float output).
     producer = {o: n for n in typed.graph.node for o in n.output}
@@ -116,7 +116,7 @@ def test_a_float_conv_between_qdq_fails_the_effective_precision_gate(int8_projec
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.optimized_model_filepath = str(tmp_path / "engine.onnx")
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    feed = {"x": np.random.default_rng(0).random((2, 3, 16, 16), np.float32)}
+    feed = {"input": np.random.default_rng(0).random((2, 3, 16, 16), np.float32)}
     eff = effective.measure(tmp_path / "engine.onnx", feed, tmp_path)
     kinds = {n["op"]: n["kind"] for n in eff["largest_non_integer"]}
     assert "fake_quantized" in kinds.values() and any("Conv" in op for op in kinds), kinds
@@ -132,10 +132,10 @@ def test_dynamic_int8_needs_no_calibration_and_runs_integer(int8_project):
     engine = report["engines"][0]
     assert engine["effective_precision"]["by_op_mflops"].get("DynamicQuantizeMatMul", 0) > 0
     assert engine["effective_precision"]["integer_share"] >= 0.9
-    precision = json.loads((int8_project.engines / "mlp" / "manifest.json").read_text())
+    precision = json.loads((int8_project.engines / set_folder("mlp", *FAST) / "manifest.json").read_text())
     meta = precision["stages"]["precision"]["meta"]
     assert meta["scheme"] == "dynamic" and meta["calibration"] is None and meta["quantized_nodes"] == 2
-    assert "scheme: **dynamic**" in (int8_project.engines / "mlp" / "report.md").read_text()
+    assert "scheme: **dynamic**" in (int8_project.engines / set_folder("mlp", *FAST) / "report.md").read_text()
 
 
 def test_smoothing_is_exact_in_float_and_moves_outliers_into_weights(int8_project, tmp_path):
@@ -145,11 +145,11 @@ def test_smoothing_is_exact_in_float_and_moves_outliers_into_weights(int8_projec
     from pipeline.passes import check
     from pipeline.precision import nodes, smooth
 
-    graph = int8_project.engines / "mlp" / "model.onnx"
+    graph = int8_project.engines / set_folder("mlp", *FAST) / "model.onnx"
     model = onnx.load(str(graph))
     names = nodes.quantizable(model, ["MatMul"])
     rng = np.random.default_rng(1)
-    feeds = [{"x": (rng.standard_normal((2, 16, 64)) * np.r_[[30.0], np.ones(63)]).astype(np.float32)}]
+    feeds = [{"input": (rng.standard_normal((2, 16, 64)) * np.r_[[30.0], np.ones(63)]).astype(np.float32)}]
     out, meta = smooth.apply(graph, names, feeds, 0.5, tmp_path / "smoothed.onnx")
     # Only the LayerNorm-fed MatMul is smoothed (the GELU-fed one is left: see smooth.py)
     assert meta["nodes"] == 1 and meta["activations"] == 1
@@ -175,7 +175,7 @@ def test_weight_range_auto_follows_the_cpu_and_reduced_is_7_bit(int8_project, tm
     assert isa.reduce_range("reduced") and not isa.reduce_range("full")
     monkeypatch.chdir(int8_project.path)
     recipe = recipe_mod.load("mlp", ("precision.weight_range=reduced",))
-    out, meta = qdq.apply(recipe, int8_project.engines / "mlp" / "model.onnx", tmp_path)
+    out, meta = qdq.apply(recipe, int8_project.engines / set_folder("mlp", *FAST) / "model.onnx", tmp_path)
     assert meta["weight_range"]["bits"] == 7
     weights = [numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer
                if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]

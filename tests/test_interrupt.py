@@ -171,7 +171,7 @@ with s.lock():
         if point == "renamed" and str(dst).endswith("a.bin"):
             os.kill(os.getpid(), signal.SIGKILL)
     store_mod.os.replace = replace
-    s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")}, {"key": "k2", "outputs": ["a.bin", "b.bin"], "meta": {}})
+    s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")}, {"key": "2" * 64, "outputs": ["a.bin", "b.bin"], "meta": {}})
 """
 
 
@@ -182,7 +182,7 @@ def _committed_store(root: Path) -> Store:
         for name in ("a.bin", "b.bin"):
             (work / name).write_bytes(b"old " + name.encode())
         s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")},
-                       {"key": "k1", "outputs": ["a.bin", "b.bin"], "meta": {}})
+                       {"key": "1" * 64, "outputs": ["a.bin", "b.bin"], "meta": {}})
     return s
 
 
@@ -206,10 +206,10 @@ def test_sigkill_inside_a_commit_is_not_mistaken_for_tampering(tmp_path):
             for name in ("a.bin", "b.bin"):
                 (work / name).write_bytes(b"new " + name.encode() * 1000)
             s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")},
-                           {"key": "k2", "outputs": ["a.bin", "b.bin"], "meta": {}})
+                           {"key": "2" * 64, "outputs": ["a.bin", "b.bin"], "meta": {}})
         again = Store(root, "r")
         again.verify_all()
-        assert again.manifest["stages"]["build:x"]["key"] == "k2"
+        assert again.manifest["stages"]["build:x"]["key"] == "2" * 64
         assert again.manifest["pending"] == {}
         # a file changed by hand is still refused
         (again.dir / "b.bin").write_bytes(b"edited")
