@@ -22,5 +22,5 @@ def build(recipe: Recipe, target, graph: Artifact | None, workdir: Path) -> tupl
     path, meta = backend.build(graph.path if graph else None, target, recipe, workdir)
     extra = meta.pop("files", {})  # e.g. TensorRT's inspector JSON, committed beside the engine
     source = ({"source": graph.name, "source_sha256": graph.sha256} if graph
-              else {"source": "the PyTorch model", "source_sha256": None})
+              else {"source": None, "source_sha256": None})  # built from the PyTorch model
     return {engine_name(target): path, **extra}, {**source, **meta}
