@@ -130,6 +130,9 @@ class StageCache:
 
         workdir = self.store.workdir(stage_id)
         t0 = time.perf_counter()
+        twin = None if self.force else self._from_twin(stage_id, key, workdir)
+        if twin is not None:
+            produce = lambda wd: twin  # noqa: E731 - the twin's verified copies, its meta
         try:
             with self.progress.stage(stage_id):
                 produced, meta = produce(workdir)
@@ -152,6 +155,30 @@ class StageCache:
         self.work_done = True
         self.progress.done(stage_id, seconds)
         return Result(outputs, meta, cached=False)
+
+    def _from_twin(self, stage_id: str, key: str, workdir: Path) -> tuple[dict, dict] | None:
+        """A sibling folder of this recipe (engines/<name>/, engines/<name>@<digest>/: its
+        --set variants) that recorded this very key: its outputs, verified against its own
+        manifest and copied into `workdir`, with its meta. A key holds everything the stage
+        depends on, so trying a --set value does not redo an export it cannot change. A
+        twin that does not verify is passed over (it is not this folder's to judge)."""
+        for folder in sorted(self.store.dir.parent.glob(f"{self.recipe.name}*")):
+            if folder == self.store.dir or folder.name.partition("@")[0] != self.recipe.name:
+                continue
+            other = Store(folder.parent, folder.name)
+            try:
+                record = other.manifest["stages"].get(stage_id)
+                if not record or record["key"] != key:
+                    continue
+                produced = {}
+                for name in record["outputs"]:
+                    produced[name] = workdir / name
+                    shutil.copyfile(other.verify(name).path, produced[name])
+            except (PipelineError, OSError):
+                continue
+            self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files reused")
+            return produced, record["meta"]
+        return None
 
     def _cached_outputs(self, record: dict) -> dict[str, Artifact] | None:
         """The recorded outputs, verified; None if one is gone (then the stage reruns)."""

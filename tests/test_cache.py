@@ -67,6 +67,16 @@ def test_a_set_run_writes_its_own_folder_and_leaves_the_plain_one(standard_copy)
     assert result.folder == f"engines/{set_folder('standard', *args)}"
     after = standard_copy.snapshot()
     assert {k: v for k, v in after.items() if k.startswith(f"{STANDARD}/")} == before
+    # what other --set values cannot change has the same key: copied from the twin, verified
+    timing = (*FAST, "--set", "validate.latency.warmup=6")
+    result = standard_copy.run("run", "standard", *timing)
+    assert result.code == 0, result.err
+    said = " ".join(result.err.split())
+    for stage in ("export", "optimize"):
+        assert f"{stage}: the same key is built in engines/{STANDARD}" in said, said
+    assert "validate:onnxruntime: the same key" not in said  # its protocol changed: timed again
+    variant = standard_copy.snapshot()
+    assert variant[f"{set_folder('standard', *timing)}/model.onnx"] == before[f"{STANDARD}/model.onnx"]
     # the folder's name stands for the recipe and its --set values
     again = standard_copy.run("run", STANDARD)
     assert again.code == 0 and "nothing to do" in again.err, again.err
