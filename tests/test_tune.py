@@ -12,7 +12,7 @@ MLP = """\
 description: LayerNorm MLP
 model: {factory: "tests.test_int8:tiny_mlp"}
 inputs:
-  - {name: x, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
+  - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
 outputs: [y]
 data: {calibration: {samples: 2}, validation: {samples: 3}}
 export: {exporter: torchscript, opset: 20}
