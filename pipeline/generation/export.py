@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import time
-import warnings
 from pathlib import Path
 
 from pipeline import models
@@ -27,6 +25,7 @@ from pipeline.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.text import first_line
+from pipeline.ui import quiet_torch_onnx
 
 PREFILL, DECODE = 6, 3  # parity: tokens of the prefill, then of the decode step
 # Opset 23: scaled_dot_product_attention exports as ONNX Attention (grouped-query heads
@@ -45,23 +44,6 @@ def kv_model(recipe: Recipe):
 
     lm = model.model  # the causal LM inside pipeline/hf.py's wrapper
     return LlamaWithPast(lm).eval(), lambda ids: lm(input_ids=ids, use_cache=False).logits
-
-
-@contextlib.contextmanager
-def _quiet(verbose: bool):
-    """The exporter's warnings and torch.onnx's log, kept for -v only."""
-    if verbose:
-        yield
-        return
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def _rename_dims(proto, layers: int) -> None:
@@ -95,7 +77,7 @@ def run(recipe: Recipe, workdir: Path, verbose: bool = False) -> tuple[dict[str,
     log = io.StringIO()
     t0 = time.perf_counter()
     try:
-        with contextlib.redirect_stdout(log), _quiet(verbose), torch.no_grad():
+        with contextlib.redirect_stdout(log), quiet_torch_onnx(verbose), torch.no_grad():
             torch.onnx.export(module, args, str(out_path), dynamo=True, dynamic_shapes=shapes,
                               input_names=["input_ids", "attention_mask", *past_names],
                               output_names=["logits", *present_names],

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import re
 import sys
 import time
-import warnings
 from pathlib import Path
 
 from pipeline import data, metrics, models
@@ -27,25 +25,10 @@ from pipeline.errors import PipelineError, RecipeError, StageFailed
 from pipeline.recipe import Recipe
 from pipeline.shapes import dynamic_axes, dynamic_shapes
 from pipeline.text import first_line
+from pipeline.ui import quiet_torch_onnx
 
 NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export", "data")
-
-
-@contextlib.contextmanager
-def _quiet_torch_logs(verbose: bool):
-    if verbose:
-        yield
-        return
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 def enabled(recipe: Recipe) -> bool:
@@ -89,7 +72,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
     t0 = time.perf_counter()
     try:
         # The exporters print progress to stdout and warnings to stderr; keep them for -v.
-        with contextlib.redirect_stdout(log), _quiet_torch_logs(verbose), torch.no_grad():
+        with contextlib.redirect_stdout(log), quiet_torch_onnx(verbose), torch.no_grad():
             torch.onnx.export(model, args, str(out_path), **kwargs)
     except Exception as e:
         raise StageFailed(
