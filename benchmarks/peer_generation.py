@@ -214,19 +214,22 @@ def markdown(r: dict) -> str:
         a = f["token_agreement"]
         md.append(f"| {name} | {f['ttft_ms']['p50']:.2f} | {f['tpot_ms']['p50']:.3f} | {f['tpot_ms']['p90']:.3f} | "
                   f"{sp} | {a['share'] * a['tokens']:.0f}/{a['tokens']} (first divergence {a['first_divergence']}) |")
-    md += ["", "This pipeline's engine vs the builder's (time ratio pipeline / builder; < 1: the pipeline is faster):", ""]
-    for p, v in r["pipeline_vs_builder"].items():
-        for phase in ("tpot", "ttft"):
-            c = v[phase]
-            md.append(f"- {p} {phase.upper()}: {c['time_ratio']:.2f}x (95% CI {c['ci95'][0]:.2f}-{c['ci95'][1]:.2f}, "
-                      f"pipeline {c['verdict']})")
-    md += ["", "INT4 weight-only vs FP32 of the same route (time ratio int4 / fp32; < 1: INT4 is faster):", ""]
-    for route, v in r["int4_vs_fp32"].items():
-        for phase in ("tpot", "ttft"):
-            c = v[phase]
-            md.append(f"- {route} {phase.upper()}: {c['time_ratio']:.2f}x (95% CI {c['ci95'][0]:.2f}-"
-                      f"{c['ci95'][1]:.2f}, int4 {c['verdict']})")
+    md += _ratio_lines("This pipeline's engine vs the builder's (time ratio pipeline / builder; < 1: the "
+                       "pipeline is faster):", r["pipeline_vs_builder"], "pipeline")
+    md += _ratio_lines("INT4 weight-only vs FP32 of the same route (time ratio int4 / fp32; < 1: INT4 is "
+                       "faster):", r["int4_vs_fp32"], "int4")
     return "\n".join(md) + "\n"
+
+
+def _ratio_lines(title: str, comparisons: dict, judged: str) -> list[str]:
+    """A titled list of TPOT and TTFT time ratios with their intervals, one per comparison."""
+    lines = ["", title, ""]
+    for name, v in comparisons.items():
+        for phase in ("tpot", "ttft"):
+            c = v[phase]
+            lines.append(f"- {name} {phase.upper()}: {c['time_ratio']:.2f}x (95% CI {c['ci95'][0]:.2f}-"
+                         f"{c['ci95'][1]:.2f}, {judged} {c['verdict']})")
+    return lines
 
 
 if __name__ == "__main__":
