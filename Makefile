@@ -12,6 +12,9 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 EXTRA   := $(if $(HAS_GPU),gpu,cpu)
 # The CPU wheel of torch; set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose another build.
 TORCH_SPEC ?= torch==2.13.0
+# `make test`: the suite across TEST_WORKERS pytest-xdist workers, then the `timing` tests
+# alone (tests/parallel.py); PYTEST_ARGS go to both parts
+TEST_WORKERS ?= auto
 
 .PHONY: engine test lint clean distclean recipes gpu-check docs
 
@@ -34,7 +37,8 @@ recipes: $(VENV)/.installed
 	@$(BIN)/pipeline recipes
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m timing $(PYTEST_ARGS)
 
 # On a CUDA machine: every GPU-capable target of the base GLM recipes -> benchmarks/results/.
 # PY=python3 uses an existing environment (e.g. a GPU box with torch preinstalled); packages

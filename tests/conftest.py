@@ -15,14 +15,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Small but real protocol settings so end-to-end tests stay quick on 2 cores.
+pytest_plugins = ["tests.parallel"]  # timing tests alone, shared fixtures on one worker
+
+# Small but real protocol settings so end-to-end tests stay quick on 2 cores; one intra-op
+# thread per runtime, so that `make test`'s pytest-xdist workers do not oversubscribe the cores.
 FAST = (
     "--set", "validate.latency.warmup=5",
     "--set", "validate.latency.iterations=40",
     "--set", "validate.latency.min_seconds=0",
     "--set", "validate.latency.block=10",
     "--set", "data.validation.samples=3",
+    "--set", "validate.threads=1",
 )
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One worker per core: each test's PyTorch (export, eager baseline, the CLI subprocesses
+    # that inherit this environment) takes one thread, not every core.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def set_folder(recipe: str, *args: str) -> str:

@@ -17,6 +17,9 @@ from pipeline.bench.clock import HostTimer, timer_for
 from pipeline.bench.monitor import ResourceMonitor
 from tests.conftest import FAST, STANDARD, Project, set_folder
 
+# Verdicts, intervals and overheads of real timings: under pytest -n these run alone.
+pytestmark = pytest.mark.timing
+
 # 20 interleaved block pairs of 10 requests per repetition: small, but a real A/B.
 AB_SPEC = {"warmup": 20, "iterations": 200, "min_seconds": 0, "block": 10}
 
@@ -382,7 +385,7 @@ def test_expect_gates_that_hold_exit_0_and_the_sweep_reports_every_shape(twin_pr
 
 
 def test_bench_vs_another_recipe_prints_verdicts_and_writes_json(twin_project):
-    args = (*FAST, "--set", "validate.threads=1")
+    args = FAST  # (one intra-op thread)
     result = twin_project.run("bench", "standard", "--vs", "twin", *args)
     assert result.code == 0, result.err
     folder = twin_project.engines / set_folder("standard", *args)  # --set: the variant's own folder

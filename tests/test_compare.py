@@ -13,6 +13,9 @@ import pytest
 
 from tests.conftest import Project, set_folder
 
+# Verdicts, intervals and overheads of real timings: under pytest -n these run alone.
+pytestmark = pytest.mark.timing
+
 # The shipped inversion: `flash-int4` (4-bit weights, 50% of the FFN pruned, block-sparse
 # attention) is slower than `standard` on CPU: at d=64 dequantizing the weights inside every
 # matrix multiply costs more than the pruning saves (measured 1.23x the time, CI 1.22-1.25).

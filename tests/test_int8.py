@@ -173,6 +173,8 @@ def test_weight_range_auto_follows_the_cpu_and_reduced_is_7_bit(int8_project, tm
 
     assert isa.reduce_range("auto") == isa.needs_reduced_range()
     assert isa.reduce_range("reduced") and not isa.reduce_range("full")
+    exported = int8_project.run("export", "mlp", *FAST)  # cached when another test ran mlp
+    assert exported.code == 0, exported.err
     monkeypatch.chdir(int8_project.path)
     recipe = recipe_mod.load("mlp", ("precision.weight_range=reduced",))
     out, meta = qdq.apply(recipe, int8_project.engines / set_folder("mlp", *FAST) / "model.onnx", tmp_path)

@@ -14,8 +14,8 @@ from tests.conftest import FAST, ROOT, Project, built
 
 
 @pytest.mark.slow
-def test_aotinductor_builds_and_validates_the_tiny_glm(built_aoti):
-    report = json.loads((built_aoti.built / "report.json").read_text())
+def test_aotinductor_builds_and_validates_the_tiny_glm(built_from_pytorch):
+    report = json.loads((built_from_pytorch.built / "report.json").read_text())
     engines = {e["target"]: e for e in report["engines"]}
     aoti = engines["aotinductor"]
     assert aoti["status"] == "built" and aoti["path"].endswith(".pt2")
@@ -27,10 +27,10 @@ def test_aotinductor_builds_and_validates_the_tiny_glm(built_aoti):
 
 
 @pytest.mark.slow
-def test_pt2_engine_runs_without_the_models_python_code(built_aoti):
+def test_pt2_engine_runs_without_the_models_python_code(built_from_pytorch):
     """A fresh interpreter loads the package with torch alone, at a shape it was not
     traced with (dynamic dims), and never imports the pipeline or the zoo."""
-    engine = built_aoti.built / "aotinductor.pt2"
+    engine = built_from_pytorch.built / "aotinductor.pt2"
     code = (
         "import sys, torch\n"
         f"package = torch._inductor.aoti_load_package({str(engine)!r})\n"

@@ -1,0 +1,26 @@
+"""The suite under pytest-xdist.
+
+`make test` runs it in two parts: every test not marked `timing` across the CPUs
+(`pytest -n auto --dist loadfile -m "not timing"`), then the `timing` tests one at a time
+(`pytest -m timing`). A `timing` test asserts what a wall-clock measurement showed (a
+verdict, an interval, the harness overhead), so it must not share the CPUs with other
+tests; under `pytest -n` it is skipped, saying so. `--dist loadfile` keeps a module on one
+worker, so a module-scoped fixture (a real `pipeline run`, 10-30 s) is built once.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ALONE = ("a timing test measures wall-clock time and runs alone: `make test` runs the timing "
+         "tests after the parallel part (or run `pytest -m timing` without -n)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:  # set in xdist's workers only
+        return
+    for item in items:
+        if item.get_closest_marker("timing") is not None:
+            item.add_marker(pytest.mark.skip(reason=ALONE))
