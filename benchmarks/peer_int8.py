@@ -1,12 +1,11 @@
 """This project's MiniLM engines against the one-command alternative (Optimum's documented
 dynamic INT8 recipe), all in one process, on held-out real sentences.
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/peer_int8.py [RECIPE ...] [--tuned TUNE_JSON]
+    HF_HUB_OFFLINE=1 PYTHONPATH=. python benchmarks/peer_int8.py [RECIPE ...] [--rounds N]
 
-RECIPE: this project's recipes to build and time (default: minilm, the FP32 engine with
-fusions). --tuned (default engines/minilm-int8-sentences/tune/tune.json, when there): the
-engine `pipeline tune` chose, the very file it validated (run `pipeline tune
-minilm-int8-sentences --feeds benchmarks.minilm_sentences:heldout` first). The peer is rebuilt
+RECIPE: this project's recipes to build (through the pipeline, cached as usual) and time;
+default minilm (the FP32 engine with fusions) and minilm-int8 (the INT8 settings `pipeline
+tune minilm` chose, recipes/minilm-int8.yaml says how they were measured). The peer is rebuilt
 here as Optimum configures it (`AutoQuantizationConfig.avx512_vnni(is_static=False,
 per_channel=...)`: ONNX Runtime's quantize_dynamic, QOperator/IntegerOps, uint8 activations,
 int8 symmetric weights, reduce_range False, MatMul and Attention) on a plain TorchScript
@@ -16,7 +15,7 @@ and L2 normalization run in numpy after the session (included in its time).
 Baseline: the PyTorch eager model (sentence-transformers pooling), 2 threads for everyone.
 
 Accuracy: the cosine of every held-out sentence's embedding against eager (benchmarks/
-minilm_sentences.py: 96 sentences never used to calibrate), padded in 8 x 128 batches and
+minilm_sentences.py: 96 sentences neither calibrated nor tuned on), padded in 8 x 128 batches and
 alone at 1 x 32. Timing: per shape, every runner interleaved in blocks in this process
 (bench.timing.time_interleaved), `--rounds` times; speed-up over eager with the 95% interval
 (bench.stats.compare). Results: benchmarks/results/peer_int8-<date>.json/.md with the CPU's
@@ -119,7 +118,7 @@ def peer_models(folder: Path) -> dict[str, Path]:
 
 
 @contextlib.contextmanager
-def runners(recipes: list, folder: Path, tuned: Path | None = None):
+def runners(recipes: list, folder: Path):
     import torch
 
     from pipeline import models
@@ -135,13 +134,6 @@ def runners(recipes: list, folder: Path, tuned: Path | None = None):
             label = f"this project: {recipe.name} ({_precision(recipe)})"
             opened[label] = stack.enter_context(backends.get("onnxruntime").open(
                 engine, target, recipe, threads=THREADS, spin=False))
-        if tuned is not None and tuned.is_file():
-            result = json.loads(tuned.read_text())
-            chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
-            recipe = recipes[0]
-            label = f"this project: tuned ({chosen['name']})"
-            opened[label] = stack.enter_context(backends.get("onnxruntime").open(
-                Path(chosen["engine"]), recipe.targets[0], recipe, threads=THREADS, spin=False))
         for label, path in peer_models(folder).items():
             opened[label] = PeerRunner(path, label)
         yield opened
@@ -156,13 +148,14 @@ def _precision(recipe) -> str:
         parts.append(f"smooth {p.smoothing.alpha:g}")
     if p.sensitivity.auto_exclude:
         parts.append("auto-exclude")
+    elif p.exclude:
+        parts.append(f"{len(p.exclude)} nodes float")
     return ", ".join(parts)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("recipes", nargs="*", default=["minilm"])
-    parser.add_argument("--tuned", type=Path, default=Path("engines/minilm-int8-sentences/tune/tune.json"))
+    parser.add_argument("recipes", nargs="*", default=["minilm", "minilm-int8"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=60)
     args = parser.parse_args()
@@ -171,7 +164,7 @@ def main() -> None:
     spec = LatencySpec(warmup=5, iterations=args.iterations, min_seconds=1.0, block=5)
     load_before = os.getloadavg()
     result = {"created": now(), "threads": THREADS, "shapes": {}, "runners": []}
-    with tempfile.TemporaryDirectory() as tmp, runners(recipes, Path(tmp), args.tuned) as opened:
+    with tempfile.TemporaryDirectory() as tmp, runners(recipes, Path(tmp)) as opened:
         names = list(opened)
         result["runners"] = names
         for shape, feeds in shapes.items():

@@ -294,6 +294,9 @@ def schema_command(what):
               help="Least cosine of any output row (a sentence embedding, a token's logits) vs PyTorch.")
 @click.option("--mean-cosine", type=float, default=0.998, show_default=True,
               help="Least mean row cosine vs PyTorch.")
+@click.option("--max-task-loss", default=None, metavar="LOSS|PCT%",
+              help="Most the task metric (validate.task) may lose vs PyTorch on the held-out data, "
+                   "e.g. 0.02 or 2% (default: the recipe's expect.max_task_loss).")
 @click.option("--scheme", "schemes", multiple=True, type=click.Choice(["dynamic", "static"]),
               help="Schemes searched (default both).")
 @click.option("--alpha", "alphas", multiple=True, type=click.FloatRange(0, 1),
@@ -305,8 +308,8 @@ def schema_command(what):
 @engines_dir_option()
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
 @debug_option
-def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, schemes, alphas,
-                 no_exclusions, within_only, out, engines_dir, verbose):
+def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, max_task_loss, schemes,
+                 alphas, no_exclusions, within_only, out, engines_dir, verbose):
     """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
     from pipeline import recipe as recipe_mod
     from pipeline import tune
@@ -318,10 +321,21 @@ def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, scheme
     result, folder, written = tune.command(
         loaded, engines_dir, feeds_ref, Budget(worst_cosine, mean_cosine),
         schemes or ("dynamic", "static"), (None, *(alphas or (0.5,))), not no_exclusions, out, verbose,
-        not within_only)
+        not within_only, _task_loss_value(max_task_loss))
     stdout.print(tune.table(result))
     console.print(f"tune: {folder / 'tune.md'}" + (f"; chosen recipe: {written}" if written else
                                                     "; nothing beat FP32 within the budget"))
+
+
+def _task_loss_value(text: str | None) -> float | str | None:
+    """--max-task-loss as expect.max_task_loss takes it: a number, or a percentage string."""
+    if text is None or text.strip().endswith("%"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise click.BadParameter(f"`{text}` is neither a number nor a percentage like '2%'",
+                                 param_hint="--max-task-loss") from None
 
 
 @cli.command("inspect")

@@ -71,11 +71,13 @@ def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) 
 
 class Search:
     def __init__(self, recipe, engines_root: Path, feeds: list[dict], budget: tune_metrics.Budget,
-                 progress, verbose: bool = False, time_all: bool = True):
+                 progress, verbose: bool = False, time_all: bool = True,
+                 task: tune_metrics.Task | None = None, task_bound: tuple[float, bool] | None = None):
         from pipeline.recipe import OnnxRuntimeTarget
 
         self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
             recipe, feeds, budget, progress, verbose)
+        self.task, self.task_bound = task, task_bound  # task_bound: (bound, relative to PyTorch's)
         self.target = next((t for t in recipe.targets if t.kind == "onnxruntime"), OnnxRuntimeTarget())
         self.engines_root = engines_root
         self.graph: Path | None = None
@@ -97,6 +99,10 @@ class Search:
         self.graph = next(p for p in (store.dir / "optimized.onnx", store.dir / "model.onnx") if p.is_file())
         with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
             self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]
+        if self.task is not None and self.task_bound is not None:
+            bound, relative = self.task_bound
+            baseline = self.task.score(self.feeds, self.reference, self.reference)["baseline"]
+            self.budget.task_loss = bound * abs(baseline) if relative else bound
 
     def key(self, c: Candidate) -> str:
         from pipeline import deps
@@ -109,6 +115,9 @@ class Search:
         return sha256_json({"precision": c.precision, "graph": sha256_file(self.graph),
                             "stage": stage.spec(recipe) if c.precision else None,
                             "feeds": tune_metrics.digest(self.feeds), "versions": deps.versions(),
+                            "task": self.task and [self.task.metric, self.task.output,
+                                                   None if self.task.labels is None else
+                                                   self.task.labels.tolist()],
                             "cpu": isa.describe(), "target": self.target.model_dump()})[:16]
 
     def candidate_recipe(self, c: Candidate):
@@ -140,7 +149,7 @@ class Search:
         engine = engine.rename(folder / "engine.onnx")
         with backends.get("onnxruntime").open(engine, self.target, recipe) as runner:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
-        c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds),
+        c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds, self.task),
                     "excluded": [e["node"] for e in meta.get("excluded", [])],
                     "speed_cost_of_float_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes")}
@@ -181,7 +190,7 @@ class Search:
                         best, best_engine = c, engine
             acc = c.result["accuracy"]
             self.progress.note(f"{c.name}: worst cosine {acc['worst_cosine']:.4f}, mean "
-                               f"{acc['mean_cosine']:.5f}"
+                               f"{acc['mean_cosine']:.5f}" + (f", {_task_text(acc)}" if "task" in acc else "")
                                + (f", time x{c.result['ab']['time_ratio']:.3f} vs {c.result['vs']} "
                                   f"({c.result['ab']['verdict']})" if "ab" in c.result else "")
                                + ("" if c.result["within"]["ok"] else ", over budget"))
@@ -231,8 +240,9 @@ def table(result: dict):
     from pipeline.text import fmt
 
     t = Table(title=f"tune: fastest within budget ({', '.join(_bound_text(result['budget']))})")
+    task = _task_column(result)
     for col in ("", "candidate", "vs", "time ratio [95% CI]", "verdict", "≈ vs fp32", "worst cos",
-                "mean cos", "within budget"):
+                "mean cos", *([task] if task else []), "within budget"):
         t.add_column(col)
     for c in result["candidates"]:
         ab = c.get("ab")
@@ -241,8 +251,27 @@ def table(result: dict):
                   f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}]" if ab else "—",
                   ab["verdict"] if ab else ("reference" if c["name"] == FP32 else "not timed"),
                   fmt(c.get("chained"), ".3f"), f"{acc['worst_cosine']:.4f}", f"{acc['mean_cosine']:.5f}",
+                  *([_task_cell(acc)] if task else []),
                   "yes" if c["within"]["ok"] else "no: " + "; ".join(c["within"]["misses"]))
     return t
+
+
+def _task_column(result: dict) -> str | None:
+    """"<metric> Δ vs PyTorch [95% CI]" when the candidates were scored on the recipe's task."""
+    task = result["candidates"][0]["accuracy"].get("task")
+    return f"{task['metric']} Δ [95% CI]" if task else None
+
+
+def _task_cell(acc: dict) -> str:
+    task = acc.get("task")
+    if not task:
+        return "—"
+    lo, hi = task["ci95"]
+    return f"{task['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
+def _task_text(acc: dict) -> str:
+    return f"{acc['task']['metric']} {acc['task']['engine']:.4f} (Δ {acc['task']['delta']:+.4f})"
 
 
 def _bound_text(budget: dict) -> list[str]:
@@ -250,8 +279,10 @@ def _bound_text(budget: dict) -> list[str]:
 
 
 def markdown_lines(result: dict) -> list[str]:
-    lines = ["| | candidate | vs | time ratio [95% CI] | verdict | ≈ vs fp32 | worst cos | mean cos | within |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    task = _task_column(result)
+    lines = ["| | candidate | vs | time ratio [95% CI] | verdict | ≈ vs fp32 | worst cos | mean cos | "
+             + (f"{task} | " if task else "") + "within |",
+             "|---" * (10 if task else 9) + "|"]
     for c in result["candidates"]:
         ab, acc = c.get("ab"), c["accuracy"]
         timed = (f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}] | {ab['verdict']}" if ab
@@ -259,15 +290,19 @@ def markdown_lines(result: dict) -> list[str]:
         chained = f"{c['chained']:.3f}" if c.get("chained") is not None else "—"
         lines.append(f"| {'★' if c['name'] == result['chosen'] else ''} | {c['name']} | "
                      f"{c.get('vs') or '—'} | {timed} | {chained} | {acc['worst_cosine']:.4f} | "
-                     f"{acc['mean_cosine']:.5f} | {'yes' if c['within']['ok'] else 'no'} |")
+                     f"{acc['mean_cosine']:.5f} | " + (f"{_task_cell(acc)} | " if task else "")
+                     + f"{'yes' if c['within']['ok'] else 'no'} |")
     return lines
 
 
 def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metrics.Budget,
-            schemes, alphas, exclusions: bool, out: Path | None, verbose: bool, time_all: bool = True):
-    """Run the search; write tune.json/tune.md beside the engines and the chosen recipe."""
+            schemes, alphas, exclusions: bool, out: Path | None, verbose: bool, time_all: bool = True,
+            max_task_loss: float | str | None = None):
+    """Run the search; write tune.json/tune.md beside the engines and the chosen recipe.
+    max_task_loss (default: the recipe's expect.max_task_loss) bounds the task metric."""
     from pipeline import data
     from pipeline.errors import RecipeError
+    from pipeline.recipe.data import parse_task_loss
     from pipeline.ui import Progress
 
     if feeds_ref:  # held-out feeds from a loader: the recipe's validation split replaced by it
@@ -275,12 +310,19 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
 
         split = SplitSpec(loader=feeds_ref, samples=None)
         recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"validation": split})})
-    feeds = data.feeds(recipe, "validation")
+    held_out = data.split(recipe, "validation")
+    feeds = held_out.feeds
+    task, bound = _task(recipe, held_out), max_task_loss if max_task_loss is not None else recipe.expect.max_task_loss
+    if bound is not None and task is None:
+        raise RecipeError(f"tune {recipe.name}: a task-loss bound needs validate.task and held-out "
+                          "data with what the metric needs (labels or pairs)",
+                          "drop --max-task-loss, or use the recipe's validation split (no --feeds)")
     if recipe.data.calibration is None:
         raise RecipeError(f"tune {recipe.name}: the search calibrates static candidates; set "
                           "data.calibration (held-out feeds stay separate)")
     candidates = space(schemes=schemes, alphas=alphas)
-    search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose, time_all)
+    search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose, time_all,
+                    task, None if bound is None else parse_task_loss(bound))
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder
@@ -292,3 +334,12 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
         written.write_text(recipe_text(recipe, chosen, md))
     return result, folder, written
+
+
+def _task(recipe, held_out) -> tune_metrics.Task | None:
+    """The recipe's validate.task on the held-out split, when the split has what it needs
+    (perplexity: token ids and masks; accuracy and embedding similarity: labels)."""
+    metric = recipe.validation.task
+    if metric is None or (metric != "perplexity" and held_out.labels is None):
+        return None
+    return tune_metrics.Task(metric, recipe.outputs[0], held_out.labels, held_out.masks)

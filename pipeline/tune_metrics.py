@@ -1,10 +1,12 @@
 """What `pipeline tune` holds a candidate to: metrics on held-out feeds vs PyTorch, a budget.
 
 A metric is a pure function of (PyTorch outputs, engine outputs, feeds) -> float, registered
-in METRICS with the direction that is better. Today: the worst and the mean cosine over
-rows (the last axis of each output: one sentence embedding, one token's logits). The task
-metric of a recipe (e.g. embedding similarity on labeled pairs) registers here the same way
-and its bound joins the Budget: `Budget.bounds` maps metric name -> (kind, bound).
+in METRICS with the direction that is better: the worst and the mean cosine over rows (the
+last axis of each output: one sentence embedding, one token's logits). Besides them, the
+recipe's own task metric (`validate.task`: perplexity, accuracy, embedding similarity, on
+the held-out split's labels) as `task_loss`, how much worse than PyTorch the engine does
+the task (task_metrics.loss), bounded by `expect.max_task_loss`. `Budget.bounds` maps
+metric name -> (kind, bound).
 """
 
 from __future__ import annotations
@@ -39,25 +41,51 @@ def mean_cosine(reference, actual, feeds) -> float:
 
 # name -> (function, "min" | "max"): "min" = the value must stay >= its bound
 METRICS = {"worst_cosine": (worst_cosine, "min"), "mean_cosine": (mean_cosine, "min")}
+KINDS = {**{name: kind for name, (_, kind) in METRICS.items()}, "task_loss": "max"}
+
+
+@dataclass
+class Task:
+    """The recipe's task metric on the held-out split: `metric` of `output`, with the split's
+    labels (class ids, gold pair scores) and masks (1 = real token), as validate scores it."""
+    metric: str
+    output: str
+    labels: np.ndarray | None
+    masks: list[np.ndarray] | None
+
+    def score(self, feeds: list[dict], reference: list[dict], actual: list[dict]) -> dict:
+        """{metric, baseline, engine, delta, ci95, loss}: the engine vs PyTorch on the task."""
+        from pipeline import task_metrics
+
+        out = task_metrics.score(self.metric, feeds, reference, actual, self.output, self.labels, self.masks)
+        return {**out, "loss": task_metrics.loss(out)}
 
 
 @dataclass
 class Budget:
     worst_cosine: float = 0.99
     mean_cosine: float = 0.998
+    task_loss: float | None = None  # the most task_loss allowed (absolute; None: not bounded)
     extra: dict[str, float] = field(default_factory=dict)  # other registered metrics' bounds
 
     @property
     def bounds(self) -> dict[str, tuple[str, float]]:
         b = {"worst_cosine": self.worst_cosine, "mean_cosine": self.mean_cosine, **self.extra}
-        return {k: (METRICS[k][1], v) for k, v in b.items()}
+        if self.task_loss is not None:
+            b["task_loss"] = self.task_loss
+        return {k: (KINDS[k], v) for k, v in b.items()}
 
     def describe(self) -> dict:
         return {k: {"bound": v, "kind": kind} for k, (kind, v) in self.bounds.items()}
 
 
-def measure(reference: list[dict], actual: list[dict], feeds: list[dict]) -> dict:
-    return {name: fn(reference, actual, feeds) for name, (fn, _) in METRICS.items()}
+def measure(reference: list[dict], actual: list[dict], feeds: list[dict], task: Task | None = None) -> dict:
+    """Every registered metric; with a task, its score (`task`) and its loss (`task_loss`)."""
+    values = {name: fn(reference, actual, feeds) for name, (fn, _) in METRICS.items()}
+    if task is not None:
+        scored = task.score(feeds, reference, actual)
+        values.update(task=scored, task_loss=scored["loss"])
+    return values
 
 
 def within(values: dict, budget: Budget) -> dict:

@@ -249,11 +249,10 @@ BUILT_ELSEWHERE = {
     **{f"lm-{p}": "the lm-* recipes share model and data; tests/test_task.py builds lm-int4 end to "
                   "end (perplexity, the max_task_loss gate) and standard-fp16/int8 cover the precisions"
        for p in ("fp32", "fp16", "int8", "int4")},
-    "minilm-int8": "BERT export + INT8 calibration take ~2 min on 2 cores; tests/test_data.py covers "
-                   "its data (pairs, the model's tokenizer) and minilm its build",
-    **{name: "BERT export + INT8 take ~2 min each on 2 cores; tests/test_int8.py and test_tune.py "
-             "cover the dynamic scheme, smoothing and the search on small models, minilm the build"
-       for name in ("minilm-int8-sentences", "minilm-int8-sentences-tuned")},
+    "minilm-int8": "BERT export + INT8 with sensitivity take minutes on 2 cores; tests/test_data.py "
+                   "covers its data (pairs, the model's tokenizer), minilm its build, and "
+                   "tests/test_int8.py and test_tune.py the dynamic scheme, smoothing and the "
+                   "search on small models (benchmarks/peer_int8.py builds it)",
     **{name: "a generation workload times prefill and decode of every point (minutes on 2 cores); "
              "tests/test_generation.py builds standard-gen end to end and standard-int8 / "
              "flash-int4 cover the precisions"

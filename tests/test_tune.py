@@ -98,3 +98,39 @@ def test_tune_without_calibration_data_is_exit_2(tmp_path):
     proj.write("recipes/mlp.yaml", MLP.replace("calibration: {samples: 2}", "calibration: null"))
     result = proj.run("tune", "mlp", *SEARCH)
     assert result.code == 2 and len(result.error_lines) == 1 and "data.calibration" in result.err
+
+
+def test_tune_holds_candidates_to_the_recipes_task_metric(tmp_path):
+    """digits: accuracy on its 512 held-out labeled images joins the budget (--max-task-loss,
+    else expect.max_task_loss): every candidate carries its accuracy delta vs PyTorch with the
+    paired-bootstrap interval, and `within` agrees with the bound."""
+    proj = Project(tmp_path)
+    result = proj.run("tune", "digits", "--scheme", "dynamic", "--alpha", "0.5", "--no-exclusions",
+                      "--max-task-loss", "0.01", "--worst-cosine", "0.9", "--mean-cosine", "0.9",
+                      "--set", "validate.latency={warmup: 2, iterations: 20, min_seconds: 0, block: 5}")
+    assert result.code == 0, result.err
+    out = json.loads((proj.engines / "digits" / "tune" / "tune.json").read_text())
+    assert out["budget"]["task_loss"] == {"bound": 0.01, "kind": "max"}
+    for c in out["candidates"]:
+        task = c["accuracy"]["task"]
+        assert task["metric"] == "accuracy" and task["loss"] == c["accuracy"]["task_loss"]
+        assert task["ci95"][0] <= task["delta"] <= task["ci95"][1] or task["delta"] == 0
+        assert ("task_loss" in " ".join(c["within"]["misses"])) == (task["loss"] > 0.01)
+    assert out["candidates"][0]["accuracy"]["task"]["delta"] == 0  # fp32 vs PyTorch: the same answers
+    assert "accuracy Δ [95% CI]" in result.out
+    md = (proj.engines / "digits" / "tune" / "tune.md").read_text()
+    assert "accuracy Δ [95% CI]" in md
+
+
+def test_a_task_bound_without_task_data_is_exit_2(tmp_path):
+    proj = Project(tmp_path)
+    proj.write("recipes/mlp.yaml", MLP)
+    result = proj.run("tune", "mlp", "--max-task-loss", "0.01", *SEARCH)
+    assert result.code == 2 and len(result.error_lines) == 1 and "task-loss bound needs validate.task" in result.err
+
+
+def test_max_task_loss_takes_a_number_or_a_percentage(tmp_path):
+    proj = Project(tmp_path)
+    proj.write("recipes/mlp.yaml", MLP)
+    result = proj.run("tune", "mlp", "--max-task-loss", "lots", *SEARCH)
+    assert result.code == 2 and "neither a number nor a percentage" in result.err
