@@ -217,8 +217,10 @@ def _closest_over_budget(done: list[Candidate]) -> Candidate | None:
     return max(over, key=lambda c: c.result["accuracy"]["mean_cosine"]) if over else None
 
 
-def recipe_text(recipe, chosen: dict, table_lines: list[str]) -> str:
-    """A recipe that extends the tuned one with the chosen precision."""
+def recipe_text(recipe, chosen: dict, table_lines: list[str], budget: dict | None = None) -> str:
+    """A recipe that extends the tuned one with the chosen precision. Its gates hold what the
+    search held the choice to: validate's cosine at the budget's worst row cosine (where the
+    parent's is stricter, an FP32 bar), expect.max_task_loss at the task bound."""
     import yaml
 
     source = getattr(recipe, "source", None)
@@ -228,6 +230,13 @@ def recipe_text(recipe, chosen: dict, table_lines: list[str]) -> str:
         precision["exclude"] = list(chosen["excluded"])
     body = {"description": f"{recipe.name}, INT8 chosen by `pipeline tune` ({chosen['name']})",
             "extends": parent, "precision": precision}
+    budget = budget or {}
+    worst = budget.get("worst_cosine", {}).get("bound")
+    tolerance = getattr(getattr(getattr(recipe, "validation", None), "tolerance", None), "cosine_min", None)
+    if worst is not None and tolerance is not None and tolerance > worst:
+        body["validate"] = {"tolerance": {"cosine_min": worst}}
+    if "task_loss" in budget:
+        body["expect"] = {"max_task_loss": budget["task_loss"]["bound"]}
     head = ["# Written by `pipeline tune`: the fastest candidate within the accuracy budget.", "#"]
     head += [f"# {line}" for line in table_lines]
     return "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
@@ -332,7 +341,7 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     written = None
     if chosen["precision"]:
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
-        written.write_text(recipe_text(recipe, chosen, md))
+        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
     return result, folder, written
 
 
