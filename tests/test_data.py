@@ -72,6 +72,43 @@ def test_text_with_bytes_tokenizer_pads_right_truncates_and_names_its_file(tmp_p
                                 "samples": 3}
 
 
+def test_histogram_calibration_takes_text_batches_of_different_lengths(tmp_path):
+    """ORT's percentile/entropy/distribution calibrators stack every feed's activations: text
+    batches (each padded to its own longest row) are padded to the split's longest, with the
+    tokenizer's pad id and mask 0, for those methods only; minmax takes them as they are."""
+    from pipeline.precision import calibrate
+
+    text = tmp_path / "lines.txt"
+    text.write_text("ab\nhello there\nxyz\n")
+    r = recipe(tmp_path, {"calibration": {"text": str(text), "tokenizer": "bytes", "batch": 2}},
+               precision={"mode": "int8", "calibration": "percentile"})
+    split = data.split(r, "calibration")
+    assert [f["input_ids"].shape for f in split.feeds] == [(2, 11), (1, 3)] and split.pad == {
+        "input_ids": 0, "attention_mask": 0}
+    padded = calibrate.feeds(r)
+    assert [f["input_ids"].shape for f in padded] == [(2, 11), (1, 11)]
+    assert list(padded[1]["input_ids"][0]) == [120, 121, 122] + [0] * 8
+    assert list(padded[1]["attention_mask"][0]) == [1, 1, 1] + [0] * 8
+    minmax = r.model_copy(update={"precision": r.precision.model_copy(update={"calibration": "minmax"})})
+    assert [f["input_ids"].shape for f in calibrate.feeds(minmax)] == [(2, 11), (1, 3)]
+
+
+def test_a_percentile_int8_run_calibrates_on_real_text(project):
+    """lm-int8 with percentile calibration on lines of different lengths, two a batch
+    (ONNX Runtime refused such batches before: "inhomogeneous shape")."""
+    from tests.conftest import FAST
+
+    project.write("data/lines.txt", "To be.\nOr not to be, that is the question.\nAy.\n"
+                                    "Whether 'tis nobler in the mind to suffer\n")
+    result = project.run("run", "lm-int8", *FAST, "--set", "precision.calibration=percentile",
+                         "--set", "targets=[{kind: onnxruntime}]",
+                         "--set", "data.calibration={text: data/lines.txt, tokenizer: bytes, batch: 2}")
+    assert result.code in (0, 3), result.err
+    report = json.loads((project.folder(result) / "report.json").read_text())
+    (engine,) = report["engines"]
+    assert engine["status"] == "built" and report["precision"]["calibration"]["method"] == "percentile"
+
+
 def test_sentence_pairs_use_the_models_own_tokenizer(tmp_path):
     inputs = [dict(i, range=[0, 30522] if i["name"] == "input_ids" else [1, 2]) for i in TOKENS]
     r = Recipe.model_validate({

@@ -23,6 +23,7 @@ from pipeline.data.feeds import (
     load_all,
     load_feeds,
     numpy_dtype,
+    padded_to_longest,
     save_feeds,
 )
 from pipeline.data.random_source import Point, random_feed, random_feeds
@@ -34,7 +35,7 @@ Split = Literal["validation", "calibration", "export"]
 
 __all__ = ["Feed", "SplitData", "Point", "Split", "DataSource", "check_feeds", "numpy_dtype",
            "random_feed", "save_feeds", "load_feeds", "load_all", "feeds", "split",
-           "calibration_feeds", "provenance", "key", "source_for"]
+           "calibration_feeds", "padded_to_longest", "provenance", "key", "source_for"]
 
 _LOADED: dict[tuple, SplitData] = {}
 

@@ -25,6 +25,8 @@ class SplitData:
     labels      [samples]: class ids (accuracy) or gold similarity scores of pairs
     masks       per feed [B, T], 1 = real token (text sources); None for other sources
     kind        what a row is: "feed", "text", "pair" (rows a0 b0 a1 b1 ...), "labeled"
+    pad         text sources: what each input's padding holds (input_ids: the tokenizer's
+                pad id, attention_mask: 0); None for other sources
     """
 
     feeds: list[Feed]
@@ -33,6 +35,7 @@ class SplitData:
     masks: list[np.ndarray] | None = None
     kind: str = "feed"
     rows: int = field(default=0)
+    pad: dict[str, int] | None = None
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -97,3 +100,20 @@ def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.n
     return ([groups["in"][i] for i in sorted(groups["in"])],
             [groups["out"][i] for i in sorted(groups["out"])],
             labels, [masks[i] for i in sorted(masks)] if masks else None)
+
+
+def padded_to_longest(split: SplitData) -> list[Feed]:
+    """A text split's feeds, each padded on the right to the split's longest sequence, as the
+    text source pads within a batch (pad id, mask 0). ONNX Runtime's histogram calibrators
+    (percentile, entropy, distribution) stack every feed's activations into one array, which
+    feeds of different lengths cannot be. Other splits are returned as they are."""
+    lengths = {f[name].shape[-1] for f in split.feeds for name in (split.pad or {}) if name in f}
+    if not split.pad or len(lengths) < 2:
+        return split.feeds
+    longest = max(lengths)
+    out = []
+    for feed in split.feeds:
+        out.append({name: np.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, longest - a.shape[-1])],
+                                 constant_values=split.pad[name]) if name in split.pad else a
+                    for name, a in feed.items()})
+    return out

@@ -136,7 +136,10 @@ class TextSource(_FileSource):
         tok = tokenize.tokenizer(self.recipe, self.spec.tokenizer, self.where, self.recipe.source)
         feeds, masks, _ = tokenize.text_feeds(self.recipe, texts, tok, batch, self.where)
         samples = len(texts) // 2 if kind == "pair" else len(texts)
-        return SplitData(feeds, self.provenance(samples), labels, masks, kind)
+        pad = {tokenize.token_inputs(self.recipe, self.where)[0]: tok.pad_id}
+        if feeds and "attention_mask" in feeds[0]:
+            pad["attention_mask"] = 0
+        return SplitData(feeds, self.provenance(samples), labels, masks, kind, pad=pad)
 
     def _rows(self) -> tuple[list[str], np.ndarray | None, str]:
         suffix = self.path.suffix.lower()

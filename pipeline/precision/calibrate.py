@@ -45,12 +45,18 @@ def method(name: str):
             "distribution": CalibrationMethod.Distribution}[name]
 
 
+# Calibration methods whose ORT calibrator stacks every feed's activations into one array.
+HISTOGRAM = {"percentile", "entropy", "distribution"}
+
+
 def feeds(recipe) -> list[dict]:
-    found = data.calibration_feeds(recipe)
-    if not found:
+    split = data.split(recipe, "calibration")
+    if split is None or not split.feeds:
         raise InputError(f"precision.mode {recipe.precision.mode} needs calibration data; "
                          "data.calibration gave none")
-    return found
+    if recipe.precision.calibration in HISTOGRAM:  # text batches differ in length: pad them
+        return data.padded_to_longest(split)
+    return split.feeds
 
 
 @contextlib.contextmanager
