@@ -232,10 +232,10 @@ def recipe_text(recipe, chosen: dict, table_lines: list[str], budget: dict | Non
             "extends": parent, "precision": precision}
     budget = budget or {}
     worst = budget.get("worst_cosine", {}).get("bound")
-    tolerance = getattr(getattr(getattr(recipe, "validation", None), "tolerance", None), "cosine_min", None)
+    tolerance = recipe.validation.tolerance.cosine_min if hasattr(recipe, "validation") else None
     if worst is not None and tolerance is not None and tolerance > worst:
         body["validate"] = {"tolerance": {"cosine_min": worst}}
-    if "task_loss" in budget:
+    if "task_loss" in budget:  # the absolute bound the search used (a relative one resolved)
         body["expect"] = {"max_task_loss": budget["task_loss"]["bound"]}
     head = ["# Written by `pipeline tune`: the fastest candidate within the accuracy budget.", "#"]
     head += [f"# {line}" for line in table_lines]
@@ -266,7 +266,8 @@ def table(result: dict):
 
 
 def _task_column(result: dict) -> str | None:
-    """"<metric> Δ vs PyTorch [95% CI]" when the candidates were scored on the recipe's task."""
+    """The task column's title, `<metric> Δ [95% CI]` (engine minus PyTorch), when the
+    candidates were scored on the recipe's task; None otherwise."""
     task = result["candidates"][0]["accuracy"].get("task")
     return f"{task['metric']} Δ [95% CI]" if task else None
 
