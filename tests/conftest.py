@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["tests.parallel"]  # timing tests alone, shared fixtures on one worker
+pytest_plugins = ["tests.parallel"]  # under pytest -n, `timing` tests are skipped, saying why
 
 # Small but real protocol settings so end-to-end tests stay quick on 2 cores; one intra-op
 # thread per runtime, so that `make test`'s pytest-xdist workers do not oversubscribe the cores.

@@ -17,7 +17,8 @@ from pipeline.bench.clock import HostTimer, timer_for
 from pipeline.bench.monitor import ResourceMonitor
 from tests.conftest import FAST, STANDARD, Project, set_folder
 
-# Verdicts, intervals and overheads of real timings: under pytest -n these run alone.
+# Verdicts, intervals and overheads of real timings: `make test` runs these alone, after
+# the rest (tests/parallel.py).
 pytestmark = pytest.mark.timing
 
 # 20 interleaved block pairs of 10 requests per repetition: small, but a real A/B.
@@ -385,10 +386,9 @@ def test_expect_gates_that_hold_exit_0_and_the_sweep_reports_every_shape(twin_pr
 
 
 def test_bench_vs_another_recipe_prints_verdicts_and_writes_json(twin_project):
-    args = FAST  # (one intra-op thread)
-    result = twin_project.run("bench", "standard", "--vs", "twin", *args)
+    result = twin_project.run("bench", "standard", "--vs", "twin", *FAST)  # (one intra-op thread)
     assert result.code == 0, result.err
-    folder = twin_project.engines / set_folder("standard", *args)  # --set: the variant's own folder
+    folder = twin_project.engines / set_folder("standard", *FAST)  # --set: the variant's own folder
     assert "B vs A [95% CI]" in result.out and "harness overhead" in result.out
     assert re.search(r"\d\.\d\dx (faster|slower) \[\d+\.\d\d, \d+\.\d\d\]", result.out), result.out
     data = json.loads((folder / "bench-vs-twin.json").read_text())

@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import Project, set_folder
 
-# Verdicts, intervals and overheads of real timings: under pytest -n these run alone.
+# Verdicts, intervals and overheads of real timings: `make test` runs these alone, after
+# the rest (tests/parallel.py).
 pytestmark = pytest.mark.timing
 
 # The shipped inversion: `flash-int4` (4-bit weights, 50% of the FFN pruned, block-sparse
