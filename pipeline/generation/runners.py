@@ -65,7 +65,22 @@ class GenaiRunner:
         self.model = None
 
 
-class OrtLoopRunner:
+class _Turns:
+    """prefill/step over one `_run(tokens [B, T]) -> next tokens [B]` that sets self.last:
+    the runners that keep their own context across turns (OrtLoopRunner, TorchStaticRunner)."""
+
+    last: np.ndarray | None = None
+
+    def prefill(self, tokens: np.ndarray) -> np.ndarray:
+        if self.last is not None:  # a later turn: the reply's last token goes in first
+            tokens = np.concatenate([self.last[:, None], tokens], axis=1)
+        return self._run(tokens)
+
+    def step(self) -> np.ndarray:
+        return self._run(self.last[:, None])
+
+
+class OrtLoopRunner(_Turns):
     name = "onnxruntime-iobinding"
     turns = True
 
@@ -105,19 +120,11 @@ class OrtLoopRunner:
         self.last = _greedy(outputs[0].numpy()[:, -1], self.eos)
         return self.last
 
-    def prefill(self, tokens: np.ndarray) -> np.ndarray:
-        if self.last is not None:  # a later turn: the reply's last token goes in first
-            tokens = np.concatenate([self.last[:, None], tokens], axis=1)
-        return self._run(tokens)
-
-    def step(self) -> np.ndarray:
-        return self._run(self.last[:, None])
-
     def close(self) -> None:
         self.session = None
 
 
-class TorchStaticRunner:
+class TorchStaticRunner(_Turns):
     name = "torch-static-cache"
     turns = True
 
@@ -138,14 +145,6 @@ class TorchStaticRunner:
             logits = self.decoder(self.torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)))
         self.last = _greedy(logits.numpy(), self.eos)
         return self.last
-
-    def prefill(self, tokens: np.ndarray) -> np.ndarray:
-        if self.last is not None:
-            tokens = np.concatenate([self.last[:, None], tokens], axis=1)
-        return self._run(tokens)
-
-    def step(self) -> np.ndarray:
-        return self._run(self.last[:, None])
 
     def close(self) -> None:
         self.decoder = None
