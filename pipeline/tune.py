@@ -99,10 +99,6 @@ class Search:
         self.graph = next(p for p in (store.dir / "optimized.onnx", store.dir / "model.onnx") if p.is_file())
         with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
             self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]
-        if self.task is not None and self.task_bound is not None:
-            bound, relative = self.task_bound
-            baseline = self.task.score(self.feeds, self.reference, self.reference)["baseline"]
-            self.budget.task_loss = bound * abs(baseline) if relative else bound
 
     def key(self, c: Candidate) -> str:
         from pipeline import deps
@@ -175,6 +171,10 @@ class Search:
         self.prepare()
         fp32 = Candidate(FP32, {})
         best, best_engine = fp32, self.build(fp32)
+        if self.task is not None and self.task_bound is not None:  # PyTorch's score, as FP32's was measured
+            bound, relative = self.task_bound
+            baseline = fp32.result["accuracy"]["task"]["baseline"]
+            self.budget.task_loss = bound * abs(baseline) if relative else bound
         fp32.result.update(vs=None, chained=1.0, within=tune_metrics.within(fp32.result["accuracy"], self.budget))
         done = [fp32]
         queue = list(candidates)
