@@ -189,6 +189,7 @@ def test_weight_range_auto_follows_the_cpu_and_reduced_is_7_bit(int8_project, tm
     (("precision.scheme=static", "precision.op_types=[Attention]"), "op_types Attention needs scheme dynamic"),
     (("precision.calibration=percentile",), "scheme dynamic takes no calibration method"),
     (("precision.mode=fp16", "precision.require_effective_precision=null"), "scheme and smoothing apply to int8"),
+    (("precision.scheme=static", "precision.fallback=blockwise"), "fallback blockwise applies to int8 with scheme dynamic"),
 ])
 def test_int8_recipe_cross_checks_fail_at_load(int8_project, overrides, expected):
     result = int8_project.run("quantize", "mlp", *[a for o in overrides for a in ("--set", o)])
@@ -232,3 +233,120 @@ def test_split_attention_keeps_the_float_graph_and_lets_the_projection_quantize(
                      weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": TensorProto.FLOAT})
     ops = [n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node]
     assert "MatMulInteger" in ops and "MultiHeadAttention" in ops and "Attention" not in ops
+
+
+def test_excluded_matmuls_run_blockwise_int8_under_fallback_blockwise(int8_project, tmp_path, monkeypatch):
+    """`fallback: blockwise`: an excluded MatMul runs as MatMulNBits (int8 weights per block,
+    int8 activations per block of each row: accuracy_level 4) instead of float, close to it."""
+    import onnx
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.passes import check
+    from pipeline.precision import qdq
+
+    exported = int8_project.run("export", "mlp", *FAST)
+    assert exported.code == 0, exported.err
+    monkeypatch.chdir(int8_project.path)
+    src = int8_project.engines / set_folder("mlp", *FAST) / "model.onnx"
+    second = [n.name for n in onnx.load(str(src)).graph.node if n.op_type == "MatMul"][-1]  # GELU-fed
+    runs = {}
+    for fallback in ("float", "blockwise"):
+        recipe = recipe_mod.load("mlp", (f"precision.fallback={fallback}", f"precision.exclude=[{second}]"))
+        (tmp_path / fallback).mkdir()
+        out, meta = qdq.apply(recipe, src, tmp_path / fallback)
+        assert meta["fallback"] == fallback and meta["quantized_nodes"] == 1
+        runs[fallback] = (out, meta["excluded"])
+    out, excluded = runs["blockwise"]
+    assert excluded == [{"node": second, "why": "recipe", "runs_as": "blockwise int8 (MatMulNBits)"}]
+    assert runs["float"][1][0]["runs_as"] == "float"
+    nbits = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
+    assert [n.name for n in nbits] == [f"{second}_Q8"]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nbits[0].attribute}
+    assert attrs["bits"] == 8 and attrs["accuracy_level"] == 4
+    feeds = [{"input": np.random.default_rng(0).standard_normal((2, 16, 64)).astype(np.float32)}]
+    reference = check.run(str(src), feeds, ["y"], optimize=True)[0]["y"]
+    for fallback, (path, _) in runs.items():
+        y = check.run(str(path), feeds, ["y"], optimize=True)[0]["y"]
+        cosine = (y * reference).sum() / np.linalg.norm(y) / np.linalg.norm(reference)
+        assert cosine > 0.999, (fallback, cosine)
+
+
+def _padding_attention(tmp_path, masked: float = -1e9):
+    """x [B, S, 32], attention_mask [B, S] int64 -> Attention with the additive bias a padding
+    mask makes (0 kept, `masked` padding; [B, 1, S, S]), as the attention fusion writes it."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    d = 32
+    inits = [numpy_helper.from_array(rng.standard_normal((d, 3 * d)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(3 * d).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+             numpy_helper.from_array(np.array(masked, np.float32), "masked"),
+             numpy_helper.from_array(np.array(0.0, np.float32), "kept"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [helper.make_node("Equal", ["attention_mask", "zero"], ["pad"]),
+             helper.make_node("Unsqueeze", ["pad", "axes"], ["pad4"]),
+             helper.make_node("Where", ["pad4", "masked", "kept"], ["bias_row"]),
+             helper.make_node("Shape", ["attention_mask"], ["batch"], start=0, end=1),
+             helper.make_node("Shape", ["attention_mask"], ["length"], start=1, end=2),
+             helper.make_node("Concat", ["batch", "one", "length", "length"], ["full"], axis=0),
+             helper.make_node("Expand", ["bias_row", "full"], ["bias"]),
+             helper.make_node("Attention", ["x", "w", "b", "", "", "bias"], ["y"], name="attn",
+                              domain="com.microsoft", num_heads=2, qkv_hidden_sizes=[d, d, d])]
+    graph = helper.make_graph(nodes, "attn", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", d]),
+        helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", d])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("com.microsoft", 1)])
+    src = tmp_path / f"attn{masked:g}.onnx"
+    onnx.save(model, str(src))
+    return src
+
+
+def test_key_mask_makes_a_padding_bias_attention_take_qattention(tmp_path):
+    """An Attention whose bias is a key-padding mask takes the raw mask instead (mask_index):
+    same outputs on padded rows, and ORT's quantizer then makes it one QAttention."""
+    import onnx
+    from onnx import TensorProto
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from pipeline.passes import check
+    from pipeline.precision import key_mask
+
+    src = _padding_attention(tmp_path)
+    out, names = key_mask.to_key_mask(src, tmp_path / "masked.onnx")
+    assert names == ["attn"]
+    graph = onnx.load(str(out)).graph
+    attn = next(n for n in graph.node if n.op_type == "Attention")
+    assert list(attn.input) == ["x", "w", "b", "attention_mask__int32"]
+    assert not any(a.name == "qkv_hidden_sizes" for a in attn.attribute)
+    assert {n.op_type for n in graph.node} == {"Cast", "Attention"}  # the bias subgraph is gone
+    rng = np.random.default_rng(1)
+    mask = np.ones((3, 10), np.int64)
+    mask[0, 6:] = mask[1, 3:] = 0  # right padding, as a tokenizer pads a batch
+    feeds = [{"x": rng.standard_normal((3, 10, 32)).astype(np.float32), "attention_mask": mask}]
+    a = check.run(str(src), feeds, ["y"], optimize=True)[0]["y"]
+    b = check.run(str(out), feeds, ["y"], optimize=True)[0]["y"]
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-4)
+    quantize_dynamic(str(out), str(tmp_path / "q.onnx"), op_types_to_quantize=["Attention"],
+                     weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": TensorProto.FLOAT})
+    assert "QAttention" in [n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node]
+
+
+def test_key_mask_leaves_a_bias_it_cannot_prove_is_padding(tmp_path):
+    """A bias that is a float graph input, or masks with a value softmax would not zero out
+    (-1 instead of <= -10000), keeps its Attention as it is."""
+    from pipeline.precision import key_mask
+
+    shallow = _padding_attention(tmp_path, masked=-1.0)
+    assert key_mask.to_key_mask(shallow, tmp_path / "a.onnx")[1] == []
+    import onnx
+
+    model = onnx.load(str(shallow))
+    model.graph.input[1].CopyFrom(onnx.helper.make_tensor_value_info(
+        "bias", onnx.TensorProto.FLOAT, ["B", 1, "S", "S"]))
+    del model.graph.node[:7]
+    onnx.save(model, str(tmp_path / "input-bias.onnx"))
+    assert key_mask.to_key_mask(tmp_path / "input-bias.onnx", tmp_path / "b.onnx")[1] == []

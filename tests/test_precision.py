@@ -32,7 +32,7 @@ def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
     assert p["mode"] == "int8" and p["symmetric"] and p["per_channel"]
     # all but the rotary fusion's angle table (positions [P, 1] @ inv_freq [1, d/2]): too small
     small = [e["node"] for e in p["excluded"] if e["why"].startswith("small")]
-    assert len(small) == 1 and p["excluded"] == [{"node": small[0], "why": "small (a dimension < 16)"}]
+    assert len(small) == 1 and p["excluded"] == [{"node": small[0], "why": "small (a dimension < 16)", "runs_as": "float"}]
     assert p["quantized_nodes"] == p["quantizable_nodes"] - 1 > 0
     assert p["calibration"]["method"] == "minmax" and p["calibration"]["samples"] == 16
     assert p["calibration"]["seconds"] < 30  # tiny model: calibration + quantization

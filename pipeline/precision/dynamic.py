@@ -5,8 +5,10 @@ activation's range is measured on every request, uint8 asymmetric per tensor, an
 product runs in an integer kernel), Conv into ConvInteger behind DynamicQuantizeLinear, and
 the fused Attention into QAttention where ORT's kernel takes that node's inputs. It does not
 take an additive attention bias, which is how the attention fusion writes a padding mask:
-such an Attention is split (split_attention) into its q/k/v projection, a MatMul quantized
-like the others, and a float MultiHeadAttention. It works on
+where that bias is exactly a key-padding mask, key_mask.py gives the node the raw mask
+instead; any other such Attention is split (split_attention) into its q/k/v projection, a
+MatMul quantized like the others, and a float MultiHeadAttention. `fallback: blockwise` runs
+the excluded MatMuls as MatMulNBits 8-bit (blockwise) instead of float. It works on
 the optimize stage's fused graph when told the element type of tensors it cannot infer
 (`DefaultTensorType`: the fused contrib ops have no ONNX shape inference); Optimum's
 quantizer, which lacks that option, refuses such graphs.
@@ -52,7 +54,40 @@ class Quantizer:
         except Exception as e:  # ORT raises plain exceptions
             raise StageFailed(f"dynamic int8 quantization failed: {type(e).__name__}: {e}",
                               "exclude the node it names (precision.exclude) or drop op types") from e
+        if self.spec.fallback == "blockwise" and exclude:
+            blockwise(out, exclude, out)
         return out
+
+
+# Weights per scale along K for `fallback: blockwise`: the probe on all-MiniLM-L6-v2 (K 384 and
+# 1536) kept float's row cosines at 128 (benchmarks/results/int8-hybrid-probe-2026-12-01.md).
+BLOCK = 128
+
+
+def blockwise(src: Path, names: list[str], out: Path) -> list[str]:
+    """Of `names`, the MatMuls with a 2-D constant weight (none under nodes.MIN_CHANNELS) as
+    MatMulNBits: int8 weights per BLOCK along K, activations quantized to int8 per block of each
+    row at run time (accuracy_level 4, ORT's integer kernel). Writes `out`; returns the names."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from pipeline.precision import nodes
+
+    model = onnx.load(str(src))
+    weights = {i.name: i for i in model.graph.initializer}
+    wanted = set(names)
+    chosen = [n.name for n in model.graph.node if n.name in wanted and n.op_type == "MatMul"
+              and n.input[1] in weights and len(weights[n.input[1]].dims) == 2]
+    chosen = [n for n in chosen if n not in nodes.too_small(model, chosen)]
+    if chosen:
+        quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=BLOCK, is_symmetric=True, accuracy_level=4,
+                                         quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",),
+                                         nodes_to_include=chosen)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(out))
+    elif src != out:
+        onnx.save(model, str(out))
+    return chosen
 
 
 def unquantized(path: Path, names: list[str]) -> list[str]:

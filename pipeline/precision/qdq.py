@@ -25,6 +25,7 @@ from pipeline.precision import (
     dynamic,
     evaluate,
     isa,
+    key_mask,
     nodes,
     sensitivity,
     smooth,
@@ -92,8 +93,10 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     reduce_range = spec.mode == "int8" and isa.reduce_range(spec.weight_range)
     with calibrate.quiet(verbose, workdir):
         pre = calibrate.preprocess(src, workdir)
-        split = []
+        split, key_masked = [], []
         if dynamic_scheme and "Attention" in spec.op_types:
+            # QAttention where the bias is a padding mask; the projection split out elsewhere
+            pre, key_masked = key_mask.to_key_mask(pre, workdir / "key-mask.onnx")
             pre, split = dynamic.split_attention(pre, workdir / "split.onnx")
         model = onnx.load(str(pre))
         op_types = list(spec.op_types) + (["MatMul"] if split and "MatMul" not in spec.op_types else [])
@@ -137,6 +140,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     typed = onnx.load(str(out), load_external_data=False)
     counts = {op: sum(n.op_type == op for n in typed.graph.node)
               for op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")}
+    blockwise = {n.name.removesuffix("_Q8") for n in typed.graph.node if n.op_type == "MatMulNBits"}
     return out, {
         "scheme": spec.scheme if spec.mode == "int8" else "static",
         "calibration": {
@@ -148,12 +152,15 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "weight_range": {"setting": spec.weight_range,
                          "bits": 7 if reduce_range else 8, "cpu": isa.describe()},
         "smoothing": smoothing,
+        "attention_key_mask": len(key_masked),
         "attention_split": len(split),
         "op_types": list(spec.op_types),
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(candidates) - len(excluded) - len(skipped),
+        "fallback": spec.fallback,
         "excluded": [{"node": n, "why": "recipe" if n in by_recipe else
-                      f"small (a dimension < {nodes.MIN_CHANNELS})" if n in small else "sensitivity"}
+                      f"small (a dimension < {nodes.MIN_CHANNELS})" if n in small else "sensitivity",
+                      "runs_as": "blockwise int8 (MatMulNBits)" if n in blockwise else "float"}
                      for n in excluded]
                     + [{"node": n, "why": "no ONNX Runtime integer kernel for its inputs"} for n in skipped],
         "qdq_nodes": counts,

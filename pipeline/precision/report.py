@@ -38,7 +38,8 @@ def markdown(p: dict) -> list[str]:
                      f"{', '.join(p['block_list'])}); keep_io_types: {p['keep_io_types']}")
     excluded = p.get("excluded") or []
     if excluded:
-        lines.append("- kept in float: " + ", ".join(f"`{e['node']}` ({e['why']})" for e in excluded))
+        lines.append("- kept out of the int8 kernels: " + ", ".join(
+            f"`{e['node']}` ({e['why']}; runs as {e.get('runs_as', 'float')})" for e in excluded))
     parity = p.get("parity_vs_fp32_graph") or {}
     if "error" in parity:
         lines.append(f"- parity vs the FP32 graph: not run in ONNX Runtime here ({parity['error']})")
@@ -64,11 +65,11 @@ def markdown(p: dict) -> list[str]:
             lines.append(f"| {i} | `{r['node']}` | {fmt(r['cosine'], '.6f')} | {fmt(r['top1_agreement'], '.4f')} |")
         cost = sens.get("speed_cost")
         if cost:
-            lines += ["", f"Time each node kept in float costs ({cost['method']}; "
+            lines += ["", f"Time each node kept out of the integer kernels costs ({cost['method']}; "
                       f"{cost['feed_shapes']}): {fmt(cost['total_ms'], '.3f')} ms in all.", "",
-                      "| node | op | float ms | as integer ms (est.) | cost ms |", "|---|---|---|---|---|"]
+                      "| node | runs as | ms | as integer ms (est.) | cost ms |", "|---|---|---|---|---|"]
             for r in cost["nodes"]:
-                lines.append(f"| `{r['node']}` | {r.get('op') or '—'} | {fmt(r['float_ms'], '.4f')} | "
+                lines.append(f"| `{r['node']}` | {r.get('op') or '—'} | {fmt(r['kept_ms'], '.4f')} | "
                              f"{fmt(r['integer_ms_estimate'], '.4f')} | {fmt(r['cost_ms'], '.4f')} |")
     return lines
 

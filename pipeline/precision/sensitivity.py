@@ -64,10 +64,11 @@ def analyse(quantize: Quantize, candidates: list[str], excluded: list[str], scor
 
 
 def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
-    """What each node kept in float costs in time, from one profiled request of the typed
-    graph as ONNX Runtime optimizes it: the node's float kernel time, against the same
-    FLOPs at the rate this very run achieved in its integer kernels (the node quantized
-    would run at about that rate). Times in ms; a node ORT fused away has no entry."""
+    """What each node kept out of the integer kernels costs in time, from one profiled request
+    of the typed graph as ONNX Runtime optimizes it: the node's kernel time as it runs (float,
+    or MatMulNBits under `fallback: blockwise`), against the same FLOPs at the rate this very
+    run achieved in its integer kernels (the node quantized would run at about that rate).
+    Times in ms; a node ORT fused away has no entry."""
     import onnx
     import onnxruntime as ort
 
@@ -96,19 +97,19 @@ def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
     rate = int_flops / int_us if int_us else None  # FLOPs per microsecond, integer kernels
     rows, total = [], 0.0
     for node in kept:
-        e = last.get(node)
+        e = last.get(node) or last.get(f"{node}_Q8")  # MatMulNBitsQuantizer renames what it takes
         if e is None:
-            rows.append({"node": node, "float_ms": None, "integer_ms_estimate": None, "cost_ms": None})
+            rows.append({"node": node, "kept_ms": None, "integer_ms_estimate": None, "cost_ms": None})
             continue
         flops = sum(f for _, f in effective.node_flops(e.get("args") or {}, convs.get(node)))
-        float_ms = e["dur"] / 1e3
+        kept_ms = e["dur"] / 1e3
         int_ms = flops / rate / 1e3 if rate else None
-        cost = float_ms - int_ms if int_ms is not None else None
+        cost = kept_ms - int_ms if int_ms is not None else None
         total += cost or 0.0
         rows.append({"node": node, "op": (e.get("args") or {}).get("op_name"),
-                     "float_ms": round(float_ms, 4),
+                     "kept_ms": round(kept_ms, 4),
                      "integer_ms_estimate": None if int_ms is None else round(int_ms, 4),
                      "cost_ms": None if cost is None else round(cost, 4)})
     return {"nodes": rows, "total_ms": round(total, 4), "feed_shapes": {k: list(v.shape) for k, v in feed.items()},
             "method": "one profiled request (ORT's optimization, the second of two): each kept "
-                      "node's float kernel time minus its FLOPs at this run's integer-kernel rate"}
+                      "node's kernel time minus its FLOPs at this run's integer-kernel rate"}

@@ -83,6 +83,13 @@ class PrecisionSpec(Strict):
         [], description="Nodes kept in float: exact node names or regexes (full match). A pattern "
         "that matches no quantizable node is an error.",
     )
+    fallback: Literal["float", "blockwise"] = Field(
+        "float", description="int8 dynamic: what an excluded MatMul (`exclude`, "
+        "`sensitivity.auto_exclude`) runs as. `float`: FP32. `blockwise`: ONNX Runtime's "
+        "MatMulNBits, int8 weights per block of 128 along K and activations quantized per block "
+        "of each row at run time (accuracy_level 4): close to float's accuracy where one "
+        "per-tensor activation range fails (a few tokens set it), in less of float's time.",
+    )
     block_size: int = Field(32, ge=16, description="int4: weights per scale (a power of two).")
     sensitivity: SensitivitySpec = Field(SensitivitySpec(), description="Per-node sensitivity.")
     require_effective_precision: float | None = Field(
@@ -124,6 +131,9 @@ class PrecisionSpec(Strict):
         if self.scheme == "static" and "Attention" in self.op_types:
             raise ValueError("op_types Attention needs scheme dynamic (QAttention); static Q/DQ "
                              "leaves fused attention in float")
+        if self.fallback == "blockwise" and not (self.mode == "int8" and self.scheme == "dynamic"):
+            raise ValueError("fallback blockwise applies to int8 with scheme dynamic (MatMulNBits "
+                             "runs only in ONNX Runtime)")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two (got {self.block_size})")
         return self
