@@ -9,7 +9,8 @@ calibrated on, each metric of the budget against the PyTorch model (tune_metrics
 Timing is the project's A/B protocol: each candidate is timed interleaved with the current
 best (bench.timing.time_interleaved, bench.stats.compare), starting from the FP32 engine;
 it becomes the best only when it meets the budget and the whole 95% interval of its time
-ratio lies below 1 - noise_threshold (verdict `faster`). Candidates over budget are timed
+ratio lies below 1 - noise_threshold (verdict `faster`; a pair first found indistinguishable
+is timed once more, EXTEND times longer, before it is called a tie). Candidates over budget are timed
 too (never chosen; --within-only skips them), to show what the budget costs. Each
 candidate's graph, engine and accuracy are cached under
 engines/<recipe>/tune/<key>/ (key: the candidate, the FP32 graph's sha256, the held-out
@@ -28,6 +29,7 @@ from types import SimpleNamespace
 from pipeline import tune_metrics
 
 FP32 = "fp32"
+EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
 
 
 @dataclass
@@ -59,14 +61,18 @@ def space(schemes=("dynamic", "static"), per_channel=(True, False), methods=("mi
     return out
 
 
-def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) -> Candidate:
-    """The best candidate, with sensitivity analysis keeping its most harmful nodes in float
-    until the calibration-feed cosine (a feed of unit-norm embeddings: the mean row cosine)
-    meets the stricter of the budget's cosines."""
+def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) -> list[Candidate]:
+    """The best candidate, with sensitivity analysis keeping its most harmful nodes out of the
+    integer kernels until the calibration-feed cosine (a feed of unit-norm embeddings: the mean
+    row cosine) meets the stricter of the budget's cosines: in float, and for a dynamic
+    candidate also as blockwise int8 (precision.fallback), which costs less time."""
     p = dict(best.precision)
     p["sensitivity"] = {"enabled": True, "auto_exclude": True, "samples": samples,
                         "budget": {"cosine_min": max(budget.worst_cosine, budget.mean_cosine)}}
-    return Candidate(best.name + " + auto-exclude", p)
+    out = [Candidate(best.name + " + auto-exclude", p)]
+    if p.get("scheme") == "dynamic":
+        out.append(Candidate(best.name + " + auto-exclude blockwise", {**p, "fallback": "blockwise"}))
+    return out
 
 
 class Search:
@@ -147,7 +153,7 @@ class Search:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
         c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds, self.task),
                     "excluded": [e["node"] for e in meta.get("excluded", [])],
-                    "speed_cost_of_float_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
+                    "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes")}
         shutil.rmtree(work)
         done.write_text(json.dumps(c.result, indent=1))
@@ -156,6 +162,8 @@ class Search:
 
     # ---------------------------------------------------------------- the search
     def time_pair(self, best_engine: Path, engine: Path, feed: dict) -> dict:
+        import numpy as np
+
         from pipeline import backends
         from pipeline.bench import stats, timing
 
@@ -164,8 +172,19 @@ class Search:
         threads = self.recipe.validation.threads
         with backend.open(best_engine, self.target, self.recipe, threads=threads, spin=False) as a, \
                 backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
-            timed = timing.time_interleaved([a, b], feed, spec)
-        return stats.compare(timed.blocks[0], timed.blocks[1], noise=spec.noise_threshold)
+            blocks = timing.time_interleaved([a, b], feed, spec).blocks
+            result = stats.compare(blocks[0], blocks[1], noise=spec.noise_threshold)
+            if result["verdict"] == "indistinguishable":
+                # A few blocks leave an interval of several percent: two candidates that close
+                # get one longer look (EXTEND times the requests, pooled with the first) before
+                # they are called a tie. The verdict still needs the whole interval past noise.
+                longer = spec.model_copy(update={"warmup": 0, "iterations": spec.iterations * EXTEND,
+                                                 "min_seconds": spec.min_seconds * EXTEND})
+                more = timing.time_interleaved([a, b], feed, longer).blocks
+                result = stats.compare(np.concatenate([blocks[0], more[0]]), np.concatenate([blocks[1], more[1]]),
+                                       noise=spec.noise_threshold)
+                result["extended"] = True
+        return result
 
     def run(self, candidates: list[Candidate], timing_feed: dict, exclusions: bool = True) -> dict:
         self.prepare()
@@ -198,7 +217,7 @@ class Search:
             if not queue and exclusions and not any("sensitivity" in d.precision for d in done):
                 closest = _closest_over_budget(done)
                 if closest is not None:
-                    queue.append(with_exclusions(closest, self.budget, 4))
+                    queue.extend(with_exclusions(closest, self.budget, 4))
         return {"budget": self.budget.describe(), "chosen": best.name,
                 "candidates": [{"name": c.name, "precision": c.precision, **c.result} for c in done],
                 "feeds": {"samples": len(self.feeds), "shapes": sorted({str(list(v.shape)) for f in self.feeds

@@ -67,12 +67,13 @@ def test_tune_reuses_cached_candidates_and_rescues_with_exclusions(tuned):
     assert all(p.stat().st_mtime_ns == stamps[p] for p in results)  # cached, not rebuilt
     out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
     assert out["chosen"] == "fp32" and "nothing beat FP32" in result.err
-    rescue = out["candidates"][-1]
+    rescue, blockwise = out["candidates"][-2:]  # the closest over budget, excluded nodes float or blockwise
     assert rescue["name"].endswith("+ auto-exclude") and rescue["precision"]["sensitivity"]["auto_exclude"]
-    cost = rescue["speed_cost_of_float_nodes"]  # what keeping each node in float costs
+    assert blockwise["name"] == rescue["name"] + " blockwise" and blockwise["precision"]["fallback"] == "blockwise"
+    cost = rescue["speed_cost_of_kept_nodes"]  # what keeping each node out of int8 costs
     assert rescue["excluded"] and [r["node"] for r in cost["nodes"]] == [
         n for n in rescue["excluded"] if n in {r["node"] for r in cost["nodes"]}]
-    assert all(r["float_ms"] is None or r["float_ms"] >= 0 for r in cost["nodes"])
+    assert all(r["kept_ms"] is None or r["kept_ms"] >= 0 for r in cost["nodes"])
     assert all("ab" not in c for c in out["candidates"][1:-1])  # over budget: not timed
     assert not (proj.path / "strict.yaml").exists()
 
