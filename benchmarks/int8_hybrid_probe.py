@@ -9,7 +9,7 @@ set the range); per-block ones keep it, at some of the integer kernels' speed.
 Needs the FP32 graph of `pipeline run minilm` (engines/minilm/optimized.onnx); EXTRA='{"label":
 "path/engine.onnx", ...}' adds built engines to the comparison. Accuracy and timing as in
 peer_int8.py (96 held-out sentences, 8 x 128 and 1 x 32, one process, interleaved, 2 threads).
-A probe, not a pipeline feature: results in benchmarks/results/int8-hybrid-probe-2026-12-01.md.
+The probe behind `precision.fallback: blockwise` (results: benchmarks/results/int8-hybrid-probe-2026-12-01.md).
 """
 
 from __future__ import annotations

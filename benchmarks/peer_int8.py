@@ -149,7 +149,7 @@ def _precision(recipe) -> str:
     if p.sensitivity.auto_exclude:
         parts.append("auto-exclude")
     elif p.exclude:
-        parts.append(f"{len(p.exclude)} nodes float")
+        parts.append(f"{len(p.exclude)} nodes {p.fallback}")
     return ", ".join(parts)
 
 
