@@ -27,6 +27,7 @@ import numpy as np
 
 PROBE_SHAPES = ((1, 1), (2, 5), (3, 12))  # [B, T]: the bias is recomputed for each
 MASK_FILTER = -10000.0  # ORT's default mask_filter_value for a raw mask
+_INTEGER = {6, 7, 9}  # onnx.TensorProto INT32, INT64, BOOL: what a [B, T] mask input may be
 
 
 def _ancestry(graph, name: str) -> tuple[list, set[str]]:
@@ -117,7 +118,7 @@ def to_key_mask(src: Path, out: Path) -> tuple[Path, list[str]]:
             cast_of[mask_name] = f"{mask_name}__int32"
         ins[3], ins[5] = cast_of[mask_name], ""
         del node.input[:]
-        node.input.extend(ins[:5] if ins[4] else ins[:4])
+        node.input.extend(ins[:4])  # x, weights, bias, mask_index (no past: checked above)
         kept = [a for a in node.attribute if a.name != "qkv_hidden_sizes"]
         del node.attribute[:]
         node.attribute.extend(kept)
@@ -128,9 +129,6 @@ def to_key_mask(src: Path, out: Path) -> tuple[Path, list[str]]:
     _drop_unused(graph)
     onnx.save(model, str(out))
     return out, rewritten
-
-
-_INTEGER = {6, 7, 9}  # onnx.TensorProto INT32, INT64, BOOL
 
 
 def _drop_unused(graph) -> None:
