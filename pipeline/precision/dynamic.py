@@ -62,6 +62,8 @@ class Quantizer:
 # Weights per scale along K for `fallback: blockwise`: the probe on all-MiniLM-L6-v2 (K 384 and
 # 1536) kept float's row cosines at 128 (benchmarks/results/int8-hybrid-probe-2026-12-01.md).
 BLOCK = 128
+# ORT's MatMulNBitsQuantizer names the node it writes <MatMul's name>_Q<bits>
+BLOCKWISE_SUFFIX = "_Q8"
 
 
 def blockwise(src: Path, names: list[str], out: Path) -> list[str]:

@@ -48,13 +48,13 @@ def _ancestry(graph, name: str) -> tuple[list, set[str]]:
     return [n for n in graph.node if id(n) in needed], found
 
 
-def _is_key_padding(model, bias: str, mask_input) -> bool:
-    """The bias, recomputed from probe masks, is 0 on kept keys and <= MASK_FILTER on padding."""
+def _is_key_padding(model, bias: str, computed_by: list, mask_input) -> bool:
+    """The bias, recomputed from probe masks by its nodes `computed_by`, is 0 on kept keys and
+    <= MASK_FILTER on padding."""
     import onnx
     import onnxruntime as ort
     from onnx import helper
 
-    computed_by, _ = _ancestry(model.graph, bias)
     used = {i for n in computed_by for i in n.input}
     sub = helper.make_model(
         helper.make_graph(computed_by, "bias", [mask_input], [onnx.ValueInfoProto(name=bias)],
@@ -90,6 +90,7 @@ def to_key_mask(src: Path, out: Path) -> tuple[Path, list[str]]:
     the redundant qkv_hidden_sizes attribute, which ORT's quantizer refuses."""
     import onnx
     from onnx import helper
+    from onnxscript.optimizer import remove_unused_nodes
 
     model = onnx.load(str(src))
     graph = model.graph
@@ -105,12 +106,12 @@ def to_key_mask(src: Path, out: Path) -> tuple[Path, list[str]]:
                 or (sizes and len(set(sizes)) != 1)):
             continue
         if ins[5] not in verdicts:
-            sources = _ancestry(graph, ins[5])[1]
+            computed_by, sources = _ancestry(graph, ins[5])
             mask = inputs[sources.pop()] if len(sources) == 1 else None
             shape = mask.type.tensor_type.shape.dim if mask is not None else []
             verdicts[ins[5]] = (mask.name if mask is not None and len(shape) == 2
                                 and mask.type.tensor_type.elem_type in _INTEGER
-                                and _is_key_padding(model, ins[5], mask) else None)
+                                and _is_key_padding(model, ins[5], computed_by, mask) else None)
         mask_name = verdicts[ins[5]]
         if mask_name is None:
             continue
@@ -126,18 +127,7 @@ def to_key_mask(src: Path, out: Path) -> tuple[Path, list[str]]:
     for mask_name, cast in cast_of.items():
         graph.node.insert(0, helper.make_node("Cast", [mask_name], [cast], name=f"{cast}_cast",
                                               to=onnx.TensorProto.INT32))
-    _drop_unused(graph)
+    remove_unused_nodes(model)  # the bias subgraph the rewrite orphaned
     onnx.save(model, str(out))
     return out, rewritten
 
-
-def _drop_unused(graph) -> None:
-    """Remove nodes none of whose outputs is read (the bias subgraph the rewrite orphaned)."""
-    outputs = {o.name for o in graph.output}
-    while True:
-        read = {i for n in graph.node for i in n.input} | outputs
-        kept = [n for n in graph.node if any(o in read for o in n.output)]
-        if len(kept) == len(graph.node):
-            return
-        del graph.node[:]
-        graph.node.extend(kept)

@@ -140,7 +140,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     typed = onnx.load(str(out), load_external_data=False)
     counts = {op: sum(n.op_type == op for n in typed.graph.node)
               for op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")}
-    blockwise = {n.name.removesuffix("_Q8") for n in typed.graph.node if n.op_type == "MatMulNBits"}
+    blockwise = {n.name.removesuffix(dynamic.BLOCKWISE_SUFFIX) for n in typed.graph.node
+                 if n.op_type == "MatMulNBits"}
     return out, {
         "scheme": spec.scheme if spec.mode == "int8" else "static",
         "calibration": {

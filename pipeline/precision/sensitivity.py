@@ -72,7 +72,7 @@ def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
     import onnx
     import onnxruntime as ort
 
-    from pipeline.precision import effective
+    from pipeline.precision import dynamic, effective
 
     convs = effective.conv_params(onnx.load(str(typed), load_external_data=False).graph)
     options = ort.SessionOptions()
@@ -97,7 +97,7 @@ def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
     rate = int_flops / int_us if int_us else None  # FLOPs per microsecond, integer kernels
     rows, total = [], 0.0
     for node in kept:
-        e = last.get(node) or last.get(f"{node}_Q8")  # MatMulNBitsQuantizer renames what it takes
+        e = last.get(node) or last.get(node + dynamic.BLOCKWISE_SUFFIX)  # `fallback: blockwise`
         if e is None:
             rows.append({"node": node, "kept_ms": None, "integer_ms_estimate": None, "cost_ms": None})
             continue
