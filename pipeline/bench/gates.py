@@ -42,6 +42,7 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 f"needs <= {want.max_accuracy_loss:g}"))
     if want.max_task_loss is not None:
         out.append(task_gate(recipe, engine.get("task")))
+    out += score_gates(recipe, (engine.get("generation") or {}).get("score"))
     versus = {v["other"]: v for v in engine.get("versus") or []}
     for ref in want.faster_than:
         v = versus.get(ref)
@@ -58,6 +59,35 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 f"{c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
                 f"interleaved, {c['blocks']} block pairs); needs the whole interval faster than "
                 f"1 + noise threshold {c['noise_threshold']:g}"))
+    return out
+
+
+def score_gates(recipe: Recipe, score: dict | None) -> list[dict]:
+    """expect.max_answer_accuracy_loss / max_perplexity_ratio on a generation engine's task
+    score (pipeline/generation/score.py): a variant that answers worse fails like a slow one."""
+    want, out = recipe.expect, []
+    if want.max_answer_accuracy_loss is not None:
+        a = (score or {}).get("answer_accuracy")
+        if a is None:
+            out.append(_gate("expect.max_answer_accuracy_loss", False, "no answers were scored"))
+        else:
+            lo, hi = a["ci95"]
+            out.append(_gate(
+                "expect.max_answer_accuracy_loss", -a["delta"] <= want.max_answer_accuracy_loss,
+                f"answered right: PyTorch {a['baseline_correct']}/{a['questions']}, engine "
+                f"{a['correct']}/{a['questions']} (delta {a['delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]); "
+                f"loss needs <= {want.max_answer_accuracy_loss:g}"))
+    if want.max_perplexity_ratio is not None:
+        p = (score or {}).get("perplexity")
+        if p is None:
+            out.append(_gate("expect.max_perplexity_ratio", False, "no perplexity was measured"))
+        else:
+            lo, hi = p["ratio_ci95"]
+            out.append(_gate(
+                "expect.max_perplexity_ratio", p["ratio"] <= want.max_perplexity_ratio,
+                f"perplexity PyTorch {p['baseline']:.3f}, engine {p['engine']:.3f} on {p['tokens']} "
+                f"held-out tokens: ratio {p['ratio']:.4f} (95% CI [{lo:.4f}, {hi:.4f}]); needs <= "
+                f"{want.max_perplexity_ratio:g}"))
     return out
 
 

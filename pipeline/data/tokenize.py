@@ -60,9 +60,13 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None):
         return ByteTokenizer()
     if ref is None:
         spec = recipe.model.transformers
-        if spec is None or spec.pretrained is None:
+        if spec is None or (spec.pretrained is None and spec.gguf is None):
             raise RecipeError(f"{where}: text needs a tokenizer: this model has none of its own",
                               "set `tokenizer: bytes` (byte-level models) or a tokenizer folder")
+        if spec.gguf is not None:  # the tokenizer converted from the same file
+            from pipeline.models import transformers_dir
+
+            return HFTokenizer(transformers_dir(spec, where), where)
         ref = spec.pretrained
     if _FUNCTION.match(ref):
         from pipeline import user_code

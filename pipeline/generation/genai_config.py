@@ -2,9 +2,10 @@
 
 The graph's names are genai's defaults for a decoder (`past_key_values.%d.key` in,
 `present.%d.key` out); the cache grows by concatenation (past_present_share_buffer false:
-the graph has no GroupQueryAttention with a preallocated buffer). Greedy search; EOS is
-suppressed by min_length = max_length, so every runner generates exactly the asked tokens
-(the workload stops each sequence itself).
+the graph has no GroupQueryAttention with a preallocated buffer). Greedy search that stops
+at the model's end of sequence: the folder works with onnxruntime-genai as written (the
+engine file by its own name, the tokenizer files beside it). The timed runner asks for
+min_length = max_length per generator (runners.GenaiRunner), not here.
 """
 
 from __future__ import annotations
@@ -14,15 +15,20 @@ from pathlib import Path
 
 
 def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int, vocab: int,
-           eos_token_id: int, context_length: int, filename: str = "model.onnx",
+           eos_token_id: int, context_length: int, filename: str,
+           bos_token_id: int | None = None, pad_token_id: int | None = None,
            threads: int | None = None) -> dict:
+    """filename: the engine file's name in the deployed folder (onnxruntime.onnx, not the
+    raw export model.onnx); bos/pad default to the end-of-sequence id (genai needs both)."""
     session = {"log_id": "onnxruntime-genai", "provider_options": []}
     if threads:
         session["intra_op_num_threads"] = threads
     return {
         "model": {
             "type": "llama",  # genai's decoder-only model with this I/O layout
-            "bos_token_id": 0, "pad_token_id": 0, "eos_token_id": eos_token_id,
+            "bos_token_id": eos_token_id if bos_token_id is None else bos_token_id,
+            "pad_token_id": eos_token_id if pad_token_id is None else pad_token_id,
+            "eos_token_id": eos_token_id,
             "vocab_size": vocab, "context_length": context_length,
             "decoder": {
                 "filename": filename, "session_options": session,
@@ -39,18 +45,31 @@ def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int
             "do_sample": False, "num_beams": 1, "num_return_sequences": 1, "top_k": 1, "top_p": 1.0,
             "temperature": 1.0, "repetition_penalty": 1.0, "length_penalty": 1.0,
             "no_repeat_ngram_size": 0, "diversity_penalty": 0.0, "early_stopping": True,
-            "max_length": context_length, "min_length": context_length,
+            "max_length": context_length, "min_length": 0,
             "past_present_share_buffer": False,
         },
     }
 
 
-def write_folder(folder: Path, engine: Path, cfg: dict) -> Path:
-    """A genai model folder: genai_config.json beside a link to the engine file."""
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja")
+
+
+def tokenizer_files(model_folder: Path | None) -> list[Path]:
+    """The tokenizer files genai's og.Tokenizer reads, from the model's transformers folder."""
+    if model_folder is None:
+        return []
+    return [model_folder / n for n in TOKENIZER_FILES if (model_folder / n).is_file()]
+
+
+def write_folder(folder: Path, engine: Path, cfg: dict, extra: list[Path] = ()) -> Path:
+    """A genai model folder: genai_config.json beside links to the engine file and `extra`
+    (tokenizer files)."""
     folder.mkdir(parents=True, exist_ok=True)
-    link = folder / cfg["model"]["decoder"]["filename"]
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(engine.resolve())
+    for target, name in ((engine, cfg["model"]["decoder"]["filename"]), *((p, p.name) for p in extra)):
+        link = folder / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(target).resolve())
     (folder / "genai_config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return folder

@@ -27,8 +27,11 @@ from pathlib import Path
 import numpy as np
 
 
-def _greedy(logits: np.ndarray, eos: int) -> np.ndarray:
-    """logits [B, vocab] -> next tokens [B], EOS never chosen."""
+def _greedy(logits: np.ndarray, eos: int | None) -> np.ndarray:
+    """logits [B, vocab] -> next tokens [B], EOS never chosen (eos None: answers, which stop
+    at it)."""
+    if eos is None:
+        return logits.argmax(axis=-1).astype(np.int64)
     logits = logits.copy()
     logits[:, eos] = -np.inf
     return logits.argmax(axis=-1).astype(np.int64)

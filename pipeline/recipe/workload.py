@@ -33,6 +33,32 @@ class LongSpec(Strict):
     bins: Positive = Field(4, description="Context-length bins TPOT is summarized in.")
 
 
+class ChatSpec(Strict):
+    """Real text for a generation workload: prompts, a task score and perplexity."""
+
+    questions: Path = Field(
+        Path("data/chat/questions.jsonl"), strict=False,
+        description="Questions with accepted answers ({id, question, answers}): each engine and "
+        "PyTorch answer them through the chat template, greedy, stopping at end of sequence; "
+        "the share answered right is the task score (data/chat/README.md).")
+    tasks: Path = Field(
+        Path("data/chat/tasks.jsonl"), strict=False,
+        description="Multi-turn scripts ({id, turns: [question ids]}): the questions asked one "
+        "after another in one conversation (the context kept); every question in one script.")
+    text: Path = Field(
+        Path("data/shakespeare/validation.jsonl"), strict=False,
+        description="Held-out plain text (.jsonl rows with `text`, or .txt): perplexity, and "
+        "the prompts of the timed points, the task and the long point (instead of random ids).")
+    tokenizer: str | None = Field(
+        None, description="`bytes` for a byte-level model (plain `Question:/Answer:` prompts); "
+        "default: the model's own tokenizer and chat template.")
+    scripts: Positive | None = Field(None, description="Use the first N scripts (default: all).")
+    answer_tokens: Positive = Field(32, description="Most tokens an answer may take.")
+    max_context: Positive = Field(1024, description="Longest conversation (tokens) a script may reach.")
+    perplexity_tokens: Positive = Field(2048, description="Held-out tokens scored for perplexity.")
+    window: Positive = Field(512, description="Tokens per perplexity window (each from an empty cache).")
+
+
 class WorkloadSpec(Strict):
     """One request of the validation: a forward pass, or generation (prefill + decode)."""
 
@@ -52,13 +78,17 @@ class WorkloadSpec(Strict):
         "appended to the context, its reply generated, the context (KV cache) kept.")
     long: LongSpec | None = Field(
         None, description="A long generation (TPOT vs context length, peak memory); null: none.")
+    chat: ChatSpec | None = Field(
+        None, description="Real text and a task score (answer accuracy, perplexity); null: "
+        "random prompt ids and no score.")
     rounds: Annotated[int, Field(ge=6)] = Field(
         6, description="Interleaved rounds per runner and point (>= 6: a 95% sign-test interval).")
     warmup: Annotated[int, Field(ge=0)] = Field(1, description="Untimed generations per runner and point.")
     seed: int = Field(0, ge=0, description="Seed of the prompt tokens.")
     eos_token_id: int | None = Field(
-        None, ge=0, description="End-of-sequence token, suppressed so every runner generates "
-        "exactly the asked tokens (default: the model's, else the last vocabulary id).")
+        None, ge=0, description="End-of-sequence token, suppressed in the timed points so every "
+        "runner generates exactly the asked tokens; answers (chat) stop at it (default: the "
+        "model's eos_token_id, else the last vocabulary id).")
 
     @model_validator(mode="after")
     def _batch_one(self) -> WorkloadSpec:
@@ -72,12 +102,15 @@ class WorkloadSpec(Strict):
         points.append(sum(t.prompt + t.new_tokens for t in self.task))
         if self.long is not None:
             points.append(self.long.prompt + self.long.new_tokens)
+        if self.chat is not None:
+            points.append(self.chat.max_context)
         return max(points)
 
     def prefill_max(self) -> int:
         """The longest prefill (prompt tokens in one forward, +1 for the token a turn carries over)."""
         turns = [t.prompt + 1 for t in self.task]
-        return max([*self.prompt_lengths, *turns, self.long.prompt if self.long else 1])
+        chat = [self.chat.window, self.chat.max_context] if self.chat else []  # perplexity windows; a restarted conversation
+        return max([*self.prompt_lengths, *turns, self.long.prompt if self.long else 1, *chat])
 
 
 # ----------------------------------------------------------------------------- KV signature
@@ -102,7 +135,14 @@ def decoder_shape(model) -> DecoderShape:
         if spec.task != "logits":
             raise ValueError(f"workload.kind generation needs a decoder: a causal LM "
                              f"(model.transformers.task: logits), not task `{spec.task}`")
-        config = dict(spec.config) if spec.config is not None else _pretrained_config(spec.pretrained)
+        if spec.config is not None:
+            config = dict(spec.config)
+        elif spec.gguf is not None:  # the converted folder (converted once, then cached)
+            from pipeline import gguf
+
+            config = json.loads((gguf.folder(spec.gguf, "model", spec.prune_ffn) / "config.json").read_text())
+        else:
+            config = _pretrained_config(spec.pretrained)
         heads = config.get("num_attention_heads", 32)
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
         return DecoderShape(config["num_hidden_layers"], config.get("num_key_value_heads", heads),

