@@ -366,8 +366,8 @@ def _fail(message: str, code: int) -> None:
     click.echo(message.replace("\n", " "), err=True)
     sys.exit(code)
 
-
 INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
+cli.add_command(__import__("pipeline.chat_command", fromlist=["generate_command"]).generate_command)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,7 +8,6 @@ stage runs.
 
 from __future__ import annotations
 
-import importlib
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -233,24 +232,6 @@ HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/hf.p
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
-def call_ref(ref: str, what: str, returns: str) -> str:
-    """Call the function `module:function` names (no arguments); its result as a string."""
-    module_name, _, attr = ref.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # the user's module may fail in any way while importing
-        raise RecipeError(f"{what}: cannot import `{module_name}` ({type(e).__name__}: {e})",
-                          f"install the package that provides `{module_name}`") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RecipeError(f"{what}: `{module_name}` has no function `{attr}`")
-    try:
-        return str(fn())
-    except Exception as e:  # a function of the wrong kind, or one that fails
-        raise RecipeError(f"{what}: `{ref}()` did not return {returns} ({first_line(e, with_type=True)})",
-                          "name a function taking no arguments that returns a local path") from None
-
-
 def transformers_dir(spec, where: str) -> Path | None:
     """The local transformers folder of a TransformersSpec: `pretrained`, or the converted
     `gguf` checkpoint (pipeline/gguf.py); None for a `config` (random weights)."""
@@ -264,7 +245,7 @@ def transformers_dir(spec, where: str) -> Path | None:
 def pretrained_dir(ref: str, where: str) -> Path:
     """The local model directory `ref` names: a path, or `module:function` returning one."""
     if _FUNCTION.match(ref):
-        path = Path(call_ref(ref, f"{where}: model.transformers.pretrained", "a model directory"))
+        path = Path(user_code.call_ref(ref, f"{where}: model.transformers.pretrained", "a model directory"))
     else:
         path = Path(ref)
     if not (path / "config.json").is_file():

@@ -12,6 +12,9 @@ import importlib
 import sys
 from pathlib import Path
 
+from pipeline.errors import RecipeError
+from pipeline.text import first_line
+
 
 def search_path(recipe_source: Path | None) -> list[str]:
     """The folders a user module may live in: the recipe's folder, then the current one."""
@@ -42,3 +45,22 @@ def find_spec(name: str, recipe_source: Path | None):
         return importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
+
+
+def call_ref(ref: str, what: str, returns: str) -> str:
+    """Call the function `module:function` names (no arguments); its result as a string."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # the user's module may fail in any way while importing
+        raise RecipeError(f"{what}: cannot import `{module_name}` ({type(e).__name__}: {e})",
+                          f"install the package that provides `{module_name}`") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise RecipeError(f"{what}: `{module_name}` has no function `{attr}`")
+    try:
+        return str(fn())
+    except Exception as e:  # a function of the wrong kind, or one that fails
+        raise RecipeError(f"{what}: `{ref}()` did not return {returns} ({first_line(e, with_type=True)})",
+                          "name a function taking no arguments that returns a local path") from None
+
