@@ -18,9 +18,9 @@ import numpy as np
 from pipeline import deps, models
 from pipeline import metrics as accuracy_metrics
 from pipeline.bench import monitor
-from pipeline.generation import chat, genai_config, runners, score
+from pipeline.generation import chat, genai_config, memory, runners, score
 from pipeline.generation import metrics as gm
-from pipeline.generation.workload import can_run, generate, measure, requests
+from pipeline.generation.workload import can_run, measure, requests
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape
 from pipeline.store import Artifact
@@ -215,10 +215,6 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     }
 
 
-def _rss() -> int:
-    return monitor._rss_bytes() or 0
-
-
 def deployed_config(recipe: Recipe, engine_name: str) -> tuple[dict, list[Path]]:
     """genai_config.json for the engine file `engine_name`, and the tokenizer files to ship
     beside it (the model's own: bos/eos/pad ids from its config)."""
@@ -248,37 +244,38 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     cfg, tokenizer = deployed_config(recipe, engine.path.name)
     folder = genai_config.write_folder(workdir / "genai", engine.path, cfg, tokenizer)
 
-    loads = {}
-    before = _rss()
-    torch_runner = _torch_runner(recipe)
-    loads[BASELINE], before = _rss() - before, _rss()
-    warnings = []
+    loads, warnings, first = {}, [], memory.first_token(shape.vocab)
+    torch_runner, loads[BASELINE] = memory.load(lambda: _torch_runner(recipe), first)
     if deps.has("onnxruntime_genai"):
-        genai = runners.GenaiRunner(folder, _context(recipe))
-        loads["onnxruntime-genai"], before = _rss() - before, _rss()
+        genai, loads["onnxruntime-genai"] = memory.load(
+            lambda: runners.GenaiRunner(folder, _context(recipe)), first)
     else:
         genai = None
         warnings.append("onnxruntime-genai is not installed (pip install onnxruntime-genai): "
                         "every request ran on the IOBinding loop")
-    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validation.threads)
-    loads["onnxruntime-iobinding"] = _rss() - before
+    loop, loads["onnxruntime-iobinding"] = memory.load(
+        lambda: runners.OrtLoopRunner(engine.path, eos, recipe.validation.threads), first)
 
     outputs = [_run_feed(loop.session, f, recipe.outputs) for f in feeds]
     accuracy, kv_cache = split_cache_outputs(accuracy_metrics.compare(references, outputs, ["logits"]))
 
     points, baseline_points, agreement, used = {}, {}, {}, {}
-    for request in workload_requests(recipe):
-        runner = genai if genai is not None and can_run(genai, request) else loop
-        traces = measure({BASELINE: torch_runner, target.id: runner}, request, spec)
-        mine, theirs = traces[target.id], traces[BASELINE]
-        points[request.label] = {**gm.summarize(request, mine), "runner": runner.name,
-                                 "speedup_vs_baseline": gm.speedups(theirs, mine, noise)}
-        baseline_points[request.label] = gm.summarize(request, theirs)
-        agreement[request.label] = gm.agreement(base_tokens[request.label], mine[0].tokens)
-        used[request.label] = runner.name
-        if request.kind == "long":
-            points["long"]["tpot_vs_context"] = gm.tpot_vs_context(request, mine, spec.long.bins)
-            baseline_points["long"]["tpot_vs_context"] = gm.tpot_vs_context(request, theirs, spec.long.bins)
+    with monitor.ResourceMonitor(gpu=False) as watch:  # other processes' load while timing
+        for request in workload_requests(recipe):
+            runner = genai if genai is not None and can_run(genai, request) else loop
+            traces = measure({BASELINE: torch_runner, target.id: runner}, request, spec)
+            mine, theirs = traces[target.id], traces[BASELINE]
+            points[request.label] = {**gm.summarize(request, mine), "runner": runner.name,
+                                     "speedup_vs_baseline": gm.speedups(theirs, mine, noise)}
+            baseline_points[request.label] = gm.summarize(request, theirs)
+            agreement[request.label] = gm.agreement(base_tokens[request.label], mine[0].tokens)
+            used[request.label] = runner.name
+            if request.kind == "long":
+                points["long"]["tpot_vs_context"] = gm.tpot_vs_context(request, mine, spec.long.bins)
+                baseline_points["long"]["tpot_vs_context"] = gm.tpot_vs_context(request, theirs, spec.long.bins)
+    resources = watch.summary()
+    if monitor.contention(resources):
+        warnings.append(monitor.contention(resources))
     if spec.chat is not None:  # the task score: the engine's answers and losses against PyTorch's
         rows, nll = _engine_score(recipe, engine.path)
         base_rows = [{"tokens": base_tokens[f"answer/{i}"].tolist(), "correct": bool(c), "seconds": float(t)}
@@ -287,8 +284,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
                             "answers": [{k: r[k] for k in ("id", "reply", "correct")} for r in rows]}
     else:
         generation_score = None
-    memory = _peak_memory(recipe, {BASELINE: torch_runner, target.id: genai or loop}, spec, shape, eos)
-    memory["load_rss_bytes"] = loads
+    memory_figures = _peak_memory(recipe, {BASELINE: torch_runner, target.id: genai or loop}, shape)
+    memory_figures["load_rss_bytes"] = loads
     for r in (genai, loop):
         if r is not None:
             r.close()
@@ -303,7 +300,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         "ttft_ms": points[head]["ttft_ms"], "tpot_ms": points[head]["tpot_ms"],
         "tokens_per_s": {label: p["tokens_per_s"] for label, p in points.items() if p.get("batch")},
         "time_per_task_s": task["time_per_task_s"],
-        "memory": memory,
+        "memory": memory_figures,
         "kv_cache_accuracy": kv_cache,
         "token_agreement": {"share": total_same / total if total else None,
                             "first_divergence": agreement["task"]["first_divergence"],
@@ -327,7 +324,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
                           "PyTorch (static KV cache) taking turns in one process, order alternating; "
                           "speedup: median of per-round ratios with a 95% sign-test interval",
         "threads": recipe.validation.threads, "device": "cpu",
-        "warnings": warnings, "generation": generation,
+        "warnings": warnings, "generation": generation, "resources": resources,
     }
     config = workdir / "genai_config.json"
     config.write_text((folder / "genai_config.json").read_text())
@@ -370,21 +367,14 @@ def _run_feed(session, feed: dict, names: list[str]) -> dict:
     return dict(zip(names, session.run(None, feed)))
 
 
-def _peak_memory(recipe: Recipe, runners_: dict, spec, shape, eos: int) -> dict:
-    """Peak RSS while each runner generates the longest request alone (the peak is reset
-    before each), and the KV cache's bytes per token."""
-    reqs = workload_requests(recipe)
-    longest = max((r for r in reqs if len(r.turns) == 1), key=lambda r: r.batch * (
+def _peak_memory(recipe: Recipe, runners_: dict, shape) -> dict:
+    """Peak RSS of each runner generating the longest single-turn request alone (sampled,
+    memory.py), and the KV cache's bytes per token."""
+    longest = max((r for r in workload_requests(recipe) if len(r.turns) == 1), key=lambda r: r.batch * (
         r.turns[0][0].shape[1] + r.new_tokens))
-    peaks = {}
-    for name, runner in runners_.items():
-        before = _rss()
-        reset = gm.reset_peak_rss()
-        generate(runner, longest)
-        peak = monitor.peak_rss_bytes()
-        peaks[name] = {"peak_rss_bytes": peak, "growth_bytes": (peak - before) if reset and peak else None}
     per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
-    return {"peak": peaks, "request": longest.label,
+    return {"peak": memory.peaks(runners_, longest), "request": longest.label,
+            "method": "RSS sampled every 2 ms while each runner generates the request alone; "
+                      "loading: RSS growth from before a runner is made to after its first token",
             "kv_cache_bytes_per_token": per_token,
-            "kv_cache_bytes_at_peak": per_token * longest.batch * (
-                longest.turns[0][0].shape[1] + longest.new_tokens)}
+            "kv_cache_bytes_at_peak": per_token * longest.batch * (longest.turns[0][0].shape[1] + longest.new_tokens)}
