@@ -46,7 +46,7 @@ def test_shipped_questions_and_scripts_fit_together():
 
 def test_memory_precheck_does_not_count_the_kv_cache_as_activations():
     """Defect 3: the KV-cache inputs' bytes were multiplied by 1024 like activations."""
-    from pipeline import limits
+    from pipeline.run import limits
 
     r = load("lm-gen", ["workload.long={prompt: 2000, new_tokens: 2000}"])
     cache = sum(math.prod(i.dims("max")) * 4 for i in r.inputs if i.name.startswith("past_key_values."))

@@ -69,7 +69,7 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None):
             return HFTokenizer(transformers_dir(spec, where), where)
         ref = spec.pretrained
     if _FUNCTION.match(ref):
-        from pipeline import user_code
+        from pipeline.model import user_code
 
         module_name, _, attr = ref.partition(":")
         try:

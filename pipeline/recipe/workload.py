@@ -138,7 +138,7 @@ def decoder_shape(model) -> DecoderShape:
         if spec.config is not None:
             config = dict(spec.config)
         elif spec.gguf is not None:  # the converted folder (converted once, then cached)
-            from pipeline import gguf
+            from pipeline.model import gguf
 
             config = json.loads((gguf.folder(spec.gguf, "model", spec.prune_ffn) / "config.json").read_text())
         else:

@@ -1,7 +1,7 @@
 """The recipe's `model:` section -> a torch.nn.Module in eval mode.
 
 Sources: a built-in zoo model, any `package.module:function` factory, or a Hugging Face
-`transformers` model (pipeline/hf.py, offline). `check()` resolves
+`transformers` model (pipeline/model/hf.py, offline). `check()` resolves
 the source without building the model, so a factory that does not import fails before any
 stage runs.
 """
@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps, user_code
+from pipeline import deps
 from pipeline.errors import InputError, PipelineError, RecipeError
+from pipeline.model import user_code
 from pipeline.recipe import ModelSpec, Recipe
 from pipeline.text import first_line
 from pipeline.zoo import ZOO
@@ -72,13 +73,13 @@ def code_digest(recipe: Recipe) -> str | None:
 
     hf = recipe.model.transformers
     if hf is not None and hf.gguf is not None:  # the checkpoint's bytes and how it is converted
-        from pipeline import gguf
+        from pipeline.model import gguf
 
         path = gguf.resolve(hf.gguf, _where(recipe))
         return hashlib.sha256(f"{gguf.file_sha256(path)}:{hf.prune_ffn}:".encode()
                               + Path(gguf.__file__).read_bytes()).hexdigest()
     if recipe.model.zoo is not None:
-        files = sorted(Path(__file__).parent.joinpath("zoo").glob("*.py"))
+        files = sorted(Path(__file__).parent.parent.joinpath("zoo").glob("*.py"))
     elif recipe.model.factory is not None:
         spec = user_code.find_spec(recipe.model.factory.partition(":")[0], recipe.source)
         if spec is None or not spec.origin or not Path(spec.origin).is_file():
@@ -99,7 +100,7 @@ def load(recipe: Recipe):
 
     spec = recipe.model.transformers
     if spec is not None:
-        from pipeline import hf
+        from pipeline.model import hf
 
         pretrained = transformers_dir(spec, _where(recipe))
         model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
@@ -228,7 +229,7 @@ def _load_weights(model, path: Path, where: str) -> None:
 
 
 # ------------------------------------------------------------------ transformers (light checks)
-HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/hf.py accepts
+HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/model/hf.py accepts
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -236,7 +237,7 @@ def transformers_dir(spec, where: str) -> Path | None:
     """The local transformers folder of a TransformersSpec: `pretrained`, or the converted
     `gguf` checkpoint (pipeline/gguf.py); None for a `config` (random weights)."""
     if spec.gguf is not None:
-        from pipeline import gguf
+        from pipeline.model import gguf
 
         return gguf.folder(spec.gguf, where, spec.prune_ffn)
     return pretrained_dir(spec.pretrained, where) if spec.pretrained else None
@@ -266,6 +267,6 @@ def _check_transformers(recipe: Recipe) -> None:
     if spec.pretrained is not None:
         pretrained_dir(spec.pretrained, where)
     if spec.gguf is not None:
-        from pipeline import gguf
+        from pipeline.model import gguf
 
         gguf.resolve(spec.gguf, where)

@@ -46,7 +46,7 @@ def cache_root() -> Path:
 def resolve(ref: str, where: str) -> Path:
     """The GGUF file `ref` names: a path, or `module:function` returning one."""
     if ":" in ref and not Path(ref).exists():
-        from pipeline.user_code import call_ref
+        from pipeline.model.user_code import call_ref
 
         path = Path(call_ref(ref, f"{where}: model.transformers.gguf", "a .gguf file"))
     else:

@@ -32,7 +32,7 @@ from pipeline.errors import DependencyError, InputError
               help="Where the engines/<recipe>/ folders are (env PIPELINE_ENGINES).")
 def generate_command(recipe, prompt, interactive, max_tokens, raw, overrides, engines_dir):
     """Generate with RECIPE's built engine through onnxruntime-genai (chat template, greedy)."""
-    from pipeline import folders
+    from pipeline.store import folder_names as folders
 
     if (prompt is None) == (not interactive):
         raise click.UsageError("give --prompt TEXT or --chat")
