@@ -166,3 +166,28 @@ def test_deployed_folder_runs_under_genai_as_is(built_chat: Project):
         gen.generate_next_token()
         n += 1
     assert n > 1
+
+
+def test_compare_shows_each_recipes_score_and_a_paired_verdict():
+    """Defect 10: the generation compare showed no accuracy, agreement or PyTorch baseline."""
+    from pipeline.generation import compare_score
+
+    def report(right: list[bool]) -> dict:
+        answers = [{"id": i, "correct": c} for i, c in enumerate(right)]
+        n, k = len(right), sum(right)
+        return {"baseline": {"generation": {"score": {"answer_accuracy": 0.8, "answer_accuracy_ci95": [0.7, 0.9],
+                                                      "correct": 32, "questions": n, "perplexity": 30.0}}},
+                "engines": [{"target": "onnxruntime", "generation": {
+                    "tpot_ms": {"p50": 20.0}, "time_per_task_s": 1.5,
+                    "score": {"answer_accuracy": {"engine": k / n, "engine_ci95": [0, 1], "correct": k, "questions": n},
+                              "perplexity": {"engine": 31.0, "ratio": 31 / 30},
+                              "identical_answers": {"share": 0.5}, "answers": answers}}}]}
+
+    standard = report([True] * 32 + [False] * 8)
+    flash = report([True] * 12 + [False] * 28)
+    result = compare_score.scores(["standard", "flash"], {"standard": standard, "flash": flash}, ["onnxruntime"])
+    (v,) = result["versus"]
+    assert v["delta"] == pytest.approx(-0.5) and v["ci95"][1] < 0 and v["verdict"] == "worse"
+    md = "\n".join(compare_score.markdown(result))
+    assert "| standard | PyTorch | 32/40" in md and "| flash | onnxruntime | 12/40" in md
+    assert "worse" in compare_score.lines(result)[0]

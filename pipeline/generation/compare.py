@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline.bench import stats
 from pipeline.errors import RecipeError
+from pipeline.generation import compare_score
 from pipeline.generation.runners import OrtLoopRunner
 from pipeline.generation.validate import eos_token, workload_requests
 from pipeline.generation.workload import measure
@@ -112,6 +113,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         "schema": SCHEMA, "workload": "generation", "created": now(), "recipes": [r.name for r in recipes],
         "reference": first.name, "shared_targets": shared, "task": [t.model_dump() for t in spec.task],
         "engines": engines, "versus": versus, "profiles": profiles,
+        "scores": compare_score.scores([r.name for r in recipes], reports, shared),
         "reports": {r.name: {e["target"]: (e.get("generation") or {}).get("time_per_task_s")
                              for e in reports[r.name]["engines"]} for r in recipes},
         "method": {"timing": f"the task ({len(spec.task)} turns) on each engine through the IOBinding "
@@ -141,7 +143,7 @@ def lines(result: dict) -> list[str]:
     for v in result["versus"]:
         out.append(f"{v['b']} vs {v['a']}: time per task {_words(v['task'])}; "
                    f"prefill {_words(v['prefill'])}; decode {_words(v['decode'])}")
-    return out
+    return out + compare_score.lines(result.get("scores") or {})
 
 
 def markdown(result: dict) -> str:
@@ -149,6 +151,7 @@ def markdown(result: dict) -> str:
           f"- timing: {result['method']['timing']}", f"- profiles: {result['method']['profiles']}", "",
           "## Time per task (B time / A time; > 1: B is slower)", ""]
     md += [f"- {line}" for line in lines(result)]
+    md += compare_score.markdown(result.get("scores") or {})
     md += ["", "| engine | time per task s | prefill s | decode s | TTFT p50 ms | TPOT p50 ms |",
            "|---|---|---|---|---|---|"]
     for name, e in result["engines"].items():

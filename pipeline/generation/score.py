@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
-from pipeline.metrics import task as task_metrics
 from pipeline.generation.chat import ChatTokenizer, Question, correct
+from pipeline.metrics import task as task_metrics
 
 BLOCK = 64  # perplexity tokens per bootstrap sample: neighbouring tokens' losses correlate
 
