@@ -191,3 +191,17 @@ def test_compare_shows_each_recipes_score_and_a_paired_verdict():
     md = "\n".join(compare_score.markdown(result))
     assert "| standard | PyTorch | 32/40" in md and "| flash | onnxruntime | 12/40" in md
     assert "worse" in compare_score.lines(result)[0]
+
+
+def test_generate_streams_a_reply_from_the_built_folder(built_chat: Project):
+    res = built_chat.run("generate", "lm-gen", *TINY, *CHAT, "--prompt", "ROMEO:", "--max-tokens", "12")
+    assert res.code == 0, res.err
+    assert 0 < len(res.out.strip()) and len(res.out.encode()) <= 12 * 4 + 1  # at most 12 byte tokens
+
+
+def test_generate_without_a_built_engine_says_how(project: Project):
+    res = project.run("generate", "lm-gen", "--prompt", "hi")
+    assert res.code == 2 and len(res.error_lines) == 1
+    assert "pipeline run" in res.error_lines[0]
+    res = project.run("generate", "standard", "--prompt", "hi")
+    assert res.code == 2 and "generation recipe" in res.error_lines[0]
