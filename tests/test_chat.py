@@ -67,6 +67,37 @@ def test_end_of_sequence_defaults_to_the_models_own():
     assert eos_token(load("lm-gen")) == 511  # no eos of its own: the last id
 
 
+class _Hungry:
+    """A runner that holds `mb` megabytes while it generates (a stand-in with a known size)."""
+
+    def __init__(self, mb: int):
+        self.mb, self.held = mb, None
+
+    def new(self, batch):
+        self.held = None
+
+    def prefill(self, tokens):
+        self.held = np.ones(self.mb << 18, np.float32)  # mb MiB, touched
+        return np.zeros(1, np.int64)
+
+    def step(self):
+        return np.zeros(1, np.int64)
+
+
+def test_memory_is_measured_per_runner():
+    """Defect 6: both runners showed the same process peak with no growth."""
+    from pipeline.generation import memory
+    from pipeline.generation.workload import Request
+
+    request = Request("p", "point", 1, ((np.zeros((1, 4), np.int64), 3),))
+    small, big = _Hungry(16), _Hungry(96)
+    peaks = memory.peaks({"small": small, "big": big}, request)
+    assert 12 << 20 <= peaks["small"]["growth_bytes"] < 48 << 20
+    assert peaks["big"]["growth_bytes"] >= 90 << 20
+    runner, loaded = memory.load(lambda: _Hungry(64), memory.first_token(100))
+    assert loaded >= 60 << 20  # what the first token made resident counts as loading
+
+
 def test_score_compares_answers_and_perplexity_with_intervals():
     from pipeline.bench.gates import score_gates
     from pipeline.generation import score
@@ -135,6 +166,8 @@ def test_run_scores_answers_and_perplexity_against_pytorch(built_chat: Project):
     assert not [n for n in names if "present." in n] and list(engine["accuracy"]) == ["logits"]
     assert engine["generation"]["kv_cache_accuracy"]["outputs"] == 4
     assert "note" not in engine["generation"]["token_agreement"]  # trained weights: no "random" note
+    # Defect 6: the machine's load is watched while generation is timed (and warned about)
+    assert engine["resources"]["cores"] >= 1 and "other_cores" in engine["resources"]
 
 
 def test_report_shows_the_generation_figures(built_chat: Project):
