@@ -52,7 +52,7 @@ def point_lines(g: dict, baseline_name: str) -> list[str]:
                 continue
             lines.append(f"| {label} (prompt {prompt}, batch {x['batch']}) | {name} | "
                          f"{x['ttft_ms']['p50']:.1f} | {x['tpot_ms']['p50']:.2f} | "
-                         f"{x['tokens_per_s']['per_sequence']:.1f} | {x['time_s']:.2f} | {ratio} |")
+                         f"{x['tokens_per_s']['per_sequence']:.1f} | {x['time_s']:.3f} | {ratio} |")
     long, blong = g["points"].get("long"), base.get("long")
     if long and long.get("tpot_vs_context"):
         lines += ["", "TPOT p50 (ms) along the long generation's context: " + "; ".join(
@@ -112,7 +112,7 @@ def headline(e: dict) -> str:
                      f"[{lo:+.1%}, {hi:+.1%}]), identical {s['identical_answers']['count']}/"
                      f"{s['identical_answers']['of']}, perplexity {p['engine']:.2f} (x{p['ratio']:.3f})")
     parts.append(f"TTFT {g['ttft_ms']['p50']:.1f} ms, TPOT {g['tpot_ms']['p50']:.2f} ms "
-                 f"(PyTorch {g['baseline']['tpot_ms']['p50']:.2f}), task {task.get('time_s', 0):.2f} s")
+                 f"(PyTorch {g['baseline']['tpot_ms']['p50']:.2f}), task {task.get('time_s', 0):.3f} s")
     long = g["points"].get("long")
     if long:
         parts.append(f"long ({long['prompt_tokens'][0]} tokens): TTFT {long['ttft_ms']['p50']:.0f} ms, "
