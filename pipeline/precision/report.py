@@ -45,7 +45,8 @@ def markdown(p: dict) -> list[str]:
         lines.append(f"- parity vs the FP32 graph: not run in ONNX Runtime here ({parity['error']})")
     elif parity:
         lines.append(f"- parity vs the FP32 graph (calibration feeds): cosine {fmt(parity['cosine'], '.6f')}, "
-                     f"top-1 {fmt(parity['top1_agreement'], '.4f')}")
+                     f"top-1 {fmt(parity['top1_agreement'], '.4f')}"
+                     + (f" (**caveat**: {parity['caveat']})" if parity.get("caveat") else ""))
     if not p.get("cpu_latency_meaningful", True):
         lines.append("- CPU latency of this precision is **not meaningful** (emulated)")
     sens = p.get("sensitivity")
