@@ -238,3 +238,15 @@ def test_generate_without_a_built_engine_says_how(project: Project):
     assert "pipeline run" in res.error_lines[0]
     res = project.run("generate", "standard", "--prompt", "hi")
     assert res.code == 2 and "generation recipe" in res.error_lines[0]
+
+
+def test_another_question_set_asks_again(built_chat: Project):
+    """The baseline and validate keys hold the workload and its chat files: fewer scripts
+    rerun both (their keys had neither: the old answers were reused)."""
+    fewer = tuple(a.replace("scripts: 2", "scripts: 1") for a in CHAT)
+    res = built_chat.run("run", "lm-gen", "--target", "onnxruntime", *TINY, *fewer)
+    assert res.code == 0, res.err
+    (folder,) = [p for p in built_chat.engines.iterdir() if p.name.startswith("lm-gen") and p != built_chat.folder]
+    report = json.loads((folder / "report.json").read_text())
+    assert report["baseline"]["generation"]["score"]["questions"] == 3
+    assert report["engines"][0]["generation"]["score"]["answer_accuracy"]["questions"] == 3

@@ -150,3 +150,11 @@ def text_ids(tok: ChatTokenizer, path: Path, count: int, vocab: int) -> np.ndarr
 
 def text_size(tok: ChatTokenizer, path: Path) -> int:
     return len(tok.encode(held_out_text(path)))
+
+
+def files_key(spec) -> dict | None:
+    """{field: sha256} of a ChatSpec's files (a missing file: None; data's error to name)."""
+    if spec is None:
+        return None
+    return {name: files.sha256(path) if Path(path).is_file() else None
+            for name, path in (("questions", spec.questions), ("tasks", spec.tasks), ("text", spec.text))}

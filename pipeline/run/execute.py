@@ -118,15 +118,16 @@ class Run:
                                f"the new one holds only {', '.join(sorted(chosen))}")
         return kept or []
 
-    def _baseline(self) -> Result:
+    def _baseline(self) -> Result:  # the workload (and its chat files) decide what is generated
         from pipeline import data
         from pipeline.stages import validate
 
         # the data files' contents, not only their names (validation feeds are drawn
         # disjoint from calibration ones, so both splits count)
         return self.cache.stage(
-            "baseline", {**self.recipe.section("model", "inputs", "outputs", "data", "validate"),
-                         "data_files": data.key(self.recipe, "validation", "calibration")}, [],
+            "baseline", {**self.recipe.section("model", "inputs", "outputs", "data", "validate", "workload"),
+                         "data_files": data.key(self.recipe, "validation", "calibration"),
+                         "chat_files": chat_files(self.recipe)}, [],
             lambda wd: validate.baseline(self.recipe, wd),
         )
 
@@ -152,7 +153,8 @@ class Run:
         result = self.cache.stage(
             f"validate:{target.id}",
             {"target": target.model_dump(mode="json"),
-             **self.recipe.section("model", "outputs", "validate", "precision")},
+             **self.recipe.section("model", "outputs", "validate", "precision", "workload"),
+             "chat_files": chat_files(self.recipe)},
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
@@ -217,3 +219,11 @@ def check_gates(report: dict) -> None:
 
 
 __all__ = ["Run", "Outcome", "ORDER", "check_gates", "failed_gates", "IntegrityError"]
+
+
+def chat_files(recipe: Recipe) -> dict | None:
+    """The contents of workload.chat's files (questions, scripts, text), for the keys of the
+    stages that ask and score them; None without workload.chat."""
+    from pipeline.generation.chat import files_key
+
+    return files_key(recipe.workload.chat)
