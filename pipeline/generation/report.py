@@ -93,7 +93,7 @@ def markdown(e: dict, baseline_name: str) -> list[str]:
               f"{g['time_per_task_s']:.2f} s, {baseline_name} {g['baseline']['time_per_task_s']:.2f} s; "
               f"greedy tokens identical to PyTorch's in the timed points: "
               f"{fmt(agree.get('share'), '.1%')} (first divergence in the task at token "
-              f"{fmt(agree.get('first_divergence'))})" + (f"; {agree['note']}" if agree.get("note") else "")
+              f"{agree.get('first_divergence') if agree.get('first_divergence') is not None else '—'})" + (f"; {agree['note']}" if agree.get("note") else "")
               + "."]
     return lines + memory_lines(g) + kv_cache_line(g)
 
