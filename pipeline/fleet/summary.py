@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import Field
 
 from pipeline.artifacts.base import Closed, Count
-from pipeline.artifacts.report import Gate, Report
+from pipeline.artifacts.report import Gate, Interval, Report
 from pipeline.text import fmt, speedup
 
 SCHEMA = 1
@@ -45,7 +45,7 @@ class EngineLine(Closed):
     precision: str | None = None
     p50_ms: float | None = None
     speedup: float | None = Field(None, description="Baseline time / engine time.")
-    ci95: tuple[float, float] | None = None
+    ci95: Interval | None = None
     verdict: str | None = None
     gates: list[Gate] = []
 
@@ -81,7 +81,7 @@ def engine_lines(report: Report) -> list[EngineLine]:
         lines.append(EngineLine(
             target=e.target, status=e.status, precision=e.precision,
             p50_ms=e.latency_ms.p50 if e.latency_ms else None,
-            speedup=s.ratio if s else None, ci95=tuple(s.ci95) if s else None,
+            speedup=s.ratio if s else None, ci95=list(s.ci95) if s else None,
             verdict=s.verdict if s else None, gates=list(e.gates or [])))
     return lines
 
