@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -126,16 +128,47 @@ def test_each_pair_runs_on_a_node_of_its_kind(first, proj, cluster):
     assert KIND_A in compare.out and KIND_B in compare.out and "onnxruntime" in compare.out
 
 
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _gone(pid: int, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":  # exited, not yet reaped by its (dead) parent's reaper
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_killed_worker_is_retried_on_another_node_and_the_rest_go_on(first, proj, cluster):
     killed = []
 
-    def kill_the_first_a_job(event):
-        if event["pair"].endswith(f"@{KIND_A}") and event["attempt"] == 1:
-            os.kill(event["pid"], signal.SIGKILL)
-            killed.append(event)
+    def kill_when_building(event):
+        """The worker dies once its `pipeline run` child is running (polled, not slept on)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _children(event["pid"]):
+            time.sleep(0.02)
+        children = _children(event["pid"])
+        os.kill(event["pid"], signal.SIGKILL)
+        killed.append({**event, "children": children})
 
-    outcome = _build(proj, cluster, [KIND_A, KIND_B], on_event=kill_the_first_a_job)
-    assert len(killed) == 1 and outcome.exit_code == 0, outcome
+    def on_event(event):
+        if event["pair"].endswith(f"@{KIND_A}") and event["attempt"] == 1:
+            threading.Thread(target=kill_when_building, args=(event,)).start()
+
+    outcome = _build(proj, cluster, [KIND_A, KIND_B], on_event=on_event)
+    assert len(killed) == 1 and killed[0]["children"], killed  # killed mid-build
+    assert all(_gone(child) for child in killed[0]["children"])  # its build died with it
+    assert outcome.exit_code == 0, outcome
     by_kind = {p.kind: p for p in outcome.pairs}
     lost, retried = by_kind[KIND_A].attempts
     assert lost.outcome == "lost" and lost.node_id == killed[0]["node_id"], lost
