@@ -88,6 +88,7 @@ def main() -> None:
 
     ray_tmp = tempfile.mkdtemp(prefix="rayd", dir="/tmp")  # short: Ray's unix sockets
     os.environ["RAY_TMPDIR"] = ray_tmp  # our own session files; another Ray is never touched
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "180")  # a loaded machine
     project = Path(tempfile.mkdtemp(prefix="fleet-demo-"))
     shutil.copytree(ROOT / "recipes", project / "recipes")
     shutil.copytree(ROOT / "data", project / "data", ignore=shutil.ignore_patterns("train.txt"))
@@ -100,7 +101,7 @@ def main() -> None:
         node_b = cluster.add_node(num_cpus=1, object_store_memory=1 << 30,
                                   resources={kinds.resource(KIND_B): 1},
                                   env_vars={deps.DEVICE_OVERRIDE: json.dumps(DEVICE_B)})
-        cluster.wait_for_nodes()
+        cluster.wait_for_nodes(timeout=180)
         nodes = {cluster.head_node.node_id: KIND_A, node_b.node_id: KIND_B}
         events.append(f"cluster up in {time.perf_counter() - t0:.0f} s: node {cluster.head_node.node_id[:8]} "
                       f"advertises {kinds.resource(KIND_A)}, node {node_b.node_id[:8]} {kinds.resource(KIND_B)}")

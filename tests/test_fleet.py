@@ -53,14 +53,17 @@ def test_kinds_name_devices_and_resources():
 @contextlib.contextmanager
 def _ray_tmpdir():
     """Ray's session files (and its `ray_current_cluster` note) in a folder of our own, short
-    enough for its unix sockets, so that another Ray on this machine is never touched."""
+    enough for its unix sockets, so that another Ray on this machine is never touched; and
+    time for a raylet to register on a loaded machine (Ray's default is 30 s)."""
     folder = tempfile.mkdtemp(prefix="rayf", dir="/tmp")
-    old = os.environ.get("RAY_TMPDIR")
-    os.environ["RAY_TMPDIR"] = folder
+    values = {"RAY_TMPDIR": folder, "RAY_raylet_start_wait_time_s": "180"}
+    old = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        os.environ.pop("RAY_TMPDIR") if old is None else os.environ.__setitem__("RAY_TMPDIR", old)
+        for name, value in old.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -74,7 +77,7 @@ def cluster():
             a = [c.add_node(num_cpus=1, resources={kinds.resource(KIND_A): 1}) for _ in range(2)]
             b = c.add_node(num_cpus=1, resources={kinds.resource(KIND_B): 1},
                            env_vars={deps.DEVICE_OVERRIDE: json.dumps(DEVICE_B)})
-            c.wait_for_nodes()
+            c.wait_for_nodes(timeout=180)
             yield c, {KIND_A: a, KIND_B: [b]}
         finally:
             c.shutdown()
@@ -233,12 +236,22 @@ def test_stages_built_on_a_lost_node_are_reused_on_another(first, proj, cluster)
 
 
 def test_fleet_refuses_a_kind_no_node_has_and_bad_input(proj, cluster):
-    result = proj.run("fleet", "standard", "--address", cluster[0].address, "--devices", "gpu-nvidia-h200",
+    # no --address: a local Ray of this machine's kind is started, asked, and stopped
+    result = proj.run("fleet", "standard", "--devices", "gpu-nvidia-h200",
                       env={"RAY_TMPDIR": os.environ["RAY_TMPDIR"]})
     assert result.code == 2 and "device:gpu-nvidia-h200" in result.err and "fleet node" in result.err
+    assert f"advertised: {KIND_A}" in result.err, result.err
     assert proj.run("fleet", "standard", "--devices", "AVX2").code == 2
     assert proj.run("fleet", "no-such-recipe").code == 2
     assert proj.run("fleet", "--devices", KIND_A).code == 2  # no recipe named
+
+
+def test_fleet_node_prints_the_ray_start_line_of_its_kind(project):
+    result = project.run("fleet", "node", "--address", "10.0.0.1:6379")
+    assert result.code == 0, result.err
+    assert f"device kind {KIND_A}" in result.out
+    assert f"ray start --address=10.0.0.1:6379 '--resources={{\"device:{KIND_A}\": 1}}'" in result.out
+    assert project.run("fleet", "node", "--kind", "Not A Kind").code == 2
 
 
 def test_fleet_help_imports_no_ray():

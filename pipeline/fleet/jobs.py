@@ -80,8 +80,9 @@ class Fleet:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[0], soft=False)
         seed = self._seed(job)
         spec = {"recipe": job.recipe, "ref": self.refs.get(job.recipe),
-                "overrides": list(self.overrides), "kind": job.kind,
-                "pair": job.pair, "project": self.project, "attempt": len(job.attempts) + 1, "timeout_s": self.timeout_s}
+                "overrides": list(self.overrides), "kind": job.kind, "pair": job.pair,
+                "project": self.project, "attempt": len(job.attempts) + 1,
+                "timeout_s": self.timeout_s}
         job.ref = self._task.options(**options).remote(spec, seed, self._tracker)
         job.state, job.started = "queued", None
         return None
@@ -165,8 +166,7 @@ class Fleet:
                                             exit_code=StageFailed.exit_code))
                 job.state = "failed"
         seen = 0
-        while any(job.ref is not None and job.state in ("queued", "running") for job in jobs):
-            active = {job.ref: job for job in jobs if job.ref is not None and job.state in ("queued", "running")}
+        while active := {j.ref: j for j in jobs if j.ref is not None and j.state in ("queued", "running")}:
             ready, _ = ray.wait(list(active), num_returns=1, timeout=0.5)
             events = ray.get(self._tracker.since.remote(seen))
             seen += len(events)

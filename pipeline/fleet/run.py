@@ -93,7 +93,8 @@ def build(names: list[str], everything: bool, address: str | None, wanted: list[
         chosen = wanted or present
         missing = [k for k in chosen if k not in present]
         if missing or not chosen:
-            raise DependencyError(f"no node of the cluster advertises {', '.join(map(kinds.resource, missing)) or 'a device kind'} "
+            wanted_names = ", ".join(map(kinds.resource, missing)) or "a device kind"
+            raise DependencyError(f"no node of the cluster advertises {wanted_names} "
                                   f"(advertised: {', '.join(present) or 'none'})",
                                   "start a node of that kind: `pipeline fleet node --address HEAD` "
                                   "on it prints its `ray start` line (docs/fleet.md)")
