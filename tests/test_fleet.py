@@ -27,8 +27,8 @@ import pytest
 from pipeline import deps
 from pipeline.errors import IntegrityError
 from pipeline.fleet import jobs, kinds, run, transfer
-from pipeline.folders import overrides_digest
-from pipeline.store import Store
+from pipeline.store.folder_names import overrides_digest
+from pipeline.store.recipe_folder import Store
 from tests.conftest import FAST, ROOT, Project
 
 KIND_A = kinds.here()

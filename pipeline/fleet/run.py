@@ -20,7 +20,7 @@ _STATE_STYLE = {"queued": "dim", "running": "yellow", "done": "green", "failed":
 def _recipes(names: list[str], everything: bool, overrides: tuple[str, ...]) -> dict[str, str]:
     """{engines folder name: how to name the recipe to `pipeline run`}, each loaded (and so
     checked) here with the --set values; the folder is <recipe>[@<digest of the values>]."""
-    from pipeline import folders
+    from pipeline.store import folder_names as folders
     from pipeline.recipe.loader import list_recipes
 
     refs = [str(p) for p in list_recipes()] if everything else names
@@ -73,7 +73,7 @@ def _progress_view(all_jobs) -> object:
 
 def accepted_lines(engines_dir: Path, kind: str, recipe: str) -> list:
     from pipeline.artifacts import recorded
-    from pipeline.store import Store
+    from pipeline.store.recipe_folder import Store
 
     folder = jobs.destination(engines_dir, kind, recipe)
     return engine_lines(recorded.report(Store(folder.parent, folder.name).read_json("report.json")))
@@ -84,7 +84,7 @@ def build(names: list[str], everything: bool, address: str | None, wanted: list[
           fleet_cls=jobs.Fleet, on_event=None) -> FleetRun:
     from rich.live import Live
 
-    from pipeline.store import now
+    from pipeline.store.recipe_folder import now
     from pipeline.ui import console, out
 
     refs = _recipes(names, everything, tuple(overrides))
@@ -126,7 +126,7 @@ def write(outcome: FleetRun, path: Path) -> None:
     import os
 
     from pipeline.artifacts import recorded
-    from pipeline.store import dumps
+    from pipeline.store.recipe_folder import dumps
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -144,7 +144,7 @@ def reports(engines_dir: Path, recipe: str) -> dict:
     """{kind: Report} of every kind the fleet accepted `recipe` for (each verified)."""
     from pipeline.artifacts import recorded
     from pipeline.errors import InputError
-    from pipeline.store import Store
+    from pipeline.store.recipe_folder import Store
 
     found = {}
     for folder in sorted((engines_dir / "fleet").glob(f"*/{recipe}")):
