@@ -20,8 +20,8 @@ _STATE_STYLE = {"queued": "dim", "running": "yellow", "done": "green", "failed":
 def _recipes(names: list[str], everything: bool, overrides: tuple[str, ...]) -> dict[str, str]:
     """{engines folder name: how to name the recipe to `pipeline run`}, each loaded (and so
     checked) here with the --set values; the folder is <recipe>[@<digest of the values>]."""
-    from pipeline.store import folder_names as folders
     from pipeline.recipe.loader import list_recipes
+    from pipeline.store import folder_names as folders
 
     refs = [str(p) for p in list_recipes()] if everything else names
     loaded = {}

@@ -24,9 +24,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.store import paths
 from pipeline.artifacts import recorded
 from pipeline.errors import IntegrityError
+from pipeline.store import paths
 from pipeline.store.recipe_folder import MANIFEST, Store
 
 
