@@ -243,6 +243,8 @@ def test_fleet_refuses_a_kind_no_node_has_and_bad_input(proj, cluster):
     assert f"advertised: {KIND_A}" in result.err, result.err
     assert proj.run("fleet", "standard", "--devices", "AVX2").code == 2
     assert proj.run("fleet", "no-such-recipe").code == 2
+    debug = proj.run("fleet", "no-such-recipe", "--debug")
+    assert debug.code == 2 and "Traceback" in debug.err and len(debug.error_lines) == 1
     assert proj.run("fleet", "--devices", KIND_A).code == 2  # no recipe named
 
 
