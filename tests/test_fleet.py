@@ -226,13 +226,16 @@ def test_stages_built_on_a_lost_node_are_reused_on_another(first, proj, cluster)
     gone = next(n for n in nodes[KIND_A] if n.node_id == last_node)
     c.remove_node(gone)
     nodes[KIND_A].remove(gone)
+    # --ship: the project folder travels as Ray's working_dir; the job runs from that copy
     result = proj.run("fleet", *FAST, "standard", "--address", c.address, "--devices", KIND_A,
-                      env={"RAY_TMPDIR": os.environ["RAY_TMPDIR"]})
+                      "--ship", env={"RAY_TMPDIR": os.environ["RAY_TMPDIR"]})
     assert result.code == 0, result.err
     (pair,) = run.read(proj.engines / "fleet" / "fleet.json").pairs
     (attempt,) = pair.attempts
     assert attempt.node_id == nodes[KIND_A][0].node_id != last_node
     assert pair.built == [] and "export" in pair.reused and "report" in pair.reused, pair
+    shipped = list(Path(os.environ["RAY_TMPDIR"]).rglob("working_dir_files/*/recipes/standard.yaml"))
+    assert shipped and not list(shipped[0].parent.parent.glob("engines")), shipped
 
 
 def test_fleet_refuses_a_kind_no_node_has_and_bad_input(proj, cluster):

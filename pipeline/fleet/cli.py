@@ -63,10 +63,13 @@ def _kinds(text: str | None) -> list[str] | None:
               "(e.g. cpu-avx512_vnni,gpu-nvidia-h200); default: every kind a node advertises.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="Override a value in every recipe (repeatable); folders get their @<digest> name.")
+@click.option("--ship", is_flag=True, help="Send this folder (recipes, data, model code) to the "
+              "nodes with each job (Ray's runtime_env working_dir); default: nodes run from the "
+              "same path in their own checkout.")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds one job may run.")
 @engines_dir_option("Where engines/fleet/<kind>/<recipe>/ and fleet.json go (env PIPELINE_ENGINES).")
 @debug_option
-def build_command(recipes, everything, address, devices, overrides, timeout_s, engines_dir):
+def build_command(recipes, everything, address, devices, overrides, ship, timeout_s, engines_dir):
     """Build each RECIPE for each device kind on a node of that kind; verified results land in
     engines/fleet/<kind>/<recipe>/, the summary in engines/fleet/fleet.json."""
     from pipeline.fleet import run
@@ -75,7 +78,7 @@ def build_command(recipes, everything, address, devices, overrides, timeout_s, e
         raise RecipeError("name the recipes to build, or --all (not both)",
                           "e.g. `pipeline fleet standard standard-int8`")
     outcome = run.build(list(recipes), everything, address, _kinds(devices), timeout_s,
-                        engines_dir, overrides)
+                        engines_dir, overrides, ship=ship)
     if outcome.exit_code:
         bad = [f"{p.recipe}@{p.kind}: {p.reason or 'exit ' + str(p.exit_code)}"
                for p in outcome.pairs if p.exit_code]

@@ -14,6 +14,8 @@ from pipeline.errors import DependencyError, IntegrityError
 from pipeline.fleet import jobs, kinds
 from pipeline.fleet.summary import FILE, FleetRun, engine_lines, table
 
+# Never shipped with --ship: outputs, environments, history (gitignore-style patterns).
+SHIP_EXCLUDES = ["engines/", ".venv/", ".git/", "__pycache__/", "*.pyc", ".pytest_cache/"]
 _STATE_STYLE = {"queued": "dim", "running": "yellow", "done": "green", "failed": "red"}
 
 
@@ -31,20 +33,24 @@ def _recipes(names: list[str], everything: bool, overrides: tuple[str, ...]) -> 
 
 
 @contextlib.contextmanager
-def connected(address: str | None):
+def connected(address: str | None, ship: bool = False):
     """Ray, joined at `address` or started here for this command (this machine's kind as
-    its one device resource) and stopped after it; yields how fleet.json names it."""
+    its one device resource) and stopped after it; yields how fleet.json names it. `ship`:
+    this folder goes to every task as Ray's working_dir (a local folder is only accepted
+    for the whole job, at ray.init)."""
     import ray
 
     from pipeline import deps
     from pipeline.fleet import kinds
 
+    common = {"log_to_driver": False, "logging_level": "ERROR"}
+    if ship:
+        common["runtime_env"] = {"working_dir": str(Path.cwd()), "excludes": SHIP_EXCLUDES}
     if address:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        ray.init(address=address, **common)
     else:
         ray.init(address="local", num_cpus=max(1, deps.cores()), include_dashboard=False,
-                 resources={kinds.resource(kinds.here()): 1}, log_to_driver=False,
-                 logging_level="ERROR")
+                 resources={kinds.resource(kinds.here()): 1}, **common)
     try:
         yield address or "local"
     finally:
@@ -81,14 +87,17 @@ def accepted_lines(engines_dir: Path, kind: str, recipe: str) -> list:
 
 def build(names: list[str], everything: bool, address: str | None, wanted: list[str] | None,
           timeout_s: float | None, engines_dir: Path, overrides: tuple[str, ...] = (),
-          fleet_cls=jobs.Fleet, on_event=None) -> FleetRun:
+          fleet_cls=jobs.Fleet, on_event=None, ship: bool = False) -> FleetRun:
+    """Run every (recipe, kind) pair; `ship`: send this folder (recipes, data, model code;
+    not engines/ or .venv/) to the nodes as Ray's runtime_env working_dir, for nodes that
+    do not have the checkout at this path."""
     from rich.live import Live
 
     from pipeline.store.recipe_folder import now
     from pipeline.ui import console, out
 
     refs = _recipes(names, everything, tuple(overrides))
-    with connected(address) as where:
+    with connected(address, ship) as where:
         present = _cluster_kinds()
         chosen = wanted or present
         missing = [k for k in chosen if k not in present]
@@ -102,7 +111,8 @@ def build(names: list[str], everything: bool, address: str | None, wanted: list[
             def show(all_jobs):
                 live.update(_progress_view(all_jobs), refresh=True)
 
-            fleet = fleet_cls(engines_dir, str(Path.cwd()), timeout_s, on_event=on_event, show=show)
+            fleet = fleet_cls(engines_dir, None if ship else str(Path.cwd()), timeout_s,
+                              on_event=on_event, show=show)
             fleet.refs, fleet.overrides = refs, tuple(overrides)
             done = fleet.run([(recipe, kind) for recipe in refs for kind in chosen])
     pairs = []
