@@ -5,7 +5,8 @@ device kind (A) and one advertising another kind (B), simulated by the device ov
 stage cache honours (PIPELINE_DEVICE_OVERRIDE in that raylet's environment, so its workers
 really report kind B). Each job runs the real `pipeline run standard` with the suite's fast
 protocol settings. The tests share the cluster and build on each other in file order:
-placement, a killed worker, a tampered transfer, then reuse after a node is removed.
+placement, a killed worker, a tampered transfer, a node lost mid-job, then reuse on a new
+node of everything the first build made on another.
 """
 
 from __future__ import annotations
@@ -218,21 +219,48 @@ def test_accept_refuses_a_corrupt_or_partial_folder_and_keeps_the_one_before(fir
     assert not [p for p in store.dir.parent.iterdir() if p.name.startswith(".")]
 
 
-def test_stages_built_on_a_lost_node_are_reused_on_another(first, proj, cluster):
+def test_a_node_lost_mid_job_is_retried_on_another(first, proj, cluster):
     c, nodes = cluster
-    built_on = _accepted(proj, KIND_A).dir  # noqa: F841 - it verifies before the node goes
-    latest = run.read(proj.engines / "fleet" / "fleet.json")
-    last_node = next(p for p in latest.pairs if p.kind == KIND_A).attempts[-1].node_id
-    gone = next(n for n in nodes[KIND_A] if n.node_id == last_node)
-    c.remove_node(gone)
-    nodes[KIND_A].remove(gone)
+    lost_nodes = []
+
+    def remove_when_building(event):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not _children(event["pid"]):
+            time.sleep(0.02)
+        node = next(n for n in nodes[KIND_A] if n.node_id == event["node_id"])
+        c.remove_node(node)  # its raylet and workers go, the job's `pipeline run` with them
+        nodes[KIND_A].remove(node)
+        lost_nodes.append(node.node_id)
+
+    def on_event(event):
+        if event["attempt"] == 1:
+            threading.Thread(target=remove_when_building, args=(event,)).start()
+
+    outcome = _build(proj, cluster, [KIND_A], on_event=on_event)
+    (pair,) = outcome.pairs
+    lost, retried = pair.attempts
+    assert lost.outcome == "lost" and lost.node_id == lost_nodes[0], pair
+    assert retried.outcome == "accepted" and retried.node_id == nodes[KIND_A][0].node_id
+    assert outcome.exit_code == 0
+
+
+def test_stages_built_on_another_node_are_reused_on_a_new_one(first, proj, cluster):
+    c, nodes = cluster
+    built = {a.node_id for p in first.pairs if p.kind == KIND_A for a in p.attempts}
+    fresh = c.add_node(num_cpus=1, resources={kinds.resource(KIND_A): 1})
+    for node in list(nodes[KIND_A]):  # only the new node is left of this kind
+        c.remove_node(node)
+        nodes[KIND_A].remove(node)
+    nodes[KIND_A].append(fresh)
+    c.wait_for_nodes(timeout=180)
     # --ship: the project folder travels as Ray's working_dir; the job runs from that copy
     result = proj.run("fleet", *FAST, "standard", "--address", c.address, "--devices", KIND_A,
                       "--ship", env={"RAY_TMPDIR": os.environ["RAY_TMPDIR"]})
     assert result.code == 0, result.err
     (pair,) = run.read(proj.engines / "fleet" / "fleet.json").pairs
     (attempt,) = pair.attempts
-    assert attempt.node_id == nodes[KIND_A][0].node_id != last_node
+    assert attempt.node_id == fresh.node_id and fresh.node_id not in built
+    # every stage of the folder built on another node in the first build is reused here
     assert pair.built == [] and "export" in pair.reused and "report" in pair.reused, pair
     shipped = list(Path(os.environ["RAY_TMPDIR"]).rglob("working_dir_files/*/recipes/standard.yaml"))
     assert shipped and not list(shipped[0].parent.parent.glob("engines")), shipped
