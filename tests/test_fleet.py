@@ -287,6 +287,21 @@ def test_fleet_node_prints_the_ray_start_line_of_its_kind(project):
     assert project.run("fleet", "node", "--kind", "Not A Kind").code == 2
 
 
+def test_a_killed_jobs_work_folder_is_swept_by_the_next_job():
+    from pipeline.fleet import worker
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    orphan = Path(tempfile.mkdtemp(prefix=f"pipeline-fleet-{dead}-"))
+    alive = Path(tempfile.mkdtemp(prefix=f"pipeline-fleet-{os.getpid()}-"))
+    try:
+        worker._sweep_orphans()
+        assert not orphan.exists() and alive.is_dir()
+    finally:
+        shutil.rmtree(orphan, ignore_errors=True)
+        shutil.rmtree(alive, ignore_errors=True)
+
+
 def test_fleet_help_imports_no_ray():
     code = "import sys; from pipeline.cli import cli; assert 'ray' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

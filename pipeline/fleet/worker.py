@@ -5,9 +5,10 @@ node would put a wrong engine under the kind's name), then runs `python -m pipel
 RECIPE` in a private engines folder that is seeded with the folder the fleet accepted for
 this kind before: the stage cache reuses every stage whose content key is recorded there
 and verifies each file first. The run's subprocess dies with the worker (PR_SET_PDEATHSIG),
-so a killed worker leaves nothing running. What comes back: the packed folder (transfer.py)
-when the run finished (exit 0, or 3: a gate failed but the report is written), where it ran,
-which stages were reused and which built, and the tail of the run's output.
+so a killed worker leaves nothing running (and the next job on the node removes its work
+folder). What comes back: the packed folder (transfer.py) when the run finished (exit 0, or
+3: a gate failed but the report is written), where it ran, which stages were reused and
+which built, and the tail of the run's output.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +48,15 @@ class Tracker:
 
     def since(self, index: int) -> list[dict]:
         return self.log[index:]
+
+
+def _sweep_orphans() -> None:
+    """Remove the work folders of jobs whose worker was killed (SIGKILL skips the cleanup of
+    their TemporaryDirectory): `pipeline-fleet-<pid>-*` whose pid no longer runs."""
+    for folder in Path(tempfile.gettempdir()).glob("pipeline-fleet-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _where() -> dict:
@@ -82,7 +93,8 @@ def build_pair(job: dict, seed: transfer.Packed | None, tracker) -> dict:
                 "reason": f"node {where['node_ip']} advertises {kinds.resource(job['kind'])} but its "
                           f"device is {where['kind_found']} ({deps.device_line(where['device'])})"}
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="pipeline-fleet-") as tmp:
+    _sweep_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"pipeline-fleet-{os.getpid()}-") as tmp:
         engines = Path(tmp) / "engines"
         folder = engines / job["recipe"]
         if seed is not None:
