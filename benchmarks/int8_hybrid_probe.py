@@ -38,7 +38,7 @@ from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec  # noqa: E402
 from pipeline.recipe.precision import PrecisionSpec  # noqa: E402
 from pipeline.stages import precision as precision_stage  # noqa: E402
-from pipeline.stages.validate import baseline_runner  # noqa: E402
+from pipeline.run.openers import baseline_runner  # noqa: E402
 
 GRAPH = Path("engines/minilm/optimized.onnx")
 DYNAMIC = {"mode": "int8", "scheme": "dynamic", "op_types": ["MatMul", "Attention"]}

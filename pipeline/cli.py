@@ -212,22 +212,14 @@ def compare_command(recipes, overrides, force, engines_dir, verbose):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline.commands.compare import compare
-    from pipeline.explain.render import tables
     from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
-    result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
-    if result.get("workload") == "generation":
-        from pipeline.generation.compare import lines
-
-        for line in lines(result):
-            out.print(line)
-        console.print(f"compare: {folder / 'compare-generation.md'}")
-        return
-    for t in tables(result):
-        out.print(t)
-    console.print(f"compare: {folder / 'compare.md'}, {folder / 'compare.html'}")
+    compared = compare(loaded, engines_dir, force, Progress(verbose), verbose)
+    for part in compared.printed:
+        out.print(part)
+    console.print("compare: " + ", ".join(str(f) for f in compared.files))
 
 
 @cli.command("recipes")

@@ -39,7 +39,7 @@ def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
     assert p["parity_vs_fp32_graph"]["cosine"] > 0.99
     engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
     assert engine["precision"] == "int8"
-    eff = engine["effective_precision"]
+    eff = engine["ort_flop_shares"]
     m = eff["mflops"]
     # every quantized MatMul runs as an integer kernel with a float output (inputs quantized,
     # outputs not: no requantization), cpu_pairs.py makes ORT fuse them all

@@ -96,7 +96,7 @@ class Search:
         """The FP32 graph (the recipe's own stages, cached) and PyTorch's held-out outputs."""
         from pipeline.model import sources as models
         from pipeline.run.execute import Run
-        from pipeline.stages.validate import baseline_runner
+        from pipeline.run.openers import baseline_runner
 
         fp32 = self.recipe.model_copy(update={"precision": self.recipe.precision.model_copy(
             update={"mode": "fp32"})})

@@ -22,6 +22,7 @@ from pipeline.data.feeds import (
     fingerprint,
     load_all,
     load_feeds,
+    load_tokens,
     numpy_dtype,
     padded_to_longest,
     save_feeds,
@@ -34,7 +35,7 @@ from pipeline.recipe import Recipe
 Split = Literal["validation", "calibration", "export"]
 
 __all__ = ["Feed", "SplitData", "Point", "Split", "DataSource", "check_feeds", "numpy_dtype",
-           "random_feed", "save_feeds", "load_feeds", "load_all", "feeds", "split",
+           "random_feed", "save_feeds", "load_feeds", "load_all", "load_tokens", "feeds", "split",
            "calibration_feeds", "padded_to_longest", "provenance", "key", "source_for"]
 
 _LOADED: dict[tuple, SplitData] = {}

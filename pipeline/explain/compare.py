@@ -1,9 +1,9 @@
-"""compare: several recipes side by side, with verdicts and explanations.
+"""How the forward workload's recipes are compared (`pipeline compare`, commands/compare.py),
+with verdicts and explanations:
 
-    pipeline compare standard flash-int8 [...]
-
-0. The first recipe's timing feed must fit every other recipe's inputs (exit 2 otherwise).
-1. Each recipe is run up to its report (cached stages are reused). Up front: each model's
+0. The first recipe's timing feed must fit every other recipe's inputs (check_comparable:
+   exit 2 otherwise, before anything is built).
+1. Each recipe was run up to its report by the command. Up front: each model's
    parameters and opt shape; where a recipe's model is not the first's (parameters 2x
    apart, another opt shape), compare says so and ranks that first among the causes.
 2. Speed: every engine the recipes share (by target id), and each recipe's PyTorch baseline,
@@ -27,25 +27,21 @@ from pathlib import Path
 
 from pipeline import backends, data
 from pipeline.bench import ab, protocol, stats, sweep
-from pipeline.errors import RecipeError
 from pipeline.explain import causes, layers, profile
 from pipeline.recipe import Recipe
 from pipeline.run.openers import baseline_opener, engine_opener, timing_feed
 from pipeline.stages.build import engine_name
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
+from pipeline.workloads.base import Compared, built, compare_folder, shared_targets
 
 SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
-
-
-def _built(report: dict) -> dict[str, dict]:
-    return {e["target"]: e for e in report["engines"] if e["status"] == "built"}
 
 
 def _profiled(report: dict) -> dict | None:
     """The recipe's engine ONNX Runtime's profiler can read: the first built one whose
     backend's engine is an ONNX graph."""
-    return next((e for e in _built(report).values()
+    return next((e for e in built(report).values()
                  if getattr(backends.lookup(e.get("kind")), "ENGINE_IS_ONNX", False)), None)
 
 
@@ -72,9 +68,9 @@ def _effective(entry: dict, recipe: Recipe) -> dict | None:
     recipe's require_effective_precision on the share its gate judges (attention products
     included), else DEFAULT_EFFECTIVE_BAR on the projections' share (attention products are
     never quantized, so they are no fallback), each saying which it is."""
-    eff = entry.get("effective_precision")
+    eff = entry.get("ort_flop_shares")
     spec = getattr(recipe, "precision", None)
-    if not eff or "integer_share" not in eff:
+    if not eff:
         return None
     required = getattr(spec, "require_effective_precision", None)
     if required is not None:
@@ -130,23 +126,12 @@ def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> dict[str,
     return out
 
 
-def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
-    from pipeline.run.execute import Run
-
-    reports = {}
-    for r in recipes:
-        outcome = Run(r, root, force=force, progress=progress, verbose=verbose).execute("report")
-        reports[r.name] = outcome.report
-    return reports
-
-
 def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tuple[dict, dict, list[str]]:
     """Interleaved timing of the shared engines and the baselines; (result, samples, shared)."""
     first = recipes[0]
     for other in recipes[1:]:
         ab.check_compatible(first, other)
-    shared = [t for t in _built(reports[first.name])
-              if all(t in _built(reports[r.name]) for r in recipes[1:])]
+    shared = shared_targets(recipes, reports)
     openers, pairs = {}, []
     for r in recipes:
         targets = {t.id: t for t in r.targets}
@@ -260,20 +245,19 @@ def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, r
     return rows
 
 
-def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> tuple[dict, Path]:
-    if len(recipes) < 2:
-        raise RecipeError("compare needs at least two recipes (e.g. `pipeline compare standard flash`)")
-    names = [r.name for r in recipes]
-    if len(set(names)) != len(names):
-        raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
-    if recipes[0].workload.kind == "generation":  # time per task, per phase (pipeline/generation)
-        from pipeline.generation import compare as generation
-
-        generation.check_same_workload(recipes)
-        return generation.compare(recipes, run_all(recipes, root, force, progress, verbose), root, progress)
-    for other in recipes[1:]:  # before anything is built: one feed is timed on every engine
+def check_comparable(recipes: list[Recipe]) -> None:
+    """Before anything is built: one feed is timed on every engine."""
+    for other in recipes[1:]:
         ab.check_compatible(recipes[0], other)
-    reports = run_all(recipes, root, force, progress, verbose)
+
+
+def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progress) -> Compared:
+    """`reports`: each recipe's report.json, built (check_comparable ran before)."""
+    from pipeline.artifacts import dump
+    from pipeline.artifacts.compare import ForwardCompare
+    from pipeline.explain import render
+
+    names = [r.name for r in recipes]
     info = models(recipes, root)
     differ = model_differences(recipes, info)
     with progress.stage("compare: timing"):
@@ -282,11 +266,10 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
         time_explained = explain_time(recipes, reports, timed, differ)
     with progress.stage("compare: layer errors"):
         error_explained = explain_error(recipes, root)
-    folder = Path(root) / "compare" / "-vs-".join(names)
-    folder.mkdir(parents=True, exist_ok=True)
-    result = {
-        "schema": SCHEMA, "created": now(), "recipes": names, "shared_targets": shared,
-        "reference": names[0],
+    folder = compare_folder(root, recipes)
+    result = ForwardCompare.model_validate({
+        "schema": SCHEMA, "workload": "forward", "created": now(), "recipes": names,
+        "shared_targets": shared, "reference": names[0],
         "models": info, "models_differ": differ,
         "engines": side_by_side(recipes, reports, timed, root),
         "timing": timed, "time_explained": time_explained, "error_explained": error_explained,
@@ -298,8 +281,7 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
                       + stats.ratio_method(recipes[0].validation.latency.noise_threshold),
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
         },
-    }
-    from pipeline.explain import render
-
-    render.write_all(result, samples, folder)
-    return result, folder
+    })
+    written = dump(result)  # what compare.json holds, rendered as the tables and pages
+    return Compared(result, folder, printed=render.tables(written),
+                    files=render.write_all(written, samples, folder))

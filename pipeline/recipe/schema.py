@@ -256,7 +256,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _generation_signature(self) -> Recipe:
         """workload generation: the KV-cache graph's inputs and outputs (pipeline/recipe/workload.py)."""
-        if self.workload.kind == "generation":
+        if self.workload.kv_cache:
             try:
                 self.inputs, self.outputs = kv_signature(self.inputs, self.model, self.workload, InputSpec)
             except ValueError as e:

@@ -18,12 +18,12 @@ from pipeline.errors import GateFailed, IntegrityError, RecipeError, StageFailed
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.run import chain, preflight
-from pipeline.run.stage_cache import GRAPH_STAGES, Result, StageCache, build_keys
+from pipeline.run.stage_cache import GRAPH_STAGES, STOPS, Result, StageCache, build_keys
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Artifact, Store
 from pipeline.ui import Progress
 
-ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")
+ORDER = STOPS  # where a run may stop: export, optimize, precision, build, validate, report
 
 
 @dataclass

@@ -7,7 +7,7 @@ A stage's key hashes:
     transitively, plus the same for the stages before it (code_digest), so editing
     pipeline/stages/optimize.py reruns optimize and every stage after it, and editing
     pipeline/cli.py reruns none;
-  - the part of this machine's identity its result depends on (DEVICE_KEYS): a latency
+  - the part of this machine's identity its result depends on (Stage.device_keys): a latency
     measured on another CPU or GPU is never reused, a graph made on another machine is.
 
 When the key matches the manifest's record and the outputs still have their recorded sha256,
@@ -17,6 +17,7 @@ rather than use it.
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import time
 from collections.abc import Callable
@@ -27,44 +28,64 @@ from pipeline import deps
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.run import code_digest
+from pipeline.stages import GraphStage
+from pipeline.stages import graph_stage as check_graph_stage
 from pipeline.store.recipe_folder import Artifact, Store, now
 from pipeline.text import first_line
 from pipeline.ui import Progress
 
 Produce = Callable[[Path], tuple[dict[str, Path], dict]]
 
-GRAPH_STAGES: tuple[str, ...] = ("export", "optimize", "precision")
-
-# The module each kind of stage runs (a stage id is `kind` or `kind:target...`).
-STAGE_MODULES = {
-    "export": "pipeline.stages.export",
-    "optimize": "pipeline.stages.optimize",
-    "precision": "pipeline.stages.precision",
-    "baseline": "pipeline.stages.validate",
-    "build": "pipeline.stages.build",
-    "validate": "pipeline.stages.validate",
-    "versus": "pipeline.stages.versus",
-    "report": "pipeline.stages.report",
-}
-# The stages whose output a stage uses, directly or not: their code is in its key too, so a
-# stage whose code changed reruns with everything after it, even when its files come out
-# byte for byte the same.
-UPSTREAM = {
-    "export": (), "optimize": ("export",), "precision": ("export", "optimize"),
-    "baseline": (), "build": GRAPH_STAGES,
-    "validate": (*GRAPH_STAGES, "build", "baseline"),
-    "versus": (*GRAPH_STAGES, "build"),
-    "report": tuple(k for k in STAGE_MODULES if k != "report"),
-}
-
 # The device keys (deps.device()) a stage's result depends on. Graph stages write the same
 # graph on any machine; optimize also times the exported vs optimized graph (ORT on the CPU);
 # whatever times engines depends on all of it. A build's depends on its target (build_keys).
 ALL = (*deps.CPU_KEYS, *deps.GPU_KEYS)
-DEVICE_KEYS: dict[str, tuple[str, ...]] = {
-    "export": (), "optimize": deps.CPU_KEYS, "precision": (),
-    "baseline": ALL, "validate": ALL, "versus": ALL, "report": ALL,
-}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kind of stage (a stage id is `kind` or `kind:target...`): everything its cache
+    key and the run need to know about it, in one record.
+
+    module       the module it runs (its code, and what it imports, is in the key)
+    upstream     the stages whose output it uses, directly or not: their code is in its key
+                 too, so a stage whose code changed reruns with everything after it, even
+                 when its files come out byte for byte the same
+    device_keys  the part of this machine's identity its result depends on; None: the
+                 target's (build_keys)
+    graph        a graph stage (stages.GraphStage: one ONNX graph to the next), run in this
+                 order by run/chain.py
+    stop         a command may stop after it (`pipeline export|...|report`)
+    """
+
+    kind: str
+    module: str
+    upstream: tuple[str, ...]
+    device_keys: tuple[str, ...] | None
+    graph: bool = False
+    stop: bool = True
+
+
+_GRAPH = ("export", "optimize", "precision")
+STAGES: dict[str, Stage] = {s.kind: s for s in (
+    Stage("export", "pipeline.stages.export", (), (), graph=True),
+    Stage("optimize", "pipeline.stages.optimize", ("export",), deps.CPU_KEYS, graph=True),
+    Stage("precision", "pipeline.stages.precision", ("export", "optimize"), (), graph=True),
+    Stage("baseline", "pipeline.stages.validate", (), ALL, stop=False),
+    Stage("build", "pipeline.stages.build", _GRAPH, None),
+    Stage("validate", "pipeline.stages.validate", (*_GRAPH, "build", "baseline"), ALL),
+    Stage("versus", "pipeline.stages.versus", (*_GRAPH, "build"), ALL, stop=False),
+    Stage("report", "pipeline.stages.report",
+          (*_GRAPH, "baseline", "build", "validate", "versus"), ALL),
+)}
+GRAPH_STAGES: tuple[str, ...] = tuple(k for k, s in STAGES.items() if s.graph)
+# where a run may stop, in order (run/execute.py's `until`)
+STOPS: tuple[str, ...] = tuple(k for k, s in STAGES.items() if s.stop)
+
+
+def graph_stage(kind: str) -> GraphStage:
+    """The module of graph stage `kind`, checked against the GraphStage contract."""
+    return check_graph_stage(importlib.import_module(STAGES[kind].module))
 
 
 def build_keys(target) -> tuple[str, ...]:
@@ -82,7 +103,8 @@ def build_keys(target) -> tuple[str, ...]:
 
 def code(kind: str) -> str:
     """The digest of the pipeline code a stage of this kind runs, its upstream's included."""
-    return code_digest.digest(tuple(STAGE_MODULES[k] for k in (*UPSTREAM[kind], kind)))
+    stage = STAGES[kind]
+    return code_digest.digest(tuple(STAGES[k].module for k in (*stage.upstream, kind)))
 
 
 @dataclass
@@ -112,7 +134,7 @@ class StageCache:
     def key(self, stage_id: str, spec: object, inputs: list[Artifact],
             device_keys: tuple[str, ...] | None = None) -> str:
         kind = stage_id.partition(":")[0]
-        keys = DEVICE_KEYS[kind] if device_keys is None else device_keys
+        keys = STAGES[kind].device_keys if device_keys is None else device_keys
         return sha256_json({
             "stage": stage_id, "spec": spec, "model_code": self.model_code, "code": code(kind),
             "inputs": {a.name: a.sha256 for a in inputs},

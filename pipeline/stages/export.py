@@ -22,12 +22,12 @@ from pathlib import Path
 
 from pipeline import data
 from pipeline.errors import PipelineError, RecipeError, StageFailed
+from pipeline.logs import quiet_torch_onnx
 from pipeline.metrics import accuracy as metrics
 from pipeline.model import sources as models
 from pipeline.model.shapes import dynamic_axes, dynamic_shapes
 from pipeline.recipe import Recipe
 from pipeline.text import first_line
-from pipeline.ui import quiet_torch_onnx
 
 NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export", "data")
@@ -37,11 +37,23 @@ def enabled(recipe: Recipe) -> bool:
     return True
 
 
+def preflight(recipe: Recipe) -> None:
+    """No user error of its own to find early: the model source is checked by models.check."""
+
+
+def spec(recipe: Recipe) -> dict:
+    return recipe.section(*SECTIONS)
+
+
+def summary(meta: dict) -> None:
+    """Nothing to add to the stage's line."""
+
+
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
     """The first graph stage: `graph` is None (there is none before export)."""
     import onnx
 
-    if recipe.workload.kind == "generation":  # a KV-cache graph (pipeline/generation/export.py)
+    if recipe.workload.kv_cache:  # a KV-cache graph (pipeline/generation/export.py)
         from pipeline.generation import export as kv_export
 
         files, meta = kv_export.run(recipe, workdir, verbose)

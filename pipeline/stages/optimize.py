@@ -32,6 +32,14 @@ def enabled(recipe: Recipe) -> bool:
     return bool(recipe.optimize.passes)
 
 
+def preflight(recipe: Recipe) -> None:
+    """No user error of its own to find early: its passes and options are checked by the recipe schema."""
+
+
+def spec(recipe: Recipe) -> dict:
+    return recipe.section(*SECTIONS)
+
+
 def check_feeds(recipe: Recipe) -> list[data.Feed]:
     """One feed per profile point, from a stream no other stage draws from."""
     import numpy as np

@@ -45,6 +45,10 @@ def spec(recipe: Recipe) -> dict:
     return key
 
 
+def summary(meta: dict) -> None:
+    """Nothing to add to the stage's line (report.md holds what it did)."""
+
+
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
     from pipeline import precision
     from pipeline.precision import evaluate
