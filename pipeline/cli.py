@@ -85,6 +85,7 @@ def cli():
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
+    from pipeline.artifacts import dump
     from pipeline.run.execute import Run, check_gates
     from pipeline.stages.report import table
     from pipeline.store import folder_names as folders
@@ -102,7 +103,7 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
     elif not outcome.work_done:
         console.print("[dim]nothing to do: every stage is up to date[/]")
     if outcome.report is not None:
-        out.print(table(outcome.report))
+        out.print(table(dump(outcome.report)))
         console.print(f"report: {outcome.store.dir / 'report.md'}")
     console.print(f"engines: {outcome.store.dir}", soft_wrap=True)
     if outcome.report is not None:

@@ -122,7 +122,7 @@ def test_a_float_conv_between_qdq_fails_the_effective_precision_gate(int8_projec
     kinds = {n["op"]: n["kind"] for n in eff["largest_non_integer"]}
     assert "fake_quantized" in kinds.values() and any("Conv" in op for op in kinds), kinds
     gate = effective.gate(eff, 0.9)
-    assert not gate["passed"] and "Conv" in gate["detail"], gate
+    assert not gate.passed and "Conv" in gate.detail, gate
     assert helper  # the graph above was edited with onnx's own protos
 
 

@@ -243,7 +243,7 @@ def test_int4_at_accuracy_level_0_counts_as_float_and_fails_the_gate(int4_engine
     assert eff["mflops"]["float"] > 0 and "MatMulNBits (accuracy_level 0)" in eff["by_op_mflops"]
     assert {n["kind"] for n in eff["largest_non_integer"] if n["op"].startswith("MatMulNBits")} == {"float"}
     gate = effective.gate(eff, 0.5)
-    assert not gate["passed"] and "MatMulNBits below accuracy_level 4" in gate["detail"]
+    assert not gate.passed and "MatMulNBits below accuracy_level 4" in gate.detail
     assert "accuracy_level 0: weights dequantized, products in fp32" in "\n".join(effective_markdown(eff))
 
 

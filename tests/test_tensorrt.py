@@ -357,21 +357,21 @@ def test_require_layer_precision_fails_an_int8_engine_that_runs_float():
     good = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
     bad = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
     ok = tensorrt_layers.check_required(good, "int8", 0.5)
-    assert ok["passed"] and ok["detail"].startswith("80% of time at int8")
+    assert ok.passed and ok.detail.startswith("80% of time at int8")
     gate = tensorrt_layers.check_required(bad, "int8", 0.5)
-    assert not gate["passed"] and gate["name"] == "effective_precision.int8"
-    assert gate["detail"].startswith("5% of time at int8") and "1 reformat layers" in gate["detail"]
+    assert not gate.passed and gate.name == "effective_precision.int8"
+    assert gate.detail.startswith("5% of time at int8") and "1 reformat layers" in gate.detail
     # fp16 counts int8 as narrower; untimed engines are judged by layer count.
     untimed = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True))
     assert untimed["time_share"] is None
-    assert tensorrt_layers.check_required(untimed, "fp16", 0.4)["detail"].startswith("40% of layers")
+    assert tensorrt_layers.check_required(untimed, "fp16", 0.4).detail.startswith("40% of layers")
 
 
 def test_names_only_inspector_cannot_prove_a_precision():
     s = tensorrt_layers.effective_precision({"Layers": ["a + b", "c"], "Bindings": []})
     assert s["detailed"] is False
     gate = tensorrt_layers.check_required(s, "int8", 0.5)
-    assert not gate["passed"] and "DETAILED" in gate["detail"]
+    assert not gate.passed and "DETAILED" in gate.detail
 
 
 def test_dtype_words():
@@ -412,7 +412,7 @@ def test_validation_extras_gate_from_the_target_only(project, monkeypatch, tmp_p
     target = recipe_mod.TensorRTTarget(require_layer_precision="int8")
     extras = trt_backend.validation_extras(engine, target, recipe, runner)
     assert extras["runtime"]["cuda_graphs"] == "on"
-    assert [g["passed"] for g in extras["gates"]] == [False]
+    assert [g.passed for g in extras["gates"]] == [False]
     assert "per_layer" not in extras["tensorrt_layer_shares"]
     # `precision.require_effective_precision` is a share of ONNX Runtime's integer FLOPs
     # (validate.py judges it on the onnxruntime target): no gate on a TensorRT engine.

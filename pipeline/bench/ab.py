@@ -20,7 +20,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.artifacts.recorded import dump
 from pipeline.artifacts.report import Versus
 from pipeline.bench import plots, protocol, sweep
 from pipeline.errors import RecipeError
@@ -68,8 +67,8 @@ def check_compatible(recipe: Recipe, other: Recipe, dims: list[dict[str, int]] |
 
 
 def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, other_target,
-           other_engine: Artifact, workdir: Path, feed, open_this: Opener,
-           open_other: Opener) -> tuple[dict[str, Path], dict]:
+           other_engine: Artifact, feed, open_this: Opener,
+           open_other: Opener) -> Versus:
     """This recipe's `target` engine (B) against `other`'s (A), at the opt shape, on `feed`."""
     check_compatible(recipe, other)
     a, b = f"{other.name}/{other_target.id}", f"{recipe.name}/{target.id}"
@@ -90,9 +89,7 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
         "resources": result["resources"], "warnings": result["warnings"],
         "harness_overhead_us": result["harness_overhead_us"],
     }
-    path = workdir / name
-    path.write_text(json.dumps(dump(Versus.model_validate(out)), indent=2) + "\n")
-    return {name: path}, {"verdict": out["comparison"]["verdict"]}
+    return Versus.model_validate(out)
 
 
 def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,

@@ -36,10 +36,11 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
 
 def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
     """Each recipe run up to its report: {recipe name: report.json's content}."""
+    from pipeline.artifacts import dump
     from pipeline.run.execute import Run
 
     reports = {}
     for r in recipes:
         outcome = Run(r, root, force=force, progress=progress, verbose=verbose).execute("report")
-        reports[r.name] = outcome.report
+        reports[r.name] = dump(outcome.report)  # what report.json holds: the comparers read that
     return reports

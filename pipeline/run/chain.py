@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline import backends
 from pipeline.recipe import Recipe
 from pipeline.run.stage_cache import GRAPH_STAGES, StageCache, graph_stage
+from pipeline.stages import Produced
 from pipeline.store.recipe_folder import Artifact
 
 
@@ -83,11 +84,12 @@ class GraphChain:
         spec = module.spec(recipe)
         stage_id = f"{module.NAME}:{flavor}" if flavor else module.NAME
 
-        def produce(wd: Path):
-            files, meta = module.run(recipe, graph, wd, verbose=self.verbose)
+        def produce(wd: Path) -> Produced:
+            made = module.run(recipe, graph, wd, verbose=self.verbose)
             if flavor:  # typed.onnx -> typed-plain.onnx: both chains' files live side by side
-                files = {f"{Path(n).stem}-{flavor}{Path(n).suffix}": path for n, path in files.items()}
-            return files, meta
+                made.files = {f"{Path(n).stem}-{flavor}{Path(n).suffix}": path
+                              for n, path in made.files.items()}
+            return made
 
         result = self.cache.stage(stage_id, spec, [graph] if graph else [], produce)
         self.meta[stage_id] = result.meta

@@ -18,23 +18,25 @@ rather than use it.
 from __future__ import annotations
 
 import importlib
+import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline import deps
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.run import code_digest
-from pipeline.stages import GraphStage
+from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
 from pipeline.store.recipe_folder import Artifact, Store, now
 from pipeline.text import first_line
 from pipeline.ui import Progress
 
-Produce = Callable[[Path], tuple[dict[str, Path], dict]]
+Produce = Callable[[Path], Produced]
 
 # The device keys (deps.device()) a stage's result depends on. Graph stages write the same
 # graph on any machine; optimize also times the exported vs optimized graph (ORT on the CPU);
@@ -109,15 +111,26 @@ def code(kind: str) -> str:
 
 @dataclass
 class Result:
-    """What one stage left in the store."""
+    """What one stage left in the store: its files, its meta, and its records as models (the
+    ones it made in this run, else read back from the verified files on first use)."""
 
     outputs: dict[str, Artifact]
     meta: dict
     cached: bool
+    store: Store | None = None
+    records: dict[str, Any] = field(default_factory=dict)
 
     def one(self) -> Artifact:
         (artifact,) = self.outputs.values()
         return artifact
+
+    def record(self, name: str) -> Any:
+        """The model of recorded file `name` (EngineResult, Versus, Report)."""
+        if name not in self.records:
+            from pipeline.artifacts.recorded import model_for
+
+            self.records[name] = model_for(name).model_validate(self.store.read_json(name))
+        return self.records[name]
 
 
 class StageCache:
@@ -149,7 +162,7 @@ class StageCache:
             outputs = self._cached_outputs(record)
             if outputs is not None:
                 self.progress.cached(stage_id)
-                return Result(outputs, record["meta"], cached=True)
+                return Result(outputs, record["meta"], cached=True, store=self.store)
 
         workdir = self.store.workdir(stage_id)
         t0 = time.perf_counter()
@@ -158,7 +171,8 @@ class StageCache:
             produce = lambda wd: twin  # noqa: E731 - the twin's verified copies, its meta
         try:
             with self.progress.stage(stage_id):
-                produced, meta = produce(workdir)
+                made = produce(workdir)
+                produced = {**_dumped(made.records, workdir), **made.files}
         except BaseException as e:
             shutil.rmtree(workdir, ignore_errors=True)  # no half-written leftovers (full disk)
             if isinstance(e, Exception) and not isinstance(e, PipelineError):
@@ -169,7 +183,7 @@ class StageCache:
                                   "rerun with --debug for the trace") from e
             raise
         seconds = time.perf_counter() - t0
-        record = {"key": key, "outputs": list(produced), "meta": meta,
+        record = {"key": key, "outputs": list(produced), "meta": made.meta,
                   "seconds": round(seconds, 3), "finished": now()}
         outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
                                           recipe_sha256=self.recipe.digest,
@@ -177,9 +191,9 @@ class StageCache:
                                           recipe_overrides=list(self.recipe.overrides))
         self.work_done = True
         self.progress.done(stage_id, seconds)
-        return Result(outputs, meta, cached=False)
+        return Result(outputs, made.meta, cached=False, store=self.store, records=dict(made.records))
 
-    def _from_twin(self, stage_id: str, key: str, workdir: Path) -> tuple[dict, dict] | None:
+    def _from_twin(self, stage_id: str, key: str, workdir: Path) -> Produced | None:
         """A sibling folder of this recipe (engines/<name>/, engines/<name>@<digest>/: its
         --set variants) that recorded this very key: its outputs, verified against its own
         manifest and copied into `workdir`, with its meta. A key holds everything the stage
@@ -200,7 +214,7 @@ class StageCache:
             except (PipelineError, OSError):
                 continue
             self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files reused")
-            return produced, record["meta"]
+            return Produced(produced, record["meta"])
         return None
 
     def _cached_outputs(self, record: dict) -> dict[str, Artifact] | None:
@@ -220,3 +234,15 @@ class StageCache:
             kind, _, target = stage_id.partition(":")
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
+
+
+def _dumped(records: dict[str, Any], workdir: Path) -> dict[str, Path]:
+    """Each record (a pydantic model) written as its JSON file, the only place a stage's
+    typed result becomes a file."""
+    from pipeline.artifacts import dump
+
+    out = {}
+    for name, model in records.items():
+        out[name] = workdir / name
+        out[name].write_text(json.dumps(dump(model), indent=2) + "\n")
+    return out

@@ -8,10 +8,23 @@ the chain (run/chain.py) runs them in order and preflight asks each for its user
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.errors import DependencyError
+
+
+@dataclass
+class Produced:
+    """What a stage made: its files ({name: path in its workdir}), its meta (recorded in the
+    manifest, read back on a cache hit) and its records ({file name: pydantic model}: the
+    run passes them on in memory; the StageCache dumps each as JSON only when it commits
+    the stage). A stage writes only into its workdir."""
+
+    files: dict[str, Path] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    records: dict[str, Any] = field(default_factory=dict)
 
 
 class GraphStage(Protocol):
@@ -22,7 +35,7 @@ class GraphStage(Protocol):
     enabled(recipe) -> bool                 does this recipe run it
     preflight(recipe) -> None               user errors, raised before any stage works
     spec(recipe) -> object                  its cache key's recipe part
-    run(recipe, graph, workdir, verbose) -> ({file: path}, meta): the first file is the next graph
+    run(recipe, graph, workdir, verbose) -> Produced: its first file is the next graph
     summary(meta) -> str | None             a line after it ran (None: nothing to add)
     """
 
@@ -35,7 +48,7 @@ class GraphStage(Protocol):
 
     def spec(self, recipe) -> object: ...
 
-    def run(self, recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]: ...
+    def run(self, recipe, graph, workdir: Path, verbose: bool = False) -> Produced: ...
 
     def summary(self, meta: dict) -> str | None: ...
 

@@ -27,6 +27,7 @@ from pipeline.metrics import accuracy as metrics
 from pipeline.model import sources as models
 from pipeline.model.shapes import dynamic_axes, dynamic_shapes
 from pipeline.recipe import Recipe
+from pipeline.stages import Produced
 from pipeline.text import first_line
 
 NAME = "export"
@@ -49,7 +50,7 @@ def summary(meta: dict) -> None:
     """Nothing to add to the stage's line."""
 
 
-def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     """The first graph stage: `graph` is None (there is none before export)."""
     import onnx
 
@@ -60,7 +61,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         proto = onnx.load(str(files["model.onnx"]))
         if portable_paths(proto):
             onnx.save(proto, str(files["model.onnx"]))
-        return files, meta
+        return Produced(files, meta)
     import torch
 
     model = models.load(recipe)
@@ -115,13 +116,13 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         raise StageFailed(
             f"export parity check failed to run the graph at the opt/max shapes: {first_line(e, with_type=True)}",
             "lower the inputs' max dims if memory ran out") from e
-    return {"model.onnx": out_path}, {
+    return Produced({"model.onnx": out_path}, {
         "exporter": recipe.export.exporter,
         "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
         "nodes": len(proto.graph.node),
         "export_seconds": seconds,
         "parity": parity,
-    }
+    })
 
 
 _SOURCE_FILE = re.compile(r'File "([^"]+)"')

@@ -7,21 +7,21 @@ a person reads is what CI and `compare` read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
-from pipeline.artifacts import SCHEMA, Report, dump
+from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
 from pipeline.recipe import Recipe
+from pipeline.stages import Produced
 from pipeline.store.recipe_folder import now
 from pipeline.text import fmt, speedup, time_ratio_speedup
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
-             engines: list[dict]) -> Report:
+             engines: list[EngineResult]) -> Report:
     """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
     return Report.model_validate({
         "schema": SCHEMA,
@@ -57,32 +57,30 @@ def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> li
 BASELINE_DRIFT = 2.0
 
 
-def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
+def warnings(baseline: dict | None, engines: list[EngineResult]) -> list[str]:
     """What makes a figure in this report suspect, each naming where it applies."""
     out = []
     alone = ((baseline or {}).get("latency_ms") or {}).get("p50")
     for e in engines:
-        if e["status"] != "built":
+        if e.status != "built":
             continue
-        out += [f"{e['target']}: {w}" for w in e.get("warnings") or []]
-        out += [f"{e['target']} vs `{v['other_recipe']}`: {w}" for v in e.get("versus") or []
-                for w in v.get("warnings") or []]
-        together = (e.get("baseline_latency_ms") or {}).get("p50")
+        out += [f"{e.target}: {w}" for w in e.warnings]
+        out += [f"{e.target} vs `{v.other_recipe}`: {w}" for v in e.versus for w in v.warnings]
+        together = e.baseline_latency_ms.p50 if e.baseline_latency_ms else None
         if alone and together and max(alone / together, together / alone) > BASELINE_DRIFT:
-            out.append(f"{e['target']}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
+            out.append(f"{e.target}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
                        f"the engine but {alone:.3f} ms timed alone (baseline stage), more than "
                        f"{BASELINE_DRIFT:g}x apart: the machine changed between or during the two; "
                        f"rerun with --force on an idle machine")
     return out
 
 
-def write(model: Report, workdir: Path, workload=None) -> dict[str, Path]:
-    report = dump(model)
-    json_path = workdir / "report.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+def write(model: Report, workdir: Path, workload=None) -> Produced:
+    """report.md, rendered from what report.json will hold; the Report itself is a record
+    (dumped as report.json when the stage is committed)."""
     md_path = workdir / "report.md"
-    md_path.write_text(markdown(report, workload))
-    return {"report.json": json_path, "report.md": md_path}
+    md_path.write_text(markdown(dump(model), workload))
+    return Produced({"report.md": md_path}, {}, {"report.json": model})
 
 
 # ------------------------------------------------------------------------ rendering

@@ -10,28 +10,27 @@ effective-precision checks every engine gets.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pipeline import backends, workloads
-from pipeline.artifacts import EngineResult, dump
+from pipeline.artifacts import EngineResult, Gate
 from pipeline.recipe import Recipe
 from pipeline.run.openers import timing_feed
+from pipeline.stages import Produced
 from pipeline.store.recipe_folder import Artifact
 
 
-def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
-    return workloads.of(recipe).baseline(recipe, workdir)
+def baseline(recipe: Recipe, workdir: Path) -> Produced:
+    return Produced(*workloads.of(recipe).baseline(recipe, workdir))
 
 
-def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
-             workdir: Path) -> tuple[dict[str, Path], dict]:
-    """validate-<target>.json (the engine's EntryResult) and the files the workload wrote."""
+def validate(recipe: Recipe, target, engine: Artifact, base: Artifact, workdir: Path) -> Produced:
+    """The engine's EngineResult (validate-<target>.json once committed) and the files the
+    workload wrote beside it."""
     measured = workloads.of(recipe).measure(recipe, target, engine, base, workdir)
     result = engine_result(recipe, target, engine, measured, workdir)
-    path = workdir / f"validate-{target.id}.json"
-    path.write_text(json.dumps(dump(result), indent=2) + "\n")
-    return {path.name: path, **measured.files}, {"passed": all(g.passed for g in result.gates)}
+    return Produced(measured.files, {"passed": all(g.passed for g in result.gates)},
+                    {f"validate-{target.id}.json": result})
 
 
 def engine_result(recipe: Recipe, target, engine: Artifact, measured: workloads.Measured,
@@ -50,7 +49,7 @@ def engine_result(recipe: Recipe, target, engine: Artifact, measured: workloads.
                                         "gates": gate_list})
 
 
-def gates(recipe: Recipe, accuracy: dict) -> list[dict]:
+def gates(recipe: Recipe, accuracy: dict) -> list[Gate]:
     tol = recipe.validation.tolerance
     out = []
     for name, m in accuracy.items():
@@ -69,7 +68,7 @@ def gates(recipe: Recipe, accuracy: dict) -> list[dict]:
 
 
 def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
-                     gate_list: list[dict]) -> dict:
+                     gate_list: list[Gate]) -> dict:
     """Effective precision of a quantized engine that is an ONNX graph (ENGINE_IS_ONNX: ONNX
     Runtime's profiler times its kernels) and its gate; CPU caveats."""
     from pipeline.precision import EMULATED_ON_CPU
@@ -87,5 +86,5 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
     return extra
 
 
-def _gate(name: str, passed: bool, detail: str) -> dict:
-    return {"name": name, "passed": bool(passed), "detail": detail}
+def _gate(name: str, passed: bool, detail: str) -> Gate:
+    return Gate(name=name, passed=bool(passed), detail=detail)
