@@ -17,12 +17,13 @@ from pipeline import __version__
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
 
-_debug = False
+DEBUG = "debug"  # key of the invocation's state (ctx.obj: one dict per main() call, shared by
+# the group's and the command's contexts), read by main() after the command ended
 
 
 def _set_debug(ctx, param, value):
-    global _debug
-    _debug = _debug or bool(value)
+    if isinstance(ctx.obj, dict):
+        ctx.obj[DEBUG] = ctx.obj.get(DEBUG, False) or bool(value)
     return value
 
 
@@ -110,10 +111,10 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
         check_gates(outcome.report)
 
 
-def _stage_command(name: str, until: str, summary: str):
+def _stage_command(name: str, until: str, summary: str, hidden: bool = False):
     builds = until not in ("export", "optimize", "precision")  # graph stages build no target
 
-    @cli.command(name, help=summary)
+    @cli.command(name, help=summary, hidden=hidden)
     @recipe_options(targets=builds)
     def command(recipe, overrides, force, engines_dir, verbose, only):
         _execute(recipe, until, overrides, force, engines_dir, verbose, only)
@@ -125,9 +126,9 @@ _stage_command("run", "report", "Run every stage: export, optimize, precision, b
                "validate, report (each one only when its inputs changed).")
 _stage_command("export", "export", "Export the PyTorch model to ONNX (with a parity check).")
 _stage_command("optimize", "optimize", "Export, then run the recipe's graph passes, each checked.")
-_stage_command("quantize", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
+_stage_command("precision", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
                "Q/DQ with calibration, INT4 weights), exporting and optimizing first if needed.")
-_stage_command("precision", "precision", "Same as `quantize`.")
+_stage_command("quantize", "precision", "Alias of `precision` (kept for old scripts).", hidden=True)
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
@@ -351,9 +352,9 @@ def inspect_command(onnx_file, as_json):
         out.print(part)
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int, debug: bool) -> None:
     """One `Error:` line and the error's own exit code; under --debug the trace first."""
-    if _debug:
+    if debug:
         import traceback
 
         traceback.print_exc()
@@ -366,10 +367,11 @@ INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one `Error:` line and their exit code."""
+    meta: dict = {}  # this invocation's state (--debug), read here after the command ended
     try:
-        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False, obj=meta)
     except PipelineError as e:
-        _fail(f"Error: {e}", e.exit_code)
+        _fail(f"Error: {e}", e.exit_code, meta.get(DEBUG, False))
     except click.exceptions.Abort as e:
         # click turns Ctrl-C (KeyboardInterrupt) into Abort before it gets here
         interrupted = isinstance(e.__cause__, KeyboardInterrupt)
@@ -382,7 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except OSError as e:  # the machine's to fix (disk full, read-only, permissions): no trace
-        _fail(f"Error: {e} (rerun with --debug for the trace)", 4)
+        _fail(f"Error: {e} (rerun with --debug for the trace)", 4, meta.get(DEBUG, False))
     except KeyboardInterrupt:
         click.echo(INTERRUPTED, err=True)
         sys.exit(130)
