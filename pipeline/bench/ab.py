@@ -76,7 +76,7 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, _ = protocol.measure(runners, sweep.shapes(recipe, feed)[:1],
-                                     recipe.validation.latency, pairs=[(a, b)])
+                                     recipe.validate_.latency, pairs=[(a, b)])
     shape = result["shapes"][0]
     name = f"versus-{target.id}-{other.name}.json"
     out = {
@@ -113,9 +113,9 @@ def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, samples = protocol.measure(runners, sweep.shapes(recipe, feed),
-                                           recipe.validation.latency, pairs=pairs)
+                                           recipe.validate_.latency, pairs=pairs)
     result = {"recipe": recipe.name, "vs": other.name if other else None,
-              "protocol": recipe.validation.latency.model_dump(mode="json"),
+              "protocol": recipe.validate_.latency.model_dump(mode="json"),
               "cold_start_ms": cold, **result}
     return result, samples
 

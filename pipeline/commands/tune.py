@@ -165,9 +165,9 @@ class Search:
         from pipeline import backends
         from pipeline.bench import stats, timing
 
-        spec = self.recipe.validation.latency
+        spec = self.recipe.validate_.latency
         backend = backends.get(self.target.kind)
-        threads = self.recipe.validation.threads
+        threads = self.recipe.validate_.threads
         with backend.open(best_engine, self.target, self.recipe, threads=threads, spin=False) as a, \
                 backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
             blocks = timing.time_interleaved([a, b], feed, spec).blocks
@@ -249,7 +249,7 @@ def recipe_text(recipe, chosen: dict, table_lines: list[str], budget: dict | Non
             "extends": parent, "precision": precision}
     budget = budget or {}
     worst = budget.get("worst_cosine", {}).get("bound")
-    tolerance = recipe.validation.tolerance.cosine_min if hasattr(recipe, "validation") else None
+    tolerance = recipe.validate_.tolerance.cosine_min if hasattr(recipe, "validation") else None
     if worst is not None and tolerance is not None and tolerance > worst:
         body["validate"] = {"tolerance": {"cosine_min": worst}}
     if "task_loss" in budget:  # the absolute bound the search used (a relative one resolved)
@@ -366,7 +366,7 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
 def _task(recipe, held_out) -> tune_metrics.Task | None:
     """The recipe's validate.task on the held-out split, when the split has what it needs
     (perplexity: token ids and masks; accuracy and embedding similarity: labels)."""
-    metric = recipe.validation.task
+    metric = recipe.validate_.task
     if metric is None or (metric != "perplexity" and held_out.labels is None):
         return None
     return tune_metrics.Task(metric, recipe.outputs[0], held_out.labels, held_out.masks)

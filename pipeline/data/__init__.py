@@ -130,7 +130,7 @@ def preflight(recipe: Recipe) -> None:
     """Before any stage runs: the validation data loads, passes its checks, and holds what
     validate.task scores."""
     validation = split(recipe, "validation")
-    task = recipe.validation.task
+    task = recipe.validate_.task
     if task is not None and validation.kind not in TASK_ROWS[task]:
         raise InputError(f"data.validation {validation.provenance['source']}: validate.task "
                          f"{task} needs {TASK_HINT[task]}")

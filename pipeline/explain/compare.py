@@ -148,7 +148,7 @@ def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tupl
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, samples = protocol.measure(runners, sweep.shapes(first, feed)[:1],
-                                           first.validation.latency, pairs=pairs)
+                                           first.validate_.latency, pairs=pairs)
     result["cold_start_ms"] = cold
     return result, samples, shared
 
@@ -180,7 +180,7 @@ def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
         return out
     fp8 = {k: {"session.disable_quant_qdq": "1"} for k, e in entries.items() if e.get("precision") == "fp8"}
     profiles = profile.profile_sessions({k: Path(e["path"]) for k, e in entries.items()},
-                                        timing_feed(first), threads=first.validation.threads,
+                                        timing_feed(first), threads=first.validate_.threads,
                                         session_config=fp8)
     ops = {k: causes.op_histogram(Path(e["path"])) for k, e in entries.items()}
     nbits = {k: effective.accuracy_levels(Path(e["path"])) for k, e in entries.items()}
@@ -275,10 +275,10 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         "timing": timed, "time_explained": time_explained, "error_explained": error_explained,
         "method": {
             "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
-                      f"interleaved in blocks of {recipes[0].validation.latency.block} at "
+                      f"interleaved in blocks of {recipes[0].validate_.latency.block} at "
                       f"{timed['shapes'][0]['shape']}; B vs A as a speed-up, A time / B time (JSON "
                       "time_ratio: B time / A time): "
-                      + stats.ratio_method(recipes[0].validation.latency.noise_threshold),
+                      + stats.ratio_method(recipes[0].validate_.latency.noise_threshold),
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
         },
     })

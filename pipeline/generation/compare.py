@@ -88,14 +88,14 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     if not shared:
         raise RecipeError("compare: the recipes share no built engine that is an ONNX graph")
     task = next(r for r in workload_requests(first) if r.kind == "task")
-    noise = first.validation.latency.noise_threshold
+    noise = first.validate_.latency.noise_threshold
     engines, versus, profiles = {}, [], {}
     for tid in shared:
         paths, runners = {}, {}
         for r in recipes:
             target = next(t for t in r.targets if t.id == tid)
             paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
-            runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validation.threads)
+            runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validate_.threads)
         with progress.stage(f"compare: task on {tid}"):
             traces = measure(runners, task, spec)
         blocks = {k: _phase_blocks(v) for k, v in traces.items()}
@@ -109,7 +109,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         with progress.stage(f"compare: profiles of {tid}"):
             feeds = _profile_feeds(first, spec.context_max() - 1)
             profiles[tid] = {phase: {name: _categories(p) for name, p in profile.profile_sessions(
-                paths, feed, runs=20, warmup=3, threads=first.validation.threads).items()}
+                paths, feed, runs=20, warmup=3, threads=first.validate_.threads).items()}
                 for phase, feed in feeds.items()}
     folder = compare_folder(root, recipes)
     result = GenerationCompare.model_validate({

@@ -52,7 +52,7 @@ def _context(recipe: Recipe) -> int:
 
 def _torch_runner(recipe: Recipe) -> runners.TorchStaticRunner:
     decoder = runners.torch_decoder(recipe, models.load(recipe), _context(recipe))
-    return runners.TorchStaticRunner(decoder, eos_token(recipe), recipe.validation.threads)
+    return runners.TorchStaticRunner(decoder, eos_token(recipe), recipe.validate_.threads)
 
 
 def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
@@ -99,7 +99,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     head = _headline(figures)
     return {"baseline.npz": path}, {
         "runner": BASELINE, "precision": "fp32", "device": "cpu",
-        "threads": recipe.validation.threads, "feeds": len(feeds),
+        "threads": recipe.validate_.threads, "feeds": len(feeds),
         "latency_ms": head["tpot_ms"],  # the decode step at batch 1: what `latency` means here
         "latency_method": "time per output token (decode step) at batch 1, one generation alone "
                           "after the warm-up",
@@ -119,13 +119,13 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
                                 "yet (the engine was built; only engines that are ONNX graphs are "
                                 "driven token by token)")
     spec, shape = recipe.workload, decoder_shape(recipe.model)
-    eos, noise = eos_token(recipe), recipe.validation.latency.noise_threshold
+    eos, noise = eos_token(recipe), recipe.validate_.latency.noise_threshold
     feeds, references, _, _ = data.load_all(base.path)
     base_tokens = data.load_tokens(base.path)
     cfg = genai_config.config(layers=shape.layers, kv_heads=shape.kv_heads, heads=shape.heads,
                               head_dim=shape.head_dim, hidden=shape.hidden, vocab=shape.vocab,
                               eos_token_id=eos, context_length=_context(recipe),
-                              threads=recipe.validation.threads)
+                              threads=recipe.validate_.threads)
     folder = genai_config.write_folder(workdir / "genai", engine.path, cfg)
 
     loads = {}
@@ -140,7 +140,7 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
         genai = None
         warnings.append("onnxruntime-genai is not installed (pip install onnxruntime-genai): "
                         "every request ran on the IOBinding loop")
-    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validation.threads)
+    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validate_.threads)
     loads["onnxruntime-iobinding"] = _rss() - before
 
     outputs = [_run_feed(loop.session, f, recipe.outputs) for f in feeds]
@@ -194,7 +194,7 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
                           f"{spec.warmup} warm-up generation(s), then {spec.rounds} rounds, engine and "
                           "PyTorch (static KV cache) taking turns in one process, order alternating; "
                           "speedup: median of per-round ratios with a 95% sign-test interval",
-        "threads": recipe.validation.threads, "device": "cpu",
+        "threads": recipe.validate_.threads, "device": "cpu",
         "warnings": warnings, "generation": generation,
     }
     config = workdir / "genai_config.json"

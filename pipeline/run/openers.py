@@ -12,8 +12,8 @@ from pipeline.recipe import Recipe
 
 
 def engine_opener(recipe: Recipe, target, path: Path):
-    spec = recipe.validation.latency
-    return lambda: backends.get(target.kind).open(path, target, recipe, threads=recipe.validation.threads,
+    spec = recipe.validate_.latency
+    return lambda: backends.get(target.kind).open(path, target, recipe, threads=recipe.validate_.threads,
                                                   spin=spec.spin)
 
 
@@ -26,14 +26,14 @@ def baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=None, dtype:
     if cls is None:
         from pipeline.backends.torch import TorchRunner as cls
     return cls(model, [i.name for i in recipe.inputs], recipe.outputs,
-               threads=recipe.validation.threads, device=device, dtype=dtype)
+               threads=recipe.validate_.threads, device=device, dtype=dtype)
 
 
 def baseline_device(recipe: Recipe) -> str:
     """Where the PyTorch baseline runs: validate.device, `auto` resolved on this machine."""
     from pipeline import deps
 
-    choice = recipe.validation.device
+    choice = recipe.validate_.device
     return ("cuda" if deps.gpus() else "cpu") if choice == "auto" else choice
 
 

@@ -50,7 +50,7 @@ def before_work(recipe: Recipe, targets: list, validates: bool) -> Plan:
 def check_baseline_device(recipe: Recipe) -> None:
     """validate.device: cuda needs a GPU and a CUDA build of torch (found without
     importing torch: a CPU wheel's version ends in +cpu)."""
-    if recipe.validation.device != "cuda":
+    if recipe.validate_.device != "cuda":
         return
     torch_version = deps.version("torch") or ""
     why = ("this machine has no NVIDIA GPU (nvidia-smi found none)" if not deps.gpus() else

@@ -50,7 +50,7 @@ def engine_result(recipe: Recipe, target, engine: Artifact, measured: workloads.
 
 
 def gates(recipe: Recipe, accuracy: dict) -> list[Gate]:
-    tol = recipe.validation.tolerance
+    tol = recipe.validate_.tolerance
     out = []
     for name, m in accuracy.items():
         out.append(_gate(f"{name}.cosine", m["cosine"] >= tol.cosine_min,

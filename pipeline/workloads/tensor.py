@@ -42,7 +42,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         runner, cold = protocol.cold_start(
             stack, lambda: baseline_runner(recipe, models.load(recipe), device), timing_feed(recipe))
         outputs = [runner.infer(f, check_inputs=False) for f in validation.feeds]
-        samples = timing.time_runner(runner, timing_feed(recipe), recipe.validation.latency)
+        samples = timing.time_runner(runner, timing_feed(recipe), recipe.validate_.latency)
     path = workdir / "baseline.npz"
     data.save_feeds(path, validation.feeds, outputs, validation.labels, validation.masks)
     return {"baseline.npz": path}, {
@@ -50,11 +50,11 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         "runner": BASELINE,
         "precision": "fp32",
         "device": device,
-        "threads": recipe.validation.threads,
+        "threads": recipe.validate_.threads,
         "feeds": len(validation.feeds),
         "latency_ms": stats.summary(samples),
         "cold_start_ms": cold,
-        "latency_method": f"perf_counter_ns per request after {recipe.validation.latency.warmup} "
+        "latency_method": f"perf_counter_ns per request after {recipe.validate_.latency.warmup} "
                           "warm-up requests, alone",
     }
 
@@ -72,12 +72,12 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
         raise StageFailed(f"{base.name}: cannot read the baseline feeds ({type(e).__name__}: {e})",
                           "rerun with --force to rebuild it") from e
     backend = backends.get(target.kind)
-    spec = recipe.validation.latency
+    spec = recipe.validate_.latency
     feed = timing_feed(recipe)
     device = backend.device(target)  # the baseline runs where the engine runs
     openers = {
         BASELINE: lambda: baseline_runner(recipe, models.load(recipe), device),
-        target.id: lambda: backend.open(engine.path, target, recipe, threads=recipe.validation.threads,
+        target.id: lambda: backend.open(engine.path, target, recipe, threads=recipe.validate_.threads,
                                         spin=spec.spin),
     }
     with contextlib.ExitStack() as stack:
@@ -108,7 +108,7 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
                    "speedup_vs_baseline": protocol.as_speedup(s["comparisons"][0])}
                   for s in bench["shapes"][1:]],
         "timer": bench["timers"][target.id],
-        "threads": recipe.validation.threads,
+        "threads": recipe.validate_.threads,
         "stop": opt["stop"],
         "resources": bench["resources"],
         "warnings": bench["warnings"],
@@ -118,7 +118,7 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
             **spec.model_dump(), timer=bench["timers"][target.id],
             early=f" (early stop at +-{spec.target_ci:g} median CI)" if spec.target_ci else "",
             spinning="spin-wait" if spec.spin else "do not spin-wait",
-            threads=threads_used(recipe.validation.threads),
+            threads=threads_used(recipe.validate_.threads),
             method=stats.ratio_method(spec.noise_threshold)),
         "device": device,
         "speedup_vs_cudagraph": vs_graphs,
@@ -155,15 +155,15 @@ def threads_used(threads: int | None) -> str:
 
 def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> dict | None:
     """validate.task: PyTorch and the engine scored on the same validation samples."""
-    if recipe.validation.task is None:
+    if recipe.validate_.task is None:
         return None
     from pipeline.metrics import task as task_metrics
 
     try:
-        return task_metrics.score(recipe.validation.task, feeds, references, outputs,
+        return task_metrics.score(recipe.validate_.task, feeds, references, outputs,
                                   recipe.outputs[0], labels, masks)
     except ValueError as e:  # data without what the metric needs (labels, pairs)
-        raise StageFailed(f"validate.task {recipe.validation.task}: {e}",
+        raise StageFailed(f"validate.task {recipe.validate_.task}: {e}",
                           "check data.validation against the task") from None
 
 
