@@ -90,10 +90,7 @@ def report(data: dict) -> Report:
                        f"(schema {REPORT_SCHEMA})", stale=True)
     if version < 1:
         raise Unusable(f"`schema` is {version}: no pipeline writes that")
-    if version == 1:
-        data = migrate_v1(data)
-    if version <= 2:
-        data = migrate_v2(data)
+    data = migrate(data, version)
     try:
         return Report.model_validate(data)
     except ValidationError as e:
@@ -103,23 +100,15 @@ def report(data: dict) -> Report:
         raise Unusable(f"not a report this pipeline wrote ({describe(e)})") from None
 
 
-def migrate_v1(data: dict) -> dict:
-    """Schema 1 -> 2: the same keys; entries written before `kind` existed get it from the
-    engine file's suffix (else from the target id, which defaults to the kind)."""
-    out = {**data, "schema": 2}
-    engines = data.get("engines")
-    if isinstance(engines, list):
-        out["engines"] = [_with_kind(e) for e in engines]
-    return out
-
-
-def migrate_v2(data: dict) -> dict:
-    """Schema 2 -> 3: each engine's `effective_precision` split by the runtime that measured it."""
-    out = {**data, "schema": 3}
-    engines = data.get("engines")
-    if isinstance(engines, list):
-        out["engines"] = [split_effective_precision(e) for e in engines]
-    return out
+def migrate(data: dict, version: int) -> dict:
+    """A schema-`version` report brought to REPORT_SCHEMA, one schema at a time; each step
+    changes every engine entry and nothing else (ENTRY_MIGRATIONS)."""
+    for step in range(version, REPORT_SCHEMA):
+        engines = data.get("engines")
+        data = {**data, "schema": step + 1}
+        if isinstance(engines, list):
+            data["engines"] = [ENTRY_MIGRATIONS[step](e) for e in engines]
+    return data
 
 
 def split_effective_precision(entry: Any) -> Any:
@@ -141,6 +130,12 @@ def _with_kind(entry: Any) -> Any:
     path = entry.get("path")
     kind = SUFFIX_KIND.get(PurePath(path).suffix) if isinstance(path, str) else None
     return {**entry, "kind": kind or entry.get("target")}
+
+
+# schema N -> N + 1 of one engine entry: 1 -> 2 gives the earliest entries their `kind`
+# (the engine file's suffix, else the target id, which defaults to the kind); 2 -> 3 splits
+# `effective_precision` by the runtime that measured it
+ENTRY_MIGRATIONS = {1: _with_kind, 2: split_effective_precision}
 
 
 def manifest(data: Any) -> dict:
