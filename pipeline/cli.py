@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from pipeline import __version__
-from pipeline.cli_options import debug_option, debugging, engines_dir_option
+from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
 from pipeline.fleet.cli import fleet
@@ -59,6 +59,7 @@ def cli():
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
+    from pipeline.artifacts import dump
     from pipeline.run.execute import Run, check_gates
     from pipeline.stages.report import table
     from pipeline.store import folder_names as folders
@@ -76,17 +77,17 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
     elif not outcome.work_done:
         console.print("[dim]nothing to do: every stage is up to date[/]")
     if outcome.report is not None:
-        out.print(table(outcome.report))
+        out.print(table(dump(outcome.report)))
         console.print(f"report: {outcome.store.dir / 'report.md'}")
     console.print(f"engines: {outcome.store.dir}", soft_wrap=True)
     if outcome.report is not None:
         check_gates(outcome.report)
 
 
-def _stage_command(name: str, until: str, summary: str):
+def _stage_command(name: str, until: str, summary: str, hidden: bool = False):
     builds = until not in ("export", "optimize", "precision")  # graph stages build no target
 
-    @cli.command(name, help=summary)
+    @cli.command(name, help=summary, hidden=hidden)
     @recipe_options(targets=builds)
     def command(recipe, overrides, force, engines_dir, verbose, only):
         _execute(recipe, until, overrides, force, engines_dir, verbose, only)
@@ -98,9 +99,9 @@ _stage_command("run", "report", "Run every stage: export, optimize, precision, b
                "validate, report (each one only when its inputs changed).")
 _stage_command("export", "export", "Export the PyTorch model to ONNX (with a parity check).")
 _stage_command("optimize", "optimize", "Export, then run the recipe's graph passes, each checked.")
-_stage_command("quantize", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
+_stage_command("precision", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
                "Q/DQ with calibration, INT4 weights), exporting and optimizing first if needed.")
-_stage_command("precision", "precision", "Same as `quantize`.")
+_stage_command("quantize", "precision", "Alias of `precision` (kept for old scripts).", hidden=True)
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
@@ -186,22 +187,14 @@ def compare_command(recipes, overrides, force, engines_dir, verbose):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline.commands.compare import compare
-    from pipeline.explain.render import tables
     from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
-    result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
-    if result.get("workload") == "generation":
-        from pipeline.generation.compare import lines
-
-        for line in lines(result):
-            out.print(line)
-        console.print(f"compare: {folder / 'compare-generation.md'}")
-        return
-    for t in tables(result):
-        out.print(t)
-    console.print(f"compare: {folder / 'compare.md'}, {folder / 'compare.html'}")
+    compared = compare(loaded, engines_dir, force, Progress(verbose), verbose)
+    for part in compared.printed:
+        out.print(part)
+    console.print("compare: " + ", ".join(str(f) for f in compared.files))
 
 
 @cli.command("recipes")
@@ -335,9 +328,9 @@ def inspect_command(onnx_file, as_json):
 cli.add_command(fleet)  # pipeline/fleet/cli.py: `pipeline fleet` builds on a Ray cluster
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int, debug: bool) -> None:
     """One `Error:` line and the error's own exit code; under --debug the trace first."""
-    if debugging():
+    if debug:
         import traceback
 
         traceback.print_exc()
@@ -350,10 +343,11 @@ INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one `Error:` line and their exit code."""
+    meta: dict = {}  # this invocation's state (--debug), read here after the command ended
     try:
-        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False, obj=meta)
     except PipelineError as e:
-        _fail(f"Error: {e}", e.exit_code)
+        _fail(f"Error: {e}", e.exit_code, meta.get(DEBUG, False))
     except click.exceptions.Abort as e:
         # click turns Ctrl-C (KeyboardInterrupt) into Abort before it gets here
         interrupted = isinstance(e.__cause__, KeyboardInterrupt)
@@ -366,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         e.show()
         sys.exit(e.exit_code)
     except OSError as e:  # the machine's to fix (disk full, read-only, permissions): no trace
-        _fail(f"Error: {e} (rerun with --debug for the trace)", 4)
+        _fail(f"Error: {e} (rerun with --debug for the trace)", 4, meta.get(DEBUG, False))
     except KeyboardInterrupt:
         click.echo(INTERRUPTED, err=True)
         sys.exit(130)

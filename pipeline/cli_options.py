@@ -9,17 +9,13 @@ from pathlib import Path
 
 import click
 
-_debug = False
-
-
-def debugging() -> bool:
-    """Whether any --debug was given (errors then show their traceback too)."""
-    return _debug
+DEBUG = "debug"  # key of the invocation's state (ctx.obj: one dict per main() call, shared by
+# the group's and the command's contexts), read by main() after the command ended
 
 
 def _set_debug(ctx, param, value):
-    global _debug
-    _debug = _debug or bool(value)
+    if isinstance(ctx.obj, dict):
+        ctx.obj[DEBUG] = ctx.obj.get(DEBUG, False) or bool(value)
     return value
 
 
