@@ -36,6 +36,8 @@ class Outcome:
     report: Report | None = None
     graph: Artifact | None = None  # the graph chain's last graph, when it ran
     engines: list[EngineResult] = field(default_factory=list)
+    built: dict[str, Artifact] = field(default_factory=dict)  # target id -> its engine file
+    graph_meta: dict[str, dict] = field(default_factory=dict)  # graph stage id -> its meta
     work_done: bool = False
 
 
@@ -88,6 +90,7 @@ class Run:
                     continue
                 try:
                     engine = self._build(target, self.chain.for_target(target))
+                    outcome.built[target.id] = engine
                     if base is not None:
                         engines.append(self._validate(target, engine, base))
                 except StageFailed as e:
@@ -107,6 +110,7 @@ class Run:
     def _finish(self, outcome: Outcome) -> Outcome:
         outcome.work_done = self.cache.work_done
         outcome.graph = self.chain.graph
+        outcome.graph_meta = dict(self.chain.meta)
         return outcome
 
     def _kept(self) -> list[EngineResult]:
