@@ -237,3 +237,41 @@ def test_every_shipped_recipe_is_valid():
     assert {"standard", "flash"} <= {p.stem for p in paths}
     for path in paths:
         assert recipe_mod.load(path).targets
+
+
+def test_a_registered_target_kind_changes_the_registry_not_the_recipe_class(chdir_project):
+    """A plugin's target schema joins targets.SCHEMAS; the Recipe class (its fields and
+    validator) stays the one imported, and a recipe validated after that takes the new kind,
+    names its keys in messages, and dumps its fields. Removing the kind again is seen too."""
+    from typing import Literal
+
+    from pipeline.recipe import Recipe, TargetBase
+    from pipeline.recipe.plugins import add_target_schema
+    from pipeline.recipe.targets import SCHEMAS
+
+    class PluginTarget(TargetBase):
+        kind: Literal["plugin-kind"] = "plugin-kind"
+        level: int = 1
+
+    annotation, validator = Recipe.model_fields["targets"].annotation, Recipe.__pydantic_validator__
+    with pytest.raises(RecipeError, match="unknown target kind 'plugin-kind'"):
+        recipe_mod.load("standard", ["targets=[{kind: plugin-kind}]"])
+    add_target_schema(PluginTarget)
+    try:
+        assert Recipe.model_fields["targets"].annotation is annotation
+        assert Recipe.__pydantic_validator__ is validator
+        loaded = recipe_mod.load("standard", ["targets=[{kind: plugin-kind, level: 3}]"])
+        assert isinstance(loaded.targets[0], PluginTarget) and loaded.targets[0].level == 3
+        assert loaded.model_dump(mode="json")["targets"] == [PluginTarget(level=3).model_dump(mode="json")]
+        assert loaded.model_dump(mode="json")["targets"][0]["level"] == 3
+        with pytest.raises(RecipeError) as info:
+            recipe_mod.load("standard", ["targets=[{kind: plugin-kind, levl: 3}]"])
+        assert "targets.0.levl: unknown key; allowed: name, required, kind, level" in str(info.value)
+        with pytest.raises(RecipeError) as info:
+            recipe_mod.load("standard", ["targets=[{}]"])
+        assert "allowed: onnxruntime, tensorrt, aotinductor, plugin-kind" in str(info.value)
+        assert "plugin-kind" in str(Recipe.model_json_schema())
+    finally:
+        del SCHEMAS["plugin-kind"]
+    with pytest.raises(RecipeError, match="unknown target kind 'plugin-kind'"):
+        recipe_mod.load("standard", ["targets=[{kind: plugin-kind}]"])
