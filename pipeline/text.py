@@ -29,16 +29,24 @@ def fmt(value, spec: str = ".3f") -> str:
 
 
 def speedup(ratio: float, ci95=None) -> str:
-    """A speed-up (reference time / engine time) as every output writes it: `2.00x faster
-    [1.90, 2.10]`, or below 1 as its inverse, `1.22x slower [1.18, 1.25]` (the interval in
-    the same direction). Read it as "engine vs reference"; JSON keeps the plain numbers."""
+    """A speed-up (reference time / engine time, bench.stats's convention) as every output
+    writes it: `2.00x faster [1.90, 2.10]`, or below 1 as its reciprocal, `1.22x slower
+    [1.18, 1.25]` (the interval turned the same way). Read it as "engine vs reference"; JSON
+    keeps the plain numbers."""
+    from pipeline.bench.stats import speedup_from_time_ratio
+
     if ratio >= 1:
-        word, x, ci = "faster", ratio, ci95
-    else:
-        word, x, ci = "slower", 1 / ratio, [1 / ci95[1], 1 / ci95[0]] if ci95 else None
-    return f"{x:.2f}x {word}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        return f"{ratio:.2f}x faster" + _interval(ci95)
+    slower, ci = speedup_from_time_ratio(ratio, ci95)  # engine time / reference time, above 1
+    return f"{slower:.2f}x slower" + _interval(ci)
 
 
 def time_ratio_speedup(time_ratio: float, ci95=None) -> str:
     """`speedup` of B vs A from a comparison's time ratio (B time / A time, the JSON's)."""
-    return speedup(1 / time_ratio, [1 / ci95[1], 1 / ci95[0]] if ci95 else None)
+    from pipeline.bench.stats import speedup_from_time_ratio
+
+    return speedup(*speedup_from_time_ratio(time_ratio, ci95))
+
+
+def _interval(ci) -> str:
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
