@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import backends, deps, paths, safe_files
+from pipeline.artifacts import engine_format
 from pipeline.errors import DependencyError, GateFailed, InputError, IntegrityError, RecipeError
 from pipeline.folders import folder_name
 from pipeline.recipe import Dim, Recipe
+from pipeline.stages import gate_recheck
 from pipeline.store import Store, dumps, now, sha256_file
 
 BATCH_NAMES = ("batch", "batch_size")
@@ -87,8 +89,9 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
                               f"(targets: {', '.join(e['target'] for e in entries)})")
     chosen = [e for e in entries if not wanted or e["target"] in wanted or e.get("kind") in wanted]
     out, refused = [], []
+    gate_recheck.refuse_failing(recipe, report_path, chosen)  # gates recomputed, not taken on trust
     for e in chosen:
-        kind = _kind(e)
+        kind = _kind(recipe, store, e)
         if e["status"] != "built":
             refused.append(f"target `{e['target']}` was {e['status']} ({e.get('reason')})")
         elif backends.lookup(kind) is None:
@@ -128,10 +131,16 @@ def _check_targets(recipe: Recipe, store: Store, entries: list[dict]) -> None:
                 f"rebuild with `pipeline run {recipe.name} --force`")
 
 
-def _kind(entry: dict) -> str:
-    """The engine kind: the report's, else from the engine file's suffix."""
-    return (entry.get("kind") or backends.kind_of_suffix(Path(entry.get("path") or "").suffix)
-            or "unknown")
+def _kind(recipe: Recipe, store: Store, entry: dict) -> str:
+    """The engine kind: the recipe's target's (the recipe is code, the report is data), which
+    the report's `kind` must name too."""
+    kind = next(t.kind for t in recipe.targets if t.id == entry["target"])  # _check_targets ran
+    if entry.get("kind") != kind:
+        raise IntegrityError(f"{store.dir / 'report.json'}: engine `{entry['target']}` is recorded as "
+                             f"kind {entry.get('kind')!r}, but the recipe's target is `{kind}`; the "
+                             "report was changed after the build",
+                             f"rebuild with `pipeline run {recipe.name} --force`")
+    return kind
 
 
 def _triton(kind: str) -> backends.TritonModel | None:
@@ -144,6 +153,10 @@ def _engine(store: Store, entry: dict, kind: str) -> Engine:
     stage = store.manifest["stages"].get(f"build:{entry['target']}") or {}
     name = (stage.get("outputs") or [Path(entry["path"]).name])[0]
     artifact = store.verify(name)  # IntegrityError (exit 5) when the file changed
+    wrong_format = engine_format.mismatch(kind, artifact.path)  # its bytes, not the report's word
+    if wrong_format:
+        raise IntegrityError(f"{artifact.path}: {wrong_format}; the folder was changed after the build",
+                             f"rebuild with `pipeline run {store.dir.name} --force`")
     if artifact.sha256 != entry["sha256"]:
         raise IntegrityError(f"{artifact.path}: sha256 {artifact.sha256[:12]}… is not the engine "
                              f"the report validated ({entry['sha256'][:12]}…)", "rerun the recipe")

@@ -10,7 +10,6 @@ entry under `versus`; expect's gates judge it afterwards.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 
 from pipeline.bench import ab
@@ -53,4 +52,4 @@ def versus(cache: StageCache, ref: str, other: Recipe, other_store: Store, engin
                 recipe, t, m, ref, other, w, o, wd, openers.timing_feed(recipe),
                 openers.engine_opener(recipe, t, m.path), openers.engine_opener(other, w, o.path)),
         )
-        e.setdefault("versus", []).append(json.loads(result.one().path.read_text()))
+        e.setdefault("versus", []).append(store.read_json(result.one().name))  # verified, bounded

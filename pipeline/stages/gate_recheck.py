@@ -1,0 +1,45 @@
+"""The gates of a recorded engine recomputed with the recipe's thresholds (run, deploy).
+
+The recipe is trusted (it is code the user chose); the engines folder is data. A
+validate-<target>.json or report.json read back from the folder, even with a digest that
+matches the manifest, may have been rewritten with gates that say "pass": the accuracy gates
+(stages/validate.gates) and the expect: gates (bench/gates.expect) are computed again from
+the recorded figures, and a gate the file records as passed but the recomputation fails is
+refused (IntegrityError, exit 5, naming the file, the engine and the gate). A NaN never
+passes a recomputed gate (every comparison there is false for NaN). The checks that need
+no recipe (verdicts from intervals, NaN figures) are the models' own: artifacts/verdicts.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def against_recipe(recipe: Any, engine: dict) -> list[str]:
+    """The accuracy and expect: gates of a built engine recomputed with the recipe's
+    thresholds: `gate (recomputed detail)` for each the file records as passed but fails."""
+    from pipeline.bench.gates import expect
+    from pipeline.stages.validate import gates as accuracy_gates
+
+    if engine.get("status") != "built" or not engine.get("accuracy"):
+        return []
+    try:
+        recomputed = accuracy_gates(recipe, engine["accuracy"]) + expect(recipe, engine)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        return [f"its gates cannot be recomputed from its figures ({type(e).__name__}: {e})"]
+    recorded = {g["name"]: g["passed"] for g in engine.get("gates") or []}
+    return [f"gate `{g['name']}` is recorded as passed, but the recipe's threshold fails it "
+            f"({g['detail']})" for g in recomputed if not g["passed"] and recorded.get(g["name"])]
+
+
+def refuse_failing(recipe: Any, path: Any, engines: list[dict]) -> None:
+    """IntegrityError (exit 5) naming the file and the first gate recorded as passed that the
+    recipe's thresholds fail (against_recipe), else nothing."""
+    from pipeline.errors import IntegrityError
+
+    for e in engines:
+        problems = against_recipe(recipe, e)
+        if problems:
+            raise IntegrityError(f"{path}: engine `{e.get('target')}`: {problems[0]}; the file was "
+                                 "changed after the build",
+                                 f"rebuild with `pipeline run {recipe.name} --force`")
