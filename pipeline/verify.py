@@ -146,11 +146,24 @@ def _report(folder: Path, files: dict) -> list[Check]:
         name = Path(e["path"]).name
         recorded = (files.get(name) or {}).get("sha256")
         ok = recorded == e.get("sha256")
+        wrong_format = ok and _format_problem(e["kind"], folder / name)
+        if wrong_format:  # the report's kind names the Triton platform deploy would use
+            checks.append(Check(f"report.json:{e['target']}", False, wrong_format))
+            continue
         checks.append(Check(f"report.json:{e['target']}", ok,
                             f"engine {name} sha256 matches the manifest" if ok else
                             f"reports engine {name} with sha256 {str(e.get('sha256'))[:16]}…, "
                             f"the manifest records {str(recorded)[:16]}…"))
     return checks
+
+
+def _format_problem(kind: str, path: Path) -> str | None:
+    from pipeline.artifacts import engine_format
+
+    try:
+        return engine_format.mismatch(kind, path)
+    except (OSError, safe_files.NotRegular):
+        return None  # the file's own check names it
 
 
 def _environment(manifest: dict) -> list[Check]:

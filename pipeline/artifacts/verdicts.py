@@ -76,18 +76,23 @@ def gate_problems(engine: Any) -> list[str]:
             continue
         output, _, metric = gate.name.rpartition(".")
         figure = accuracy.get(output)
-        ok = True
+        value, ok = None, True
         if figure is not None and metric in ("cosine", "top1_agreement"):
-            ok = _holds(getattr(figure, metric), at_least=_threshold(_AT_LEAST, gate.detail))
+            value = getattr(figure, metric)
+            ok = _holds(value, at_least=_threshold(_AT_LEAST, gate.detail))
         elif figure is not None and metric == "max_abs":
-            ok = _holds(figure.max_abs, at_most=_threshold(_AT_MOST, gate.detail))
+            value = figure.max_abs
+            ok = _holds(value, at_most=_threshold(_AT_MOST, gate.detail))
         elif figure is not None and metric == "finite":
-            ok = figure.nonfinite == 0
+            value = figure.nonfinite
+            ok = value == 0
         elif gate.name == "expect.min_speedup" and engine.speedup_vs_baseline is not None:
-            ok = _holds(engine.speedup_vs_baseline.ci95[0], at_least=_threshold(_AT_LEAST, gate.detail))
+            value = engine.speedup_vs_baseline.ci95[0]
+            ok = _holds(value, at_least=_threshold(_AT_LEAST, gate.detail))
         elif gate.name == "expect.max_p99_ms" and engine.latency_ms is not None:
-            ok = _holds(engine.latency_ms.p99, at_most=_threshold(_AT_MOST, gate.detail))
+            value = engine.latency_ms.p99
+            ok = _holds(value, at_most=_threshold(_AT_MOST, gate.detail))
         if not ok:
-            problems.append(f"gate `{gate.name}` is recorded as passed, but its figures fail it "
-                            f"({gate.detail})")
+            problems.append(f"gate `{gate.name}` is recorded as passed, but its recorded figure "
+                            f"{value!r} fails it (its detail says {gate.detail!r})")
     return problems

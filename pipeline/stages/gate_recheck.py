@@ -1,4 +1,5 @@
-"""The gates of a recorded engine recomputed with the recipe's thresholds (run, deploy).
+"""Recorded engines checked against the recipe (run, deploy): gates recomputed with its
+thresholds, and the engine kind its target names.
 
 The recipe is trusted (it is code the user chose); the engines folder is data. A
 validate-<target>.json or report.json read back from the folder, even with a digest that
@@ -8,6 +9,7 @@ the recorded figures, and a gate the file records as passed but the recomputatio
 refused (IntegrityError, exit 5, naming the file, the engine and the gate). A NaN never
 passes a recomputed gate (every comparison there is false for NaN). The checks that need
 no recipe (verdicts from intervals, NaN figures) are the models' own: artifacts/verdicts.py.
+An engine's `kind` (which names its Triton platform) must be its recipe target's kind.
 """
 
 from __future__ import annotations
@@ -33,12 +35,16 @@ def against_recipe(recipe: Any, engine: dict) -> list[str]:
 
 
 def refuse_failing(recipe: Any, path: Any, engines: list[dict]) -> None:
-    """IntegrityError (exit 5) naming the file and the first gate recorded as passed that the
-    recipe's thresholds fail (against_recipe), else nothing."""
+    """IntegrityError (exit 5) naming the file and the first problem: a kind that is not its
+    target's, or a gate recorded as passed that the recipe's thresholds fail."""
     from pipeline.errors import IntegrityError
 
+    kinds = {t.id: t.kind for t in recipe.targets}
     for e in engines:
         problems = against_recipe(recipe, e)
+        if e.get("target") in kinds and e.get("kind") != kinds[e.get("target")]:
+            problems.insert(0, f"recorded as kind {e.get('kind')!r}, but the recipe's target is "
+                               f"`{kinds[e.get('target')]}`")
         if problems:
             raise IntegrityError(f"{path}: engine `{e.get('target')}`: {problems[0]}; the file was "
                                  "changed after the build",
