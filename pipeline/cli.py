@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 
 from pipeline import __version__
+from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
-from pipeline.provenance_commands import keygen_command, sign_command, verify_command
 
 _debug = False
 
@@ -86,9 +86,9 @@ def cli():
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
-    from pipeline import folders
-    from pipeline.run import Run, check_gates
+    from pipeline.run.execute import Run, check_gates
     from pipeline.stages.report import table
+    from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     recipe = folders.load(recipe_ref, overrides, engines_dir)
@@ -133,7 +133,7 @@ _stage_command("validate", "validate", "Validate every engine against the PyTorc
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
 
 
-for _command in (verify_command, sign_command, keygen_command):  # pipeline/provenance_commands.py
+for _command in (verify_command, sign_command, keygen_command):  # pipeline/commands/sign.py
     cli.add_command(debug_option(_command))
 
 
@@ -157,7 +157,8 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
     from rich.markup import escape
 
-    from pipeline import deploy, folders
+    from pipeline.commands import deploy
+    from pipeline.store import folder_names as folders
     from pipeline.ui import out as stdout
 
     r = folders.load(recipe, overrides, engines_dir)
@@ -176,8 +177,8 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 
     Builds what is missing first; writes engines/RECIPE/bench.json and a latency PNG.
     """
-    from pipeline import folders
-    from pipeline.stages.bench import bench, tables
+    from pipeline.commands.bench import bench, tables
+    from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     main = folders.load(recipe, overrides, engines_dir)
@@ -202,9 +203,9 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 def compare_command(recipes, overrides, force, engines_dir, verbose):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
-    from pipeline import folders
+    from pipeline.commands.compare import compare
     from pipeline.explain.render import tables
-    from pipeline.stages.compare import compare
+    from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
@@ -304,8 +305,8 @@ def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, max_ta
                  alphas, no_exclusions, within_only, out, engines_dir, verbose):
     """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
     from pipeline import recipe as recipe_mod
-    from pipeline import tune
-    from pipeline.tune_metrics import Budget
+    from pipeline.commands import tune
+    from pipeline.metrics.budget import Budget
     from pipeline.ui import console
     from pipeline.ui import out as stdout
 
@@ -338,7 +339,7 @@ def inspect_command(onnx_file, as_json):
     """Op histogram, inputs and outputs with shapes, and size of an ONNX file."""
     import json
 
-    from pipeline import onnx_info
+    from pipeline.model import onnx_info
     from pipeline.ui import out
 
     info = onnx_info.describe(onnx_file)

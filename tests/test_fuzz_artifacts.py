@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from pipeline.artifacts import Unusable, parse
 from pipeline.artifacts.recorded import manifest as parse_manifest
-from pipeline.run import failed_gates
+from pipeline.run.execute import failed_gates
 from pipeline.stages.report import rows
 from tests.conftest import FAST, STANDARD, Project
 
@@ -189,7 +189,7 @@ def read_planted(path: Path) -> None:
     raises the one-line refusal (IntegrityError, Unusable); anything else is a bug."""
     from pipeline import data
     from pipeline.errors import IntegrityError
-    from pipeline.store import Store, read_recorded_json
+    from pipeline.store.recipe_folder import Store, read_recorded_json
 
     if path.name == "baseline.npz":
         try:

@@ -10,11 +10,11 @@ Two levels:
                   ("0.999871 >= 0.999", "needs <= 5 ms"), is refused
     recipe        (run, deploy: the recipe is trusted code, the folder is data) the accuracy
                   and expect: gates recomputed with the recipe's thresholds; a gate recorded
-                  as passed that the recomputation fails is refused (stages/gate_recheck.py)
+                  as passed that the recomputation fails is refused (run/gate_recheck.py)
 
 A NaN never passes: every comparison below is written so that NaN makes it false.
 Within one file set a consistent forgery (numbers and gates rewritten together) is beyond
-any check of the files alone: that is what signed provenance (pipeline.provenance) is for.
+any check of the files alone: that is what signed provenance (pipeline.store.provenance) is for.
 """
 
 from __future__ import annotations

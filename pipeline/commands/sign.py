@@ -27,7 +27,7 @@ from pipeline.errors import InputError, IntegrityError
 def verify_command(folder, files_only, key):
     """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
     sha256, and the tool versions and device it was built with against this machine."""
-    from pipeline import verify
+    from pipeline.commands import verify
 
     verify.run(folder, environment=not files_only, key=key)
 
@@ -39,8 +39,9 @@ def verify_command(folder, files_only, key):
 def sign_command(folder, key):
     """Sign DIR (an engines/<recipe>/ folder): an in-toto SLSA provenance statement over its
     manifest and every recorded file, written to DIR/provenance.intoto.json."""
-    from pipeline import provenance, verify
-    from pipeline.store import MANIFEST, Store, dumps, sha256_file, write_atomic
+    from pipeline.commands import verify
+    from pipeline.store import provenance
+    from pipeline.store.recipe_folder import MANIFEST, Store, dumps, sha256_file, write_atomic
     from pipeline.ui import out
 
     if not (folder / MANIFEST).is_file():
@@ -66,7 +67,7 @@ def sign_command(folder, key):
 def keygen_command(key):
     """Write a new Ed25519 key pair for `sign` / `verify --key`: KEY (private, mode 0600;
     keep it secret, e.g. as the CI secret PIPELINE_SIGNING_KEY) and KEY.pub (public)."""
-    from pipeline import provenance
+    from pipeline.store import provenance
     from pipeline.ui import out
 
     try:

@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps, paths, safe_files
+from pipeline import deps
 from pipeline.errors import InputError, IntegrityError
-from pipeline.store import MANIFEST, Store, read_recorded_json, sha256_file
+from pipeline.store import paths, safe_files
+from pipeline.store.recipe_folder import MANIFEST, Store, read_recorded_json, sha256_file
 
 
 @dataclass
@@ -70,10 +71,10 @@ def verify(folder: Path, environment: bool = True, public_key=None) -> Verdict:
 
 
 def _signature(folder: Path, manifest: dict, public_key) -> Check:
-    """The folder's signed provenance (pipeline.provenance): signed by this key, and every
+    """The folder's signed provenance (pipeline.store.provenance): signed by this key, and every
     subject (manifest.json, each recorded file) the file that is here now."""
-    from pipeline import provenance
     from pipeline.artifacts import json_file
+    from pipeline.store import provenance
 
     what = provenance.ENVELOPE
     if not (folder / what).exists() and not safe_files.kind(folder / what):
@@ -185,7 +186,7 @@ def run(path: Path, environment: bool = True, key: Path | str | None = None) -> 
 
     public = None
     if key is not None:
-        from pipeline import provenance
+        from pipeline.store import provenance
 
         try:
             public = provenance.load_public(key)
