@@ -10,7 +10,10 @@ Every mismatch is one line; any mismatch makes the command fail (IntegrityError,
 A file with the digest the manifest announced as `pending` was renamed in by a commit that
 was killed: it is named as an interrupted commit (rerun to finish it), not as tampering.
 Nothing is followed out of the folder: a symlink, FIFO or folder where a recorded file
-should be is a mismatch, and so is a report target that is not a plain name.
+should be is a mismatch, and so is a report target that is not a plain name, or an engine
+whose bytes are not of the kind the report records (artifacts/engine_format.py).
+With a public key (`--key`), the folder's signed provenance (store/provenance.py) is checked
+too: signed by that key, and every signed digest the file that is here now.
 """
 
 from __future__ import annotations
