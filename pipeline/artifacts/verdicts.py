@@ -23,9 +23,10 @@ import math
 import re
 from typing import Any
 
-_AT_LEAST = re.compile(r">= ?(-?[0-9.]+(?:e[+-]?[0-9]+)?)x?\b", re.IGNORECASE)
+_NUMBER = r"(-?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)"
+_AT_LEAST = re.compile(r">= ?" + _NUMBER + r"x?\b", re.IGNORECASE)
 _ROUNDING = 1e-5  # %g's 6 significant digits, with room to spare
-_AT_MOST = re.compile(r"<= ?(-?[0-9.]+(?:e[+-]?[0-9]+)?)(?: ms)?\b", re.IGNORECASE)
+_AT_MOST = re.compile(r"<= ?" + _NUMBER + r"(?: ms)?\b", re.IGNORECASE)
 
 
 def speed_verdict(lo: float, hi: float, noise: float) -> str:
