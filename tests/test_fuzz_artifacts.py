@@ -114,7 +114,7 @@ def _cheap(path: tuple) -> bool:
     return not (path[0] == "stages" and (len(path) <= 2 or path[2] == "key"))
 
 
-@settings(max_examples=4, deadline=None, derandomize=True,
+@settings(max_examples=3, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_commands_on_a_damaged_folder_never_trace_back(built_standard, tmp_path_factory, originals, data):
@@ -210,7 +210,7 @@ def read_planted(path: Path) -> None:
         _read_like_the_commands(content)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_bytes_of_any_artifact_are_read_or_refused_in_one_line(raw_artifacts, tmp_path, data):
     name = data.draw(st.sampled_from(sorted(raw_artifacts)))
