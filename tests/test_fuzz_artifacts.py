@@ -225,7 +225,7 @@ def _canary(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@settings(max_examples=4, deadline=None, derandomize=True,
+@settings(max_examples=3, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_commands_on_damaged_bytes_exit_cleanly_and_write_nothing_outside(
