@@ -110,8 +110,14 @@ class Run:
         from pipeline.stages import report
 
         chosen = [t.id for t in self.targets]
-        previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
-                    and (self.store.dir / "report.json").is_file() else None)
+        try:
+            previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
+                        and (self.store.dir / "report.json").is_file() else None)
+        except IntegrityError as e:
+            if not self.force:
+                raise
+            self.progress.note(f"--force: the last report is not kept ({e.message})")
+            return []  # --force must clear a folder whatever its old report holds
         kept = report.kept_entries(self.recipe, chosen, previous)
         if kept is None:
             self.progress.note(f"the last report was made from another version of `{self.recipe.name}`: "
