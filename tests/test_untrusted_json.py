@@ -184,6 +184,12 @@ def test_signed_provenance_catches_a_consistent_forgery(case, tmp_path):
     _refused(proj, (*VERIFY, "--key", f"{key}.pub"), 5, "provenance.intoto.json")
     _refused(proj, (*VERIFY, "--key", str(key)), 2, "not a PEM public key")
 
+    # CI's way: the private key from the environment (the secret), never on disk
+    env = {"PIPELINE_SIGNING_KEY": key.read_text()}
+    assert proj.run("sign", f"engines/{STANDARD}", "--key", "env:PIPELINE_SIGNING_KEY", env=env).code == 0
+    assert proj.run(*VERIFY, "--key", f"{key}.pub").code == 0
+    _refused(proj, ("sign", f"engines/{STANDARD}", "--key", "env:NO_SUCH_VARIABLE"), 2, "empty or unset")
+
 
 def test_sign_refuses_a_folder_that_does_not_verify(case, tmp_path):
     proj, folder = case
