@@ -14,6 +14,7 @@ import click
 
 from pipeline import __version__
 from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
+from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
 from pipeline.fleet.cli import fleet
@@ -107,17 +108,8 @@ _stage_command("validate", "validate", "Validate every engine against the PyTorc
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
 
 
-@cli.command("verify")
-@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
-@click.option("--files-only", is_flag=True,
-              help="Check the sha256 of every file, not the tool versions and device.")
-@debug_option
-def verify_command(folder, files_only):
-    """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
-    sha256, and the tool versions and device it was built with against this machine."""
-    from pipeline.commands import verify
-
-    verify.run(folder, environment=not files_only)
+for _command in (verify_command, sign_command, keygen_command):  # pipeline/commands/sign.py
+    cli.add_command(debug_option(_command))
 
 
 @cli.command("deploy")

@@ -132,8 +132,9 @@ class Search:
 
         folder = self.folder / self.key(c)
         done = folder / "result.json"
-        if done.is_file():
-            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
+        cached = _cached_result(done)
+        if cached is not None:
+            c.result = {**cached, "engine": str(folder / "engine.onnx")}
             return folder / "engine.onnx"
         shutil.rmtree(folder, ignore_errors=True)
         work = folder / "work"
@@ -225,6 +226,20 @@ class Search:
                             "(bench.timing.time_interleaved, the recipe's validate.latency); best "
                             "replaced on verdict `faster` within budget only; `chained` multiplies the ratios "
                             "back to the FP32 engine (an estimate, the pairs were timed apart)"}
+
+
+def _cached_result(done: Path) -> dict | None:
+    """A candidate's result.json from an earlier search, or None (redo it) when it is
+    missing or not what this search wrote: the folder may have been planted or damaged."""
+    from pipeline.artifacts import json_file
+
+    if not done.is_file():
+        return None
+    try:
+        data = json_file.read(done)
+    except json_file.Unreadable:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _closest_over_budget(done: list[Candidate]) -> Candidate | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -88,7 +89,21 @@ def load_feeds(path) -> tuple[list[Feed], list[Feed]]:
 
 
 def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
-    """(feeds, outputs, labels or None, masks or None) from a save_feeds file."""
+    """(feeds, outputs, labels or None, masks or None) from a save_feeds file; a file that is
+    not one (damaged, or planted with its digest rewritten) is IntegrityError, one line."""
+    import zipfile
+
+    from pipeline.errors import IntegrityError
+    from pipeline.text import first_line
+
+    try:
+        return _load_all(path)
+    except (ValueError, KeyError, IndexError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise IntegrityError(f"{path}: not the baseline file this pipeline wrote ({first_line(e, 120)})",
+                             f"rebuild with `pipeline run {Path(path).parent.name} --force`") from None
+
+
+def _load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
     groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}
     masks: dict[int, np.ndarray] = {}
     labels = None

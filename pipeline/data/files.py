@@ -6,12 +6,12 @@ All raise InputError naming `where` (the recipe key and the path) and how to fix
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 import pipeline.data.npz_files as npz_files
+from pipeline.artifacts import json_file
 from pipeline.errors import InputError
 from pipeline.store import safe_files
 from pipeline.text import first_line
@@ -88,9 +88,9 @@ def read_jsonl(path: Path, where: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{where}: line {n} is not JSON ({e.msg})", JSONL_HINT) from None
+            row = json_file.loads(line)  # bounded: a line nested 100,000 deep is refused, not a crash
+        except json_file.Unreadable as e:
+            raise InputError(f"{where}: line {n}: {e.problem}", JSONL_HINT) from None
         if not isinstance(row, dict):
             raise InputError(f"{where}: line {n} is {type(row).__name__}, not a JSON object", JSONL_HINT)
         rows.append(row)

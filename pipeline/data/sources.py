@@ -107,11 +107,12 @@ class LoaderSource(DataSource):
 
         ref, where = self.spec.loader, self.where
         module_name, _, attr = ref.partition(":")
-        try:
-            fn = getattr(user_code.import_module(module_name, self.recipe.source), attr)
-            result = list(fn())
-        except Exception as e:  # the user's code may fail in any way
-            raise InputError(f"{where}: failed ({first_line(e, with_type=True)})") from None
+        with user_code.exits_refused(where):  # a sys.exit() in it must not end the run as a success
+            try:
+                fn = getattr(user_code.import_module(module_name, self.recipe.source), attr)
+                result = list(fn())
+            except Exception as e:  # the user's code may fail in any way
+                raise InputError(f"{where}: failed ({first_line(e, with_type=True)})") from None
         if not result or not all(isinstance(f, dict) for f in result):
             raise InputError(f"{where}: must return a non-empty list of dicts input name -> array")
         feeds = [{k: np.asarray(v) for k, v in f.items()} for f in result][: self.spec.samples]

@@ -46,12 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import deps
-from pipeline.artifacts import recorded
+from pipeline.artifacts import json_file, recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
 from pipeline.artifacts.manifest import Manifest
 from pipeline.errors import InputError, IntegrityError, LockError
 from pipeline.store import paths, safe_files
-from pipeline.text import first_line
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
@@ -205,12 +204,9 @@ class Store:
         if not os.path.lexists(path):
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
-            data = json.loads(safe_files.read_bytes(path))
-        except safe_files.NotRegular as e:
-            raise IntegrityError(f"{path}: unreadable manifest ({e.what}, not a regular file)",
-                                 self._manifest_hint()) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
+            data = json_file.read(path)  # bounded: a planted file is refused, never a crash
+        except json_file.Unreadable as e:
+            raise IntegrityError(f"{path}: unreadable manifest ({e.problem})", self._manifest_hint()) from None
         try:
             return recorded.manifest(data)  # every key checked against artifacts.Manifest
         except recorded.Unusable as e:
@@ -341,11 +337,9 @@ def read_recorded_json(path: Path) -> tuple[Any, recorded.Unusable | None]:
     if path.suffix != ".json":
         return None, None
     try:
-        data = json.loads(safe_files.read_bytes(path))
-    except safe_files.NotRegular as e:
-        return None, recorded.Unusable(f"{e.what}, not a regular file")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, recorded.Unusable(f"not valid JSON ({first_line(e, 120)})")
+        data = json_file.read(path)
+    except json_file.Unreadable as e:
+        return None, recorded.Unusable(e.problem)
     try:
         return recorded.parse(path.name, data), None
     except recorded.Unusable as e:
