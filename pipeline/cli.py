@@ -16,6 +16,7 @@ import click
 from pipeline import __version__
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
+from pipeline.text import printable
 
 _debug = False
 
@@ -151,9 +152,9 @@ def verify_command(folder, files_only):
               help="Triton model repository to write <recipe>-<target>/ model folders into.")
 @click.option("--target", "targets", multiple=True, metavar="ID|KIND",
               help="Deploy only this target (repeatable); default: every deployable engine.")
-@click.option("--version", "model_version", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--version", "model_version", type=click.IntRange(1, 2**63 - 1), default=1, show_default=True,
               help="Model version folder.")
-@click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--instances", type=click.IntRange(1, 2**31 - 1), default=1, show_default=True,
               help="Instances per device (instance_group count).")
 @click.option("--allow-failed-gates", is_flag=True, help="Deploy engines that failed a gate.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -163,9 +164,8 @@ def verify_command(folder, files_only):
 def deploy_command(recipe, out, targets, model_version, instances, allow_failed_gates, overrides,
                    engines_dir):
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
-    from rich.markup import escape
-
     from pipeline import deploy, folders
+    from pipeline.text import escape  # markup and control characters
     from pipeline.ui import out as stdout
 
     r = folders.load(recipe, overrides, engines_dir)
@@ -363,7 +363,7 @@ def _fail(message: str, code: int) -> None:
         import traceback
 
         traceback.print_exc()
-    click.echo(message.replace("\n", " "), err=True)
+    click.echo(printable(message.replace("\n", " ")), err=True)  # a file's ESC never raw
     sys.exit(code)
 
 

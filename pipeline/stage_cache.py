@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline import code_digest, deps
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
-from pipeline.store import Artifact, Store, now
+from pipeline.store import Artifact, Interrupted, Store, now
 from pipeline.text import first_line
 from pipeline.ui import Progress
 
@@ -186,7 +186,10 @@ class StageCache:
         for name in record["outputs"]:
             if not (self.store.dir / name).is_file():
                 return None
-            outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+            try:
+                outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+            except Interrupted:  # only its pending digest: never a cache hit, the stage reruns
+                return None
         return outputs
 
     def forget_targets_not_in(self, recipe: Recipe) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline import tune_metrics
+from pipeline import safe_files, tune_metrics
 
 FP32 = "fp32"
 EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
@@ -88,7 +88,8 @@ class Search:
         self.engines_root = engines_root
         self.graph: Path | None = None
         self.reference: list[dict] | None = None
-        self.folder = Path(engines_root) / recipe.name / "tune"
+        # a real folder, never a link (safe_files.folder): candidates are written and deleted here
+        self.folder = safe_files.folder(Path(engines_root), recipe.name, "tune")
         self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
 
     # ---------------------------------------------------------------- one candidate
@@ -133,10 +134,10 @@ class Search:
         from pipeline.backends import onnxruntime as ort_backend
         from pipeline.stages import precision as stage
 
-        folder = self.folder / self.key(c)
+        folder = safe_files.folder(self.folder, self.key(c), create=False)  # a link: exit 5
         done = folder / "result.json"
-        if done.is_file():
-            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
+        if safe_files.is_regular(done):
+            c.result = {**json.loads(safe_files.read_bytes(done)), "engine": str(folder / "engine.onnx")}
             return folder / "engine.onnx"
         shutil.rmtree(folder, ignore_errors=True)
         work = folder / "work"
@@ -156,7 +157,7 @@ class Search:
                     "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes")}
         shutil.rmtree(work)
-        done.write_text(json.dumps(c.result, indent=1))
+        safe_files.write_atomic(done, json.dumps(c.result, indent=1))
         c.result["engine"] = str(engine)
         return engine
 
@@ -355,13 +356,13 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder
-    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    safe_files.write_atomic(folder / "tune.json", json.dumps(result, indent=1))
     md = markdown_lines(result)
-    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    safe_files.write_atomic(folder / "tune.md", f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
     written = None
     if chosen["precision"]:
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
-        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
+        safe_files.write_atomic(written, recipe_text(recipe, chosen, md, result["budget"]))
     return result, folder, written
 
 

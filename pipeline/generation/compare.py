@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import safe_files
 from pipeline.bench import stats
 from pipeline.errors import RecipeError
 from pipeline.folders import folder_name
@@ -106,8 +107,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
             profiles[tid] = {phase: {name: _categories(p) for name, p in profile.profile_sessions(
                 paths, feed, runs=20, warmup=3, threads=first.validation.threads).items()}
                 for phase, feed in feeds.items()}
-    folder = Path(root) / "compare" / "-vs-".join(r.name for r in recipes)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = safe_files.folder(root, "compare", "-vs-".join(r.name for r in recipes))
     result = {
         "schema": SCHEMA, "workload": "generation", "created": now(), "recipes": [r.name for r in recipes],
         "reference": first.name, "shared_targets": shared, "task": [t.model_dump() for t in spec.task],
@@ -121,8 +121,8 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
                                "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
                                "empty cache) and one decode feed (one token over the task's context)"},
     }
-    (folder / "compare-generation.json").write_text(json.dumps(result, indent=2) + "\n")
-    (folder / "compare-generation.md").write_text(markdown(result))
+    safe_files.write_atomic(folder / "compare-generation.json", json.dumps(result, indent=2) + "\n")
+    safe_files.write_atomic(folder / "compare-generation.md", markdown(result))
     return result, folder
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from pipeline import backends, data
+from pipeline import backends, data, safe_files
 from pipeline.bench import ab, protocol, stats, sweep
 from pipeline.errors import RecipeError
 from pipeline.explain import causes, layers, profile
@@ -266,6 +266,9 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
     names = [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
+    # The output folder is checked before any work (a link in its place is exit 5), and made
+    # the same way when the results are written (safe_files.folder).
+    safe_files.folder(root, "compare", "-vs-".join(names), create=False)
     if recipes[0].workload.kind == "generation":  # time per task, per phase (pipeline/generation)
         from pipeline.generation import compare as generation
 
@@ -282,8 +285,7 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
         time_explained = explain_time(recipes, reports, timed, differ)
     with progress.stage("compare: layer errors"):
         error_explained = explain_error(recipes, root)
-    folder = Path(root) / "compare" / "-vs-".join(names)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = safe_files.folder(root, "compare", "-vs-".join(names))
     result = {
         "schema": SCHEMA, "created": now(), "recipes": names, "shared_targets": shared,
         "reference": names[0],

@@ -10,14 +10,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
 from pipeline.artifacts import SCHEMA, Report, dump
 from pipeline.recipe import Recipe
 from pipeline.store import now
-from pipeline.text import fmt, speedup, time_ratio_speedup
+from pipeline.text import (
+    escape,  # markup and control characters
+    fmt,
+    speedup,
+    time_ratio_speedup,
+)
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
