@@ -5,7 +5,7 @@ the project (links, files and folders the attacks point at), hashed before and a
 case, proves that nothing outside the command's own folders was written, truncated or
 deleted.
 
-The rule these cases hold the pipeline to (pipeline/safe_files.py): every folder written
+The rule these cases hold the pipeline to (pipeline/store/safe_files.py): every folder written
 into is a real folder (never a link), temporary names are created exclusively, no file
 with more than one link is written or truncated, nothing read from a folder chooses code,
 and no FIFO or device is read as data.
@@ -50,7 +50,7 @@ def attack(standard_copy, tmp_path):
 def _planted_variant(proj: Project, folder: Path, overrides: list[str]) -> str:
     """engines/standard@<digest of overrides>: the built folder, its manifest recording
     `overrides` as its --set values (the digest recomputed, as an attacker would)."""
-    from pipeline.folders import overrides_digest
+    from pipeline.store.folder_names import overrides_digest
 
     name = f"standard@{overrides_digest(overrides)}"
     shutil.copytree(folder, proj.engines / name)
@@ -226,16 +226,16 @@ WRITERS = {"write_text", "write_bytes", "savefig", "save", "savez", "savez_compr
 # Modules that call those plainly, and why that is safe: a stage's own work folder is made
 # new under the lock (store.workdir), so no name in it can have been planted.
 PLAIN_WRITERS = {
-    "safe_files.py": "the rule itself", "store.py": "the store: folder checked, under the lock",
-    "deploy.py": "OUT/.<model>.<pid>.tmp made new; links refused", "tune.py": "folders checked",
-    "stage_cache.py": "the stage's work folder", "data/feeds.py": "save_feeds: the work folder",
+    "store/safe_files.py": "the rule itself", "store/recipe_folder.py": "the store: folder checked, under the lock",
+    "commands/deploy.py": "OUT/.<model>.<pid>.tmp made new; links refused", "commands/tune.py": "folders checked",
+    "run/stage_cache.py": "the stage's work folder", "data/feeds.py": "save_feeds: the work folder",
     "bench/ab.py": "versus: the work folder", "bench/plots.py": "savefig into an exclusive temp",
     "explain/render.py": "savefig into an exclusive temp",
     "stages/report.py": "the work folder", "stages/validate.py": "the work folder",
     "stages/precision.py": "the work folder", "precision/effective.py": "the work folder",
     "precision/sensitivity.py": "the work folder", "precision/qdq.py": "the work folder",
     "backends/tensorrt.py": "the work folder", "generation/validate.py": "the work folder",
-    "generation/genai_config.py": "the work folder", "generation/metrics.py": "/proc/self",
+    "generation/genai_config.py": "the work folder", "metrics/generation.py": "/proc/self",
     # onnx.save of a graph stage's output: the work folder
     "generation/export.py": "onnx.save", "stages/export.py": "onnx.save",
     "stages/optimize.py": "onnx.save", "precision/cast.py": "onnx.save",

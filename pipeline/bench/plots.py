@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import safe_files
+from pipeline.store import safe_files
 
 
 def latency_png(path: Path, samples: dict[str, np.ndarray], title: str) -> Path:

@@ -92,7 +92,7 @@ def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.n
     refused from its headers, before anything is decompressed or allocated."""
     import os
 
-    from pipeline import npz_files
+    import pipeline.data.npz_files as npz_files
     from pipeline.errors import IntegrityError
 
     groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}

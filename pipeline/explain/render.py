@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
-from pipeline.safe_files import write_atomic, write_atomic_with
+from pipeline.store.safe_files import write_atomic, write_atomic_with
 from pipeline.text import fmt, time_ratio_speedup
 
 # ------------------------------------------------------------------ tables as rows

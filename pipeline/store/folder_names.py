@@ -18,7 +18,7 @@ from pipeline.errors import IntegrityError, RecipeError
 from pipeline.recipe import Recipe
 from pipeline.recipe import load as load_recipe
 from pipeline.recipe.code_keys import naming_code
-from pipeline.store import Store
+from pipeline.store.recipe_folder import Store
 
 _FOLDER = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<digest>[0-9a-f]{8})")
 
