@@ -129,6 +129,16 @@ def test_compare_refuses_an_output_folder_that_is_a_link(attack, link):
     assert not any(p.name.startswith("standard-fp16") for p in proj.engines.iterdir())
 
 
+def test_tune_refuses_a_tune_folder_that_is_a_link(project, tmp_path_factory):
+    victim = tmp_path_factory.mktemp("victim")
+    (victim / "keep.txt").write_text("victim's own file\n")
+    (project.engines / "standard").mkdir(parents=True)
+    (project.engines / "standard" / "tune").symlink_to(victim)
+    _one_error(project.run("tune", "standard", timeout=120), 5,
+               "standard/tune: is a symbolic link, not a folder")
+    assert [p.name for p in victim.iterdir()] == ["keep.txt"]
+
+
 # ------------------------------------------------------------------ 7, 13: FIFOs and devices
 @pytest.mark.parametrize("setting, what", [
     (("data.validation.text=data/fifo.txt", "data.validation.tokenizer=bytes"), "is a FIFO"),
@@ -192,6 +202,23 @@ def test_control_characters_from_a_report_never_reach_the_terminal(attack):
     _one_error(result, 2, "\\x1b[2J\\x1b]0;owned\\x07cleared")
     assert "\x1b" not in result.out + result.err and "\x07" not in result.err
     check()
+
+
+def test_a_loader_is_read_only_as_far_as_samples(project):
+    """A loader that would go on forever (here: one that fails on the 4th feed) is read only
+    as far as `samples`; the run then stops at the next preflight check (validate.device
+    cuda, on this GPU-less machine), which it could reach only past the data."""
+    from pipeline import deps
+
+    if deps.gpus():
+        pytest.skip("needs a machine without a GPU: validate.device cuda is the stop after the data")
+    project.write("endless.py", "import numpy as np\n\n\ndef feeds():\n"
+                  "    for _ in range(3):\n        yield {'input_ids': np.ones((2, 8), np.int64)}\n"
+                  "    raise RuntimeError('read past samples')\n")
+    result = project.run("run", "standard", "--set", "data.validation={loader: 'endless:feeds', samples: 3}",
+                         "--set", "validate.device=cuda", timeout=120)
+    _one_error(result, 2, "validate.device: cuda")
+    assert not project.engines.exists()
 
 
 def test_a_report_path_leaving_the_folder_is_refused_by_deploy_as_by_verify(attack):
