@@ -197,10 +197,15 @@ def test_control_characters_from_a_report_never_reach_the_terminal(attack):
     report = json.loads((folder / "report.json").read_text())
     skipped = next(e for e in report["engines"] if e["status"] != "built")
     skipped["reason"] = "\x1b[2J\x1b]0;owned\x07cleared"
+    report["warnings"] = ["\x1b[2J\x1b]0;owned\x07cleared"]  # the run table's caption shows these
     _rehash(folder, "report.json", json.dumps(report).encode())
     result = proj.run("deploy", "standard", "--triton", "models", "--target", skipped["target"], *FAST)
     _one_error(result, 2, "\\x1b[2J\\x1b]0;owned\\x07cleared")
     assert "\x1b" not in result.out + result.err and "\x07" not in result.err
+    shown = proj.run(*RUN)  # every stage cached: the table is the planted report's
+    assert shown.code == 0, shown.err
+    assert "warning: \\x1b[2J\\x1b]0;owned\\x07cleared" in shown.out
+    assert "\x1b" not in shown.out + shown.err and "\x07" not in shown.out
     check()
 
 
