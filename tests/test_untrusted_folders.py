@@ -141,9 +141,9 @@ def test_tune_refuses_a_tune_folder_that_is_a_link(project, tmp_path_factory):
 
 # ------------------------------------------------------------------ 7, 13: FIFOs and devices
 @pytest.mark.parametrize("setting, what", [
-    (("data.validation.text=data/fifo.txt", "data.validation.tokenizer=bytes"), "is a FIFO"),
-    (("data.validation.arrays=data/fifo.npy",), "is a FIFO"),
-    (("data.validation.text=/dev/zero", "data.validation.tokenizer=bytes"), "is a device"),
+    (("data.validation.text=data/fifo.txt", "data.validation.tokenizer=bytes"), "is a FIFO, not a text file"),
+    (("data.validation.arrays=data/fifo.npy",), "is a FIFO, not an .npy file"),
+    (("data.validation.text=/dev/zero", "data.validation.tokenizer=bytes"), "is a device, not a text file"),
 ])
 def test_fifos_and_devices_are_refused_at_once(attack, setting, what):
     proj, _, _, check = attack

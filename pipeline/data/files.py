@@ -161,8 +161,9 @@ def sha256(path: Path, where: str = "data file") -> str:
     """The file's sha256, read as _open reads it (a regular file only)."""
     import hashlib
 
+    what = {".npz": "an .npz file", ".npy": "an .npy file"}.get(Path(path).suffix.lower(), "a text file")
     h = hashlib.sha256()
-    with _open(path, where, "a regular file") as f:
+    with _open(path, where, what) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
