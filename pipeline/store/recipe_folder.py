@@ -159,8 +159,7 @@ class Store:
         """The folder (created if need be) and its .lock file, open for writing; a folder or
         file this user may not write is named as such (not as a folder that is missing)."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            safe_files.folder(self.dir.parent, self.dir.name)  # a link in its place: exit 5
+            safe_files.folder(self.dir.parent, self.dir.name)  # made if missing; a link: exit 5
         except OSError as e:
             where = next((p for p in (self.dir, *self.dir.parents) if p.exists()), None)
             what = (f"cannot create the output folder ({e.strerror}"
