@@ -239,6 +239,30 @@ def test_a_report_path_leaving_the_folder_is_refused_by_deploy_as_by_verify(atta
     check()
 
 
+def test_a_planted_baseline_bomb_is_refused_from_its_headers(attack):
+    """1 GiB of float64 zeros claimed by a member that deflates to about 1 MB: refused from
+    its headers, before anything is decompressed (np.savez stores the baseline uncompressed)."""
+    import zipfile
+
+    import numpy as np
+
+    proj, folder, _, check = attack
+    bomb = folder / "bomb.npz"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf, \
+            zf.open("out/0/logits.npy", "w", force_zip64=True) as f:
+        count = 1 << 27  # float64 values: 1 GiB
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (count,)})
+        chunk = bytes(8 << 20)
+        for _ in range(count * 8 // len(chunk)):
+            f.write(chunk)
+    bomb.replace(folder / "baseline.npz")
+    _rehash(folder, "baseline.npz", (folder / "baseline.npz").read_bytes())
+    _edit_manifest(folder, lambda m: m["stages"].pop("validate:onnxruntime"))  # validate reads it
+    _one_error(proj.run(*RUN), 5, "baseline.npz: its arrays claim 1,073,741,824 bytes",
+               "it did not write this file")
+    check()
+
+
 @pytest.mark.parametrize("args, expected", [
     (("deploy", "standard", "--triton", "models", "--version", "9" * 26), "'--version'"),
     (("run", "standard", "--set", "validate.threads=" + "9" * 23), "validate.threads"),
