@@ -7,43 +7,17 @@ stages only when there is work to do, so `pipeline --help` is instant.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from pipeline import __version__
+from pipeline.cli_options import debug_option, debugging, engines_dir_option
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
+from pipeline.fleet.cli import fleet
 from pipeline.text import printable
-
-_debug = False
-
-
-def _set_debug(ctx, param, value):
-    global _debug
-    _debug = _debug or bool(value)
-    return value
-
-
-def debug_option(fn):
-    """--debug, accepted by every command (and the group): errors also show their traceback."""
-    return click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
-                        is_eager=True, help="Show the traceback of errors (same exit codes).")(fn)
-
-
-def _engines_dir(ctx, param, value):
-    if value is None or not str(value).strip():
-        raise click.BadParameter("is empty (from the option or PIPELINE_ENGINES); name a folder, "
-                                 "e.g. --engines-dir engines", ctx=ctx, param=param)
-    return Path(value)
-
-
-def engines_dir_option(help_text: str = "Where the engines/<recipe>/ folders are (env PIPELINE_ENGINES)."):
-    return click.option("--engines-dir", type=click.Path(file_okay=False), callback=_engines_dir,
-                        default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"),
-                        show_default="engines", help=help_text)
 
 
 def recipe_options(fn=None, *, targets: bool = True):
@@ -358,9 +332,12 @@ def inspect_command(onnx_file, as_json):
         out.print(part)
 
 
+cli.add_command(fleet)  # pipeline/fleet/cli.py: `pipeline fleet` builds on a Ray cluster
+
+
 def _fail(message: str, code: int) -> None:
     """One `Error:` line and the error's own exit code; under --debug the trace first."""
-    if _debug:
+    if debugging():
         import traceback
 
         traceback.print_exc()

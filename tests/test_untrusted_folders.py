@@ -297,6 +297,8 @@ PLAIN_WRITERS = {
     "stages/optimize.py": "onnx.save", "precision/cast.py": "onnx.save",
     "precision/dynamic.py": "onnx.save", "precision/key_mask.py": "onnx.save",
     "precision/smooth.py": "onnx.save",
+    "fleet/transfer.py": "a folder it makes new (mkdir), renamed into place whole",
+    "fleet/worker.py": "the job's own TemporaryDirectory",
 }
 
 
