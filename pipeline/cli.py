@@ -18,6 +18,7 @@ from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
 from pipeline.fleet.cli import fleet
+from pipeline.text import printable
 
 
 def recipe_options(fn=None, *, targets: bool = True):
@@ -118,9 +119,9 @@ for _command in (verify_command, sign_command, keygen_command):  # pipeline/comm
               help="Triton model repository to write <recipe>-<target>/ model folders into.")
 @click.option("--target", "targets", multiple=True, metavar="ID|KIND",
               help="Deploy only this target (repeatable); default: every deployable engine.")
-@click.option("--version", "model_version", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--version", "model_version", type=click.IntRange(1, 2**63 - 1), default=1, show_default=True,
               help="Model version folder.")
-@click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--instances", type=click.IntRange(1, 2**31 - 1), default=1, show_default=True,
               help="Instances per device (instance_group count).")
 @click.option("--allow-failed-gates", is_flag=True, help="Deploy engines that failed a gate.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -130,10 +131,9 @@ for _command in (verify_command, sign_command, keygen_command):  # pipeline/comm
 def deploy_command(recipe, out, targets, model_version, instances, allow_failed_gates, overrides,
                    engines_dir):
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
-    from rich.markup import escape
-
     from pipeline.commands import deploy
     from pipeline.store import folder_names as folders
+    from pipeline.text import escape  # markup and control characters
     from pipeline.ui import out as stdout
 
     r = folders.load(recipe, overrides, engines_dir)
@@ -326,7 +326,7 @@ def _fail(message: str, code: int, debug: bool) -> None:
         import traceback
 
         traceback.print_exc()
-    click.echo(message.replace("\n", " "), err=True)
+    click.echo(printable(message.replace("\n", " ")), err=True)  # a file's ESC never raw
     sys.exit(code)
 
 

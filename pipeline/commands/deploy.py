@@ -71,6 +71,7 @@ class Engine:
 # ------------------------------------------------------------------------- selection
 def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed: bool) -> list[Engine]:
     """The engines to deploy, each checked against the manifest before anything is written."""
+    store.check_folder()  # a link in the folder's place is refused, never read through
     report_path = store.dir / "report.json"
     if not report_path.is_file():
         raise InputError(f"{report_path}: not found; nothing was built and validated there",
@@ -107,8 +108,7 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
     if refused and (wanted or not out):
         raise InputError("cannot deploy: " + "; ".join(refused))
     if refused:
-        from rich.markup import escape
-
+        from pipeline.text import escape  # markup and control characters
         from pipeline.ui import console
 
         for why in refused:
@@ -147,6 +147,12 @@ def _triton(kind: str) -> backends.TritonModel | None:
 def _engine(store: Store, entry: dict, kind: str) -> Engine:
     stage = store.manifest["stages"].get(f"build:{entry['target']}") or {}
     name = (stage.get("outputs") or [Path(entry["path"]).name])[0]
+    reported = Path(str(entry.get("path") or ""))
+    if reported.name != name or ".." in reported.parts:  # what `verify` checks too
+        raise IntegrityError(f"{store.dir / 'report.json'}: target `{entry['target']}` reports its "
+                             f"engine as {str(entry.get('path'))!r}, not the file {name} the build "
+                             "recorded; the report was changed after the build",
+                             f"rebuild with `pipeline run {store.dir.name} --force`")
     artifact = store.verify(name)  # IntegrityError (exit 5) when the file changed
     wrong_format = engine_format.mismatch(kind, artifact.path)  # its bytes, not the report's word
     if wrong_format:

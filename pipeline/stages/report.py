@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
@@ -17,7 +16,12 @@ from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
 from pipeline.store.recipe_folder import now
-from pipeline.text import fmt, speedup, time_ratio_speedup
+from pipeline.text import (  # escape: markup and control characters
+    escape,
+    fmt,
+    speedup,
+    time_ratio_speedup,
+)
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
