@@ -355,6 +355,7 @@ def inspect_command(onnx_file, as_json):
         return
     for part in onnx_info.render(info):
         out.print(part)
+cli.add_command(__import__("pipeline.loadgen.cli", fromlist=["_"]).load_command)  # `pipeline load`
 
 
 def _fail(message: str, code: int) -> None:

@@ -181,6 +181,9 @@ class Run:
                    for e in engines if e["status"] == "built"]
         inputs += [self.store.artifact(v["file"]) for e in engines for v in e.get("versus", [])
                    if "file" in v]
+        loads = [self.store.artifact(n) for n in sorted(self.store.manifest["files"])
+                 if n.startswith("load-") and n.endswith(".json")]  # `pipeline load`'s results
+        inputs += loads
         skipped = [e for e in engines if e["status"] != "built"]
         by_id = {e["target"]: e for e in [*engines, *others]}
         every = [by_id[t.id] for t in self.recipe.targets if t.id in by_id]  # the recipe's order
@@ -190,7 +193,8 @@ class Run:
         result = self.cache.stage(
             "report", spec, inputs,
             lambda wd: (report.write(report.assemble(
-                self.recipe, base.meta if base else None, self.chain.meta, every), wd), {}),
+                self.recipe, base.meta if base else None, self.chain.meta, every), wd,
+                [self.store.read_json(a.name) for a in loads]), {}),
         )
         return self.store.read_json(result.outputs["report.json"].name)
 

@@ -76,12 +76,13 @@ def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
     return out
 
 
-def write(model: Report, workdir: Path) -> dict[str, Path]:
+def write(model: Report, workdir: Path, loads: list[dict] = ()) -> dict[str, Path]:
+    """loads: the folder's recorded load-*.json files (`pipeline load`), for report.md."""
     report = dump(model)
     json_path = workdir / "report.json"
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     md_path = workdir / "report.md"
-    md_path.write_text(markdown(report))
+    md_path.write_text(markdown(report, loads))
     return {"report.json": json_path, "report.md": md_path}
 
 
@@ -163,7 +164,8 @@ def _engine_notes(e: dict) -> list[str]:
     return [n for line in notes for n in (line, "")]
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, loads: list[dict] = ()) -> str:
+    """report.md from report.json, plus a Serving section per load file (loadgen.artifact)."""
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
     lines = [
@@ -239,6 +241,10 @@ def markdown(report: dict) -> str:
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
         lines += _measurement(e)
+    if loads:
+        from pipeline.loadgen.markdown import markdown as serving_markdown
+
+        lines += serving_markdown(list(loads))
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,111 @@
+"""`pipeline load --serve`: start `pipeline serve RECIPE` in a subprocess of its own (its own
+process group), wait until it answers GET .../ready, and stop it when the load test ends.
+
+The server and the load generator are separate processes: a client that shared the
+server's interpreter would take its CPU and its GIL, and measure itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pipeline.errors import InputError, StageFailed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ready(url: str, timeout: float = 2.0) -> dict | None:
+    """GET {url}/ready: its JSON (or {}) when it answers 200, else None."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/ready", timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            body = resp.read()
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        data = {}
+    return data if isinstance(data, dict) else {}
+
+
+def wait_ready(url: str, deadline_s: float, proc: subprocess.Popen | None = None) -> dict:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise StageFailed(f"`pipeline serve` exited with code {proc.returncode} before it was "
+                              "ready", "see its output above; try `pipeline serve RECIPE` alone")
+        info = ready(url)
+        if info is not None:
+            return info
+        time.sleep(0.5)
+    raise InputError(f"{url}/ready did not answer 200 within {deadline_s:g} s",
+                     "check the URL, or that the server has finished starting")
+
+
+class ServeProcess:
+    """Context manager: `pipeline serve` on a free port; (url, pid) while it runs."""
+
+    def __init__(self, recipe_ref: str, model: str, overrides: tuple[str, ...], engines_dir: Path,
+                 engine: str | None, log: Path, start_timeout: float = 900.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/v1/models/{model}"
+        self.cmd = [sys.executable, "-m", "pipeline", "serve", recipe_ref, "--port", str(self.port),
+                    "--engines-dir", str(engines_dir)]
+        self.cmd += [a for o in overrides for a in ("--set", o)]
+        if engine:
+            self.cmd += ["--engine", engine]
+        self.log, self.start_timeout = log, start_timeout
+        self.proc: subprocess.Popen | None = None
+        self.ready_info: dict = {}
+        self.started_s = 0.0
+
+    def __enter__(self) -> ServeProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.log, "wb")  # noqa: SIM115 - closed in __exit__
+        self._out = out
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        try:
+            self.ready_info = wait_ready(self.url, self.start_timeout, self.proc)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.started_s = time.monotonic() - t0
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def __exit__(self, *exc) -> None:
+        """SIGINT first (serve shuts its Ray instance down), then SIGTERM, then SIGKILL, each
+        to this server's own process group only."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 15), (signal.SIGKILL, 5)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        self._out.close()

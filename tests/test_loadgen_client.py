@@ -1,0 +1,134 @@
+"""The load generator against a local stdlib server whose behaviour is known exactly
+(tests/loadgen_server.py): a stall is charged from each request's scheduled time, on the
+server's side and on the client's; closed loop keeps N requests in flight at most; every
+request resolves (timeouts and 503s counted, never dropped); streamed tokens give TTFT and
+TPOT; and `pipeline load` (a real subprocess) writes its typed artifact into the recipe's
+folder. Assertions are relationships between times, never absolute rates."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import numpy as np
+
+from pipeline.loadgen import client, summary
+from pipeline.loadgen.slo import parse
+from tests.loadgen_server import Behaviour, FakeServer
+
+BODY = [{"inputs": {"x": [0.0, 1.0]}}]
+
+
+def _constant(rate: float, duration: float) -> np.ndarray:
+    return np.arange(1, int(rate * duration) + 1) / rate
+
+
+def test_a_server_stall_is_charged_to_every_request_due_during_it():
+    b = Behaviour(service=0.001, stall_at_request=40, stall_seconds=0.4)
+    with FakeServer(b) as server:
+        start = time.perf_counter() + 0.1
+        outs = asyncio.run(client.open_loop(client.Target(server.url), _constant(100, 1.5), BODY,
+                                            timeout=5.0, start=start))
+    stall_start, stall_end = b.arrivals[40], b.stall_end
+    during = [o for o in outs if stall_start <= start + o.due < stall_end - 0.01]
+    assert len(during) >= 20
+    for o in during:
+        assert start + o.done >= stall_end - 0.002          # held by the stall...
+        assert o.latency >= stall_end - (start + o.due) - 0.002  # ...and charged from when it was due
+    # the open loop kept sending during the stall (a closed loop of one user would send one)
+    sent_during = sum(stall_start <= start + o.sent < stall_end for o in outs)
+    assert sent_during >= len(during) // 2
+    assert all(o.status == "ok" for o in outs)
+
+
+def test_a_client_stall_sends_late_and_still_counts_from_the_schedule():
+    async def stalled(url: str) -> list[client.Outcome]:
+        start = time.perf_counter() + 0.1
+
+        async def block_the_loop():
+            await asyncio.sleep(0.6)
+            time.sleep(0.3)  # the event loop itself stops, as under a GC pause or a busy CPU
+
+        blocker = asyncio.create_task(block_the_loop())
+        outs = await client.open_loop(client.Target(url), _constant(100, 1.5), BODY, 5.0, start=start)
+        await blocker
+        return outs
+
+    with FakeServer(Behaviour(service=0.001)) as server:
+        outs = asyncio.run(stalled(server.url))
+    late = [o for o in outs if o.sent - o.due > 0.1]
+    assert len(late) >= 15  # ~30 requests were due while the loop was blocked
+    for o in late:
+        assert o.latency >= o.sent - o.due  # the time spent waiting to be sent is in the latency
+    point = summary.summarize(outs, warmup=0.0, window=1.5, offered_rate=100.0)
+    assert point["late"]["share"] >= len(late) / len(outs) - 1e-9
+    assert point["late"]["max_ms"] >= 100
+
+
+def test_closed_loop_keeps_at_most_n_requests_in_flight():
+    b = Behaviour(service=0.02)
+    with FakeServer(b) as server:
+        outs = client.run_closed(client.Target(server.url), users=3, duration=1.0, bodies=BODY,
+                                 timeout=5.0)
+    assert 1 <= b.max_in_flight <= 3
+    assert len(outs) >= 6 and all(o.status == "ok" for o in outs)
+    assert all(o.due == o.sent or abs(o.sent - o.due) < 0.01 for o in outs)  # sent when due
+
+
+def test_timeouts_and_rejections_are_counted_never_dropped():
+    b = Behaviour(service=0.001, reject_every=4, hang_request=5, hang_seconds=1.0)
+    with FakeServer(b) as server:
+        outs = client.run_open(client.Target(server.url), _constant(50, 0.8), BODY, timeout=0.3)
+    point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=50.0,
+                              terms=parse("p99=250ms"))
+    assert point["requests"] == len(outs) == 40
+    assert point["timeouts"] == 1 and point["rejected"] == 10
+    assert point["ok"] + point["rejected"] + point["timeouts"] + point["errors"] == 40
+    assert point["slo"][0]["over"] == 11  # every failure is over the bound
+    assert point["passed"] is False
+
+
+def test_streamed_tokens_give_ttft_tpot_and_goodput():
+    b = Behaviour(service=0.0, tokens=5, token_gap=0.004)
+    with FakeServer(b) as server:
+        outs = client.run_open(client.Target(server.url, generate=True), _constant(40, 0.5),
+                               [{"prompt_ids": [1, 2, 3], "max_new_tokens": 5, "stream": True}], 5.0)
+    point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=40.0, generation=True,
+                              terms=parse("ttft=1s,tpot=1s", generation=True))
+    g = point["generation"]
+    assert point["ok"] == 20 and g["mean_tokens"] == 5
+    assert g["ttft_ms"]["p50"]["value"] < point["latency_ms"]["p50"]["value"]
+    assert g["tpot_ms"]["p50"]["value"] >= 3.0  # the server waits 4 ms between tokens
+    assert point["goodput"] > 0
+
+
+def test_pipeline_load_writes_its_typed_artifact(project):
+    from pipeline.artifacts.serving import LoadResult
+
+    with FakeServer(Behaviour(service=0.002), model="digits") as server:
+        result = project.run("load", "digits", "--url", server.url, "--rate", "40", "--duration",
+                             "1", "--warmup", "0.2", "--min-requests", "20", "--slo", "p99=500ms",
+                             timeout=120)
+    assert result.code == 0, result.err
+    folder = project.engines / "digits"
+    data = json.loads((folder / "load-onnxruntime.json").read_text())
+    loaded = LoadResult.model_validate(data)
+    assert loaded.mode == "rate" and loaded.points[0].requests >= 20
+    assert "data/digits/validation.npz" in loaded.requests["source"]
+    # 40 requests cannot show a p99 at 99% confidence: the point does not pass, and says why
+    assert loaded.points[0].passed is False and loaded.points[0].slo[0].more_needed > 0
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert {"load-onnxruntime.json", "load-onnxruntime.png"} <= set(manifest["files"])
+    assert (folder / "load-onnxruntime.png").stat().st_size > 0
+
+
+def test_pipeline_load_refuses_two_servers_or_no_mode(project):
+    both = project.run("load", "digits", "--url", "http://127.0.0.1:9/v1/models/x", "--serve",
+                       "--rate", "1")
+    assert both.code == 2 and both.error_lines and "--url" in both.error_lines[0]
+    nothing = project.run("load", "digits", "--url", "http://127.0.0.1:9/v1/models/x")
+    assert nothing.code == 2 and "nothing to measure" in nothing.err
+    bad = project.run("load", "digits", "--url", "http://127.0.0.1:9/v1/models/x", "--slo", "p99=fast")
+    assert bad.code == 2 and "--slo" in bad.err
+    assert not (project.engines / "digits").exists() or not list((project.engines / "digits").glob("load-*"))
