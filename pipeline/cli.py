@@ -206,8 +206,9 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 @click.option("--force", is_flag=True, help="Rebuild every recipe's stages.")
 @engines_dir_option("Where the recipes' engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+@click.option("--load", is_flag=True, help="Compare `pipeline load` results: capacities, p99 at equal rates.")
 @debug_option
-def compare_command(recipes, overrides, force, engines_dir, verbose):
+def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline import folders
@@ -216,6 +217,8 @@ def compare_command(recipes, overrides, force, engines_dir, verbose):
     from pipeline.ui import Progress, console, out
 
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
+    if load:  # pipeline/loadgen/compare.py: no builds, the recorded load results only
+        return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(loaded, engines_dir)
     result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
     if result.get("workload") == "generation":
         from pipeline.generation.compare import lines
@@ -245,10 +248,7 @@ def recipes_command(folder):
     if not where.is_dir():
         raise InputError(f"{'--dir ' if folder is not None else ''}{where}: no such folder",
                          "run in a project with a recipes/ folder, or pass --dir DIR")
-
-    t = Table(title="recipes")
-    for col in ("name", "description", "model", "targets"):
-        t.add_column(col)
+    t = Table("name", "description", "model", "targets", title="recipes")
     for path in recipe_mod.list_recipes(folder):
         try:
             r = recipe_mod.load(path)

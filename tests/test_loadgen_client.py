@@ -132,3 +132,21 @@ def test_pipeline_load_refuses_two_servers_or_no_mode(project):
     bad = project.run("load", "digits", "--url", "http://127.0.0.1:9/v1/models/x", "--slo", "p99=fast")
     assert bad.code == 2 and "--slo" in bad.err
     assert not (project.engines / "digits").exists() or not list((project.engines / "digits").glob("load-*"))
+
+
+def test_compare_load_puts_two_recipes_side_by_side(project):
+    """Two recipes' load files at the same offered rate: B/A p99 with its interval; a
+    recipe without load results is named with the command that makes them."""
+    with FakeServer(Behaviour(service=0.001)) as fast, FakeServer(Behaviour(service=0.03)) as slow:
+        for recipe, server in (("digits", fast), ("lm-fp32", slow)):
+            result = project.run("load", recipe, "--url", server.url, "--rate", "20", "--duration",
+                                 "1.5", "--warmup", "0.2", "--min-requests", "30", timeout=180)
+            assert result.code == 0, result.err
+    result = project.run("compare", "digits", "lm-fp32", "--load")
+    assert result.code == 0, result.err
+    data = json.loads((project.engines / "compare" / "digits-vs-lm-fp32" / "compare-load.json").read_text())
+    row = data["same_rate"][0]
+    assert row["rate"] == 20.0 and row["ratio"] > 1  # the second stand-in answers 30x slower
+    assert row["verdict"] in ("B slower", "indistinguishable")
+    missing = project.run("compare", "digits", "standard", "--load")
+    assert missing.code == 2 and "pipeline load standard" in missing.err

@@ -42,7 +42,7 @@ class SloVerdict(Closed):
 
 
 class Late(Closed):
-    share: float = Field(description="Share of requests sent > 1 ms after their scheduled time.")
+    share: float = Field(description="Share of requests sent > 2 ms after their scheduled time.")
     p99_ms: float
     max_ms: float
 

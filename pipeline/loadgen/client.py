@@ -104,6 +104,15 @@ async def _one(session, target: Target, body: dict, t0: float, due: float,
     return out
 
 
+async def _until(when: float) -> None:
+    """Sleep until perf_counter() >= when. epoll sleeps in whole milliseconds, rounded up, so
+    this wakes up to ~1 ms late (summary.LATE_MS allows for it); no busy wait, which would
+    take CPU from a server on the same machine. The lateness is in the latency anyway."""
+    delay = when - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
 def _session(connections: int):
     import aiohttp
 
@@ -120,9 +129,7 @@ async def open_loop(target: Target, times: np.ndarray, bodies: list[dict], timeo
         t0 = time.perf_counter() + 0.05 if start is None else start  # the lead: no negative sleep
         tasks = []
         for i, due in enumerate(times):
-            delay = t0 + float(due) - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await _until(t0 + float(due))
             body = bodies[i % len(bodies)]
             tasks.append(asyncio.create_task(_one(session, target, body, t0, float(due), timeout)))
         return list(await asyncio.gather(*tasks))
