@@ -181,3 +181,17 @@ def test_leak_verdict_needs_the_whole_interval_past_the_threshold():
     assert soak.verdict(_windows(0.0, 0.2))["leak"] == "no leak"
     assert soak.verdict(_windows(10 / 3600, 30.0))["leak"] == "inconclusive"  # noise hides it
     assert soak.verdict(_windows(100 / 3600, 0.2)[:3])["leak"] == "inconclusive"
+
+
+def test_every_point_holds_its_minimum_requests_and_duration():
+    from pipeline.loadgen.client import Target
+    from pipeline.loadgen.loadtest import LoadTest, Settings
+
+    for rate in (3.0, 20.0, 400.0):
+        test = LoadTest(Target("http://unused"), [{}], Settings(duration=1.0, warmup=0.5,
+                                                                 min_requests=50, seed=4))
+        times, window = test.schedule(rate)
+        measured = times[times >= 0.5]
+        assert measured.size >= 50 and window >= 1.0
+        assert times[-1] < 0.5 + window
+        np.testing.assert_array_equal(times, test.schedule(rate)[0])  # seeded

@@ -158,6 +158,7 @@ def _line(p: dict) -> str:
     fmt = lambda x: "—" if x["value"] is None else f"{x['value']:.1f}"  # noqa: E731
     verdict = "" if p["passed"] is None else ("  pass" if p["passed"] else "  FAIL")
     who = f"{p['concurrency']} users" if p.get("concurrency") else f"{p['offered_rate']:.2f}/s offered"
-    return (f"  {who}: achieved {p['achieved_rate']:.2f}/s, n {p['requests']}, failed "
+    return (f"  {who} ({p['scheduled_rate']:.2f}/s scheduled): achieved {p['achieved_rate']:.2f}/s, "
+            f"n {p['requests']}, failed "
             f"{p['requests'] - p['ok']}, p50 {fmt(q['p50'])} ms, p99 {fmt(q['p99'])} ms, "
             f"late {p['late']['share']:.1%}{verdict}")

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pipeline.loadgen import capacity, client, resources, schedule, soak, summary
 from pipeline.loadgen.slo import Term
 
@@ -35,15 +37,25 @@ class LoadTest:
     on_point: Callable[[dict], None] | None = None
     samples: list = field(default_factory=list)
 
-    def window(self, rate: float) -> float:
+    def schedule(self, rate: float, window: float | None = None) -> tuple[np.ndarray, float]:
+        """(send times, measured window): at least `duration` seconds and `min_requests`
+        requests after the warm-up; a Poisson draw short of requests is lengthened to the
+        min_requests-th arrival (same seed, so the same draw). `window` given: exactly that."""
         s = self.settings
-        return max(s.duration, s.min_requests / rate)
+        if window is not None:
+            return schedule.arrivals(s.arrival, rate, s.warmup + window, s.seed, s.burstiness), window
+        longest = s.warmup + 2 * max(s.duration, s.min_requests / rate) + 10 / rate
+        times = schedule.arrivals(s.arrival, rate, longest, s.seed, s.burstiness)
+        measured = times[times >= s.warmup]
+        needed = measured[s.min_requests - 1] - s.warmup + 1e-9 if measured.size >= s.min_requests \
+            else longest - s.warmup
+        window = max(s.duration, needed)
+        return times[times < s.warmup + window], window
 
     def point(self, rate: float, window: float | None = None) -> tuple[dict, list[client.Outcome]]:
         """One open-loop point at `rate` requests/s: (summary, outcomes)."""
         s = self.settings
-        window = self.window(rate) if window is None else window
-        times = schedule.arrivals(s.arrival, rate, s.warmup + window, s.seed, s.burstiness)
+        times, window = self.schedule(rate, window)
         with resources.ServerSampler(self.server_pid) as sampler:
             outcomes = client.run_open(self.target, times, self.bodies, s.timeout)
         point = summary.summarize(outcomes, warmup=s.warmup, window=window, offered_rate=rate,

@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 
+def _num(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
 def _ms(q: dict | None) -> str:
     if not q or q.get("value") is None:
         return "—"
@@ -38,10 +42,10 @@ def markdown(loads: list[dict]) -> list[str]:
                 f"| {p['offered_rate']:.2f} | {p['achieved_rate']:.2f} | {p['goodput']:.2f} | "
                 f"{p['requests']} | {p['requests'] - p['ok']} | {_ms(p['latency_ms']['p50'])} | "
                 f"{_ms(p['latency_ms']['p99'])} | {_ms(p['latency_ms']['p99.9'])} | "
-                f"{(p['queue_ms'] or {}).get('p50', float('nan')):.1f} | "
-                f"{(p['compute_ms'] or {}).get('p50', float('nan')):.1f} | {sizes} | "
-                f"{p['late']['share']:.1%} | {res.get('cpu_pct_mean', float('nan')):.0f} | "
-                f"{res.get('rss_mib_peak', float('nan')):.0f} | "
+                f"{_num((p['queue_ms'] or {}).get('p50'), '.1f')} | "
+                f"{_num((p['compute_ms'] or {}).get('p50'), '.1f')} | {sizes} | "
+                f"{p['late']['share']:.1%} | {_num(res.get('cpu_pct_mean'), '.0f')} | "
+                f"{_num(res.get('rss_mib_peak'), '.0f')} | "
                 f"{'—' if p['passed'] is None else ('pass' if p['passed'] else 'fail')} |")
         gen = [p for p in r["points"] if p.get("generation")]
         if gen:
