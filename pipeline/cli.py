@@ -216,9 +216,9 @@ def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     from pipeline.stages.compare import compare
     from pipeline.ui import Progress, console, out
 
-    loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
     if load:  # pipeline/loadgen/compare.py: no builds, the recorded load results only
-        return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(loaded, engines_dir)
+        return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(recipes, overrides, engines_dir)
+    loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
     result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
     if result.get("workload") == "generation":
         from pipeline.generation.compare import lines

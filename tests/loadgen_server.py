@@ -52,7 +52,7 @@ def _handler(b: Behaviour):
 
         def do_GET(self):
             if self.path.endswith("/ready"):
-                self._send(200, {"ready": True, "engine": "fake"})
+                self._send(200, {"ready": True})
             else:
                 self._send(404, {"error": "not found"})
 

@@ -77,16 +77,19 @@ def test_closed_loop_keeps_at_most_n_requests_in_flight():
 
 
 def test_timeouts_and_rejections_are_counted_never_dropped():
-    b = Behaviour(service=0.001, reject_every=4, hang_request=5, hang_seconds=1.0)
+    b = Behaviour(service=0.001, reject_every=4, hang_request=5, hang_seconds=2.0)
     with FakeServer(b) as server:
-        outs = client.run_open(client.Target(server.url), _constant(50, 0.8), BODY, timeout=0.3)
+        outs = client.run_open(client.Target(server.url), _constant(50, 0.8), BODY, timeout=0.6)
     point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=50.0,
-                              terms=parse("p99=250ms"))
-    assert point["requests"] == len(outs) == 40
-    assert point["timeouts"] == 1 and point["rejected"] == 10
+                              terms=parse("p99=500ms"))
+    assert point["requests"] == len(outs) == len(b.arrivals) == 40
+    # the hung request timed out (a busy machine may add more); every 4th arrival was a 503
+    assert point["timeouts"] >= 1 and point["rejected"] >= 9
     assert point["ok"] + point["rejected"] + point["timeouts"] + point["errors"] == 40
-    assert point["slo"][0]["over"] == 11  # every failure is over the bound
+    assert point["slo"][0]["over"] >= 40 - point["ok"]  # every failure is over the bound
     assert point["passed"] is False
+    timed_out = [o for o in outs if o.status == "timeout"]
+    assert all(o.latency == float("inf") and o.done - o.due >= 0.6 - 0.01 for o in timed_out)
 
 
 def test_streamed_tokens_give_ttft_tpot_and_goodput():
@@ -134,19 +137,33 @@ def test_pipeline_load_refuses_two_servers_or_no_mode(project):
     assert not (project.engines / "digits").exists() or not list((project.engines / "digits").glob("load-*"))
 
 
-def test_compare_load_puts_two_recipes_side_by_side(project):
-    """Two recipes' load files at the same offered rate: B/A p99 with its interval; a
-    recipe without load results is named with the command that makes them."""
+def test_compare_load_puts_two_results_side_by_side(project):
+    """Two serving variants' load files at the same offered rate: B/A p99 with its interval;
+    a recipe without load results is named with the command that makes them."""
     with FakeServer(Behaviour(service=0.001)) as fast, FakeServer(Behaviour(service=0.03)) as slow:
-        for recipe, server in (("digits", fast), ("lm-fp32", slow)):
-            result = project.run("load", recipe, "--url", server.url, "--rate", "20", "--duration",
-                                 "1.5", "--warmup", "0.2", "--min-requests", "30", timeout=180)
+        for name, server in ((None, fast), ("slow", slow)):
+            result = project.run("load", "digits", "--url", server.url, "--rate", "20", "--duration",
+                                 "1.5", "--warmup", "0.2", "--min-requests", "30",
+                                 *(("--name", name) if name else ()), timeout=180)
             assert result.code == 0, result.err
-    result = project.run("compare", "digits", "lm-fp32", "--load")
+    assert (project.engines / "digits" / "load-onnxruntime-slow.json").is_file()
+    result = project.run("compare", "digits", "digits:slow", "--load")
     assert result.code == 0, result.err
-    data = json.loads((project.engines / "compare" / "digits-vs-lm-fp32" / "compare-load.json").read_text())
+    data = json.loads((project.engines / "compare" / "digits-vs-digits-slow" / "compare-load.json").read_text())
     row = data["same_rate"][0]
     assert row["rate"] == 20.0 and row["ratio"] > 1  # the second stand-in answers 30x slower
     assert row["verdict"] in ("B slower", "indistinguishable")
     missing = project.run("compare", "digits", "standard", "--load")
     assert missing.code == 2 and "pipeline load standard" in missing.err
+    same = project.run("compare", "digits", "digits", "--load")
+    assert same.code == 2 and "digits:b1" not in same.err and "twice" in same.err
+
+
+def test_pipeline_load_set_is_for_serve_settings_with_a_name(project):
+    url = ("--url", "http://127.0.0.1:9/v1/models/x")
+    other = project.run("load", "digits", "--serve", "--rate", "1", "--set", "validate.threads=2")
+    assert other.code == 2 and "serve.KEY=VALUE" in other.err
+    unnamed = project.run("load", "digits", "--serve", "--rate", "1", "--set", "serve.max_batch_size=1")
+    assert unnamed.code == 2 and "--name" in unnamed.err
+    running = project.run("load", "digits", *url, "--rate", "1", "--set", "serve.max_batch_size=1")
+    assert running.code == 2 and "--serve" in running.err

@@ -32,8 +32,9 @@ def _rates(ctx, param, value):
 
 @click.command("load", epilog=MODES_HELP)
 @click.argument("recipe")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="Recipe override (also passed to `pipeline serve` with --serve).")
+@click.option("--set", "overrides", multiple=True, metavar="serve.KEY=VALUE",
+              help="With --serve: a serve: setting for `pipeline serve` (e.g. serve.max_batch_size=1); "
+              "needs --name. Other variants: name their engines folder as RECIPE.")
 @click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
               default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines",
               help="Where engines/<recipe>/ is (env PIPELINE_ENGINES); the result lands there.")

@@ -52,6 +52,18 @@ def mode_of(req: Request) -> str:
                          "ask for two modes", "give one of --rate, --sweep, --concurrency")
     if req.soak and asked != ["rate"]:
         raise InputError("--soak needs --rate (the rate held for --duration)", "add --rate R")
+    bad = [o for o in req.overrides if not o.startswith("serve.") or "=" not in o]
+    if bad:
+        raise InputError(f"--set {bad[0]}: `pipeline load` passes only serve.KEY=VALUE on to "
+                         "`pipeline serve`", "load-test another recipe variant by naming its "
+                         "engines folder, e.g. `pipeline load minilm@1a2b3c4d`")
+    if req.overrides and not req.start_server:
+        raise InputError("--set needs --serve: a running server (--url) has its settings already",
+                         "drop --set, or start the server here with --serve")
+    if req.overrides and not req.name:
+        raise InputError(f"--set {req.overrides[0]}: name this serving variant with --name (e.g. "
+                         "--name b1)", "its result is then load-<engine>-<name>.json, beside the "
+                         "default's")
     if req.soak:
         return "soak"
     if asked:
@@ -70,10 +82,9 @@ def run(req: Request) -> None:
     from pipeline.ui import console
 
     mode = mode_of(req)
-    recipe = folders.load(req.recipe, req.overrides, req.engines_dir)
+    recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
     generation = payloads.is_generation(recipe)
     terms = slo.parse(req.slo, generation)
-    engine = req.engine or recipe.targets[0].id
     if req.engine and req.engine not in {t.id for t in recipe.targets}:
         raise InputError(f"--engine {req.engine}: `{recipe.name}` has no such target",
                          f"one of {', '.join(t.id for t in recipe.targets)}")
@@ -92,11 +103,13 @@ def run(req: Request) -> None:
         url = proc.url if proc else req.url
         info = proc.ready_info if proc else server.wait_ready(url, 30.0)
         pid = proc.pid if proc else req.server_pid
+        engine = req.engine or info.get("engine") or recipe.targets[0].id  # what the server says
         console.print(f"load: {url} ({'started here, ' + f'{proc.started_s:.1f} s to ready' if proc else 'running'}); "
                       f"{len(bodies)} request bodies from {requests_info['source']}")
         test = LoadTest(client.Target(url, generate=generation), bodies, settings, pid,
                         on_point=lambda p: console.print(_line(p)))
         result = _measure(test, mode, req)
+        stats = server.stats(url)  # the server's own view (load time, memory, batches), if any
     result.update({
         "schema": 1, "recipe": folder, "engine": engine, "name": req.name, "created": now(),
         "url": url, "mode": mode, "arrival": schedule.describe(req.arrival, req.burstiness),
@@ -106,7 +119,8 @@ def run(req: Request) -> None:
                    "min_requests": req.min_requests, "timeout_s": req.timeout,
                    "process": "pipeline load (its own process; aiohttp, one event loop)"},
         "server": {"started_here": bool(req.start_server), "ready": info,
-                   "ready_after_s": proc.started_s if proc else None, "sampled_pid": pid},
+                   "ready_after_s": proc.started_s if proc else None, "sampled_pid": pid,
+                   "serve_overrides": list(req.overrides), "stats": stats},
     })
     png = logs / "plot.png"
     if mode == "soak":

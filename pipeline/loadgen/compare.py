@@ -23,15 +23,26 @@ from pipeline.errors import InputError
 SAME_RATE = 0.02
 
 
-def _loads(recipe, root: Path) -> list[dict]:
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """`RECIPE[:NAME]` -> (RECIPE, NAME): NAME picks the load files of one serving variant
+    (`pipeline load --name NAME`); without it, the files of the unnamed one."""
+    if ":" in ref and not ref.endswith((".yaml", ".yml")):
+        recipe, _, name = ref.rpartition(":")
+        return recipe, name or None
+    return ref, None
+
+
+def _loads(recipe, name: str | None, root: Path) -> list[dict]:
     from pipeline.folders import folder_name
     from pipeline.loadgen.artifact import recorded_loads
     from pipeline.store import Store
 
     store = Store(root, folder_name(recipe))
     loads = recorded_loads(store) if (store.dir / "manifest.json").is_file() else []
+    loads = [r for r in loads if r.get("name") == name]
     if not loads:
-        raise InputError(f"{store.dir}: no load results (load-*.json)",
+        what = f"load results named {name}" if name else "load results (load-*.json)"
+        raise InputError(f"{store.dir}: no {what}",
                          f"run `pipeline load {folder_name(recipe)} --serve --slo p99=...` first")
     return loads
 
@@ -81,15 +92,21 @@ def same_rate_lines(a: list[dict], b: list[dict]) -> list[dict]:
     return sorted(out, key=lambda r: r["rate"])
 
 
-def compare_loads(recipes: list, root: Path) -> tuple[dict, Path]:
-    from pipeline.folders import folder_name
+def compare_loads(refs: list[str], overrides: tuple[str, ...], root: Path) -> tuple[dict, Path]:
+    """refs: `RECIPE[:NAME]` each (see split_ref)."""
+    from pipeline import folders
     from pipeline.store import write_atomic
 
-    if len(recipes) != 2:
-        raise InputError(f"compare --load takes two recipes, not {len(recipes)}",
+    if len(refs) != 2:
+        raise InputError(f"compare --load takes two recipes, not {len(refs)}",
                          "e.g. pipeline compare minilm minilm-int8 --load")
-    names = [folder_name(r) for r in recipes]
-    a, b = (_loads(r, root) for r in recipes)
+    parts = [split_ref(r) for r in refs]
+    recipes = [folders.load(ref, overrides, root) for ref, _ in parts]
+    names = [folders.folder_name(r) + (f"-{n}" if n else "") for r, (_, n) in zip(recipes, parts)]
+    if names[0] == names[1]:
+        raise InputError(f"compare --load {refs[0]} {refs[1]}: the same results twice",
+                         "name a serving variant, e.g. minilm-int8 minilm-int8:b1")
+    a, b = (_loads(r, n, root) for r, (_, n) in zip(recipes, parts))
     result = {"a": names[0], "b": names[1], "capacity": capacity_line(a, b),
               "same_rate": same_rate_lines(a, b)}
     if result["capacity"] is None and not result["same_rate"]:
@@ -129,11 +146,11 @@ def lines(result: dict) -> list[str]:
     return out
 
 
-def show(recipes: list, root: Path) -> None:
+def show(refs: list[str], overrides: tuple[str, ...], root: Path) -> None:
     """compare --load: write and print."""
     from pipeline.ui import console, out
 
-    result, folder = compare_loads(recipes, root)
+    result, folder = compare_loads(list(refs), overrides, root)
     for line in lines(result):
         out.print(line, markup=False)
     console.print(f"compare: {folder / 'compare-load.md'}")

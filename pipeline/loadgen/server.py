@@ -27,10 +27,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ready(url: str, timeout: float = 2.0) -> dict | None:
+def stats(url: str) -> dict | None:
+    """GET {url}/stats (the server's load time, memory, batch sizes), or None."""
+    return ready(url, 10.0, "stats") or None
+
+
+def ready(url: str, timeout: float = 2.0, what: str = "ready") -> dict | None:
     """GET {url}/ready: its JSON (or {}) when it answers 200, else None."""
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/ready", timeout=timeout) as resp:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/{what}", timeout=timeout) as resp:
             if resp.status != 200:
                 return None
             body = resp.read()
