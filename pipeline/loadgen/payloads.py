@@ -6,11 +6,11 @@ sentences (data/sentences/pairs.jsonl) tokenized by the recipe's tokenizer (pipe
 so requests have the real spread of lengths a length-bucketing batcher meets. A recipe
 without validation data gets its random feeds at the opt shape (said so in `source`).
 
-Generation recipes: prompts from the validation split's rows when it has text data, else the
+Generation recipes: prompts from the validation split's rows when it is text, else the
 workload's own seeded prompts at batch 1 (pipeline.generation.workload), each asking for the
 workload's `new_tokens`.
 
-Bodies follow docs/serving.md: {"inputs": {name: nested list of one sample, no batch dim}}
+Bodies follow docs/serving.md: {"inputs": {name: nested list of one sample, batch dim 1}}
 and {"prompt_ids": [...], "max_new_tokens": n, "stream": true}.
 """
 
@@ -26,8 +26,8 @@ def is_generation(recipe: Recipe) -> bool:
 
 
 def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:
-    """Samples (name -> array without the batch dim, trimmed to real length) and where
-    they came from."""
+    """Samples (name -> array [1, ...]: one row, the batch dim kept, trimmed to its real
+    length) and where they came from. A recipe whose first dim is fixed sends whole feeds."""
     from pipeline import data
 
     split = data.split(recipe, "validation")
@@ -38,18 +38,19 @@ def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:
     else:
         feeds, masks = split.feeds, split.masks
         source = f"validation split: {split.provenance.get('source')}"
+    per_row = bool(recipe.inputs[0].shape) and not isinstance(recipe.inputs[0].shape[0], int)
     rows = []
     for f, feed in enumerate(feeds):
         mask = feed.get("attention_mask")
         if mask is None and masks is not None:
             mask = masks[f]
-        batch = next(iter(feed.values())).shape[0]
+        batch = next(iter(feed.values())).shape[0] if per_row else 1
         for i in range(batch):
-            row = {name: np.asarray(a[i]) for name, a in feed.items()}
-            if mask is not None:
+            row = {name: np.asarray(a[i:i + 1] if per_row else a) for name, a in feed.items()}
+            if mask is not None and per_row:
                 length = max(2, int(np.asarray(mask[i]).sum()))
                 full = np.asarray(mask).shape[1]
-                row = {k: (v[:length] if v.ndim >= 1 and v.shape[0] == full else v)
+                row = {k: (v[:, :length] if v.ndim >= 2 and v.shape[1] == full else v)
                        for k, v in row.items()}
             rows.append(row)
     return rows, source
@@ -61,17 +62,20 @@ def bodies(recipe: Recipe) -> tuple[list[dict], dict]:
         return _generation_bodies(recipe)
     rows, source = _rows(recipe)
     out = [{"inputs": {k: v.tolist() for k, v in row.items()}} for row in rows]
-    lengths = [next(iter(row.values())).shape[0] if next(iter(row.values())).ndim else 1
-               for row in rows]
+    first = [next(iter(row.values())) for row in rows]
+    lengths = [a.shape[1] if a.ndim >= 2 else 1 for a in first]  # [1, T]: T
     return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)]}
 
 
 def _generation_bodies(recipe: Recipe) -> tuple[list[dict], dict]:
     spec = recipe.workload
     longest = max(spec.prompt_lengths)
-    if recipe.data.validation is not None:
+    from pipeline import data
+
+    split = data.split(recipe, "validation")
+    if split is not None and split.masks is not None:  # text: real prompts
         rows, source = _rows(recipe)
-        prompts = [row["input_ids"][:longest].tolist() for row in rows]
+        prompts = [row["input_ids"][0, :longest].tolist() for row in rows]
     else:
         from pipeline.generation.validate import workload_requests
 
