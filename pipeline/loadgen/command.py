@@ -75,10 +75,11 @@ def mode_of(req: Request) -> str:
 
 
 def run(req: Request) -> None:
-    from pipeline import deps, folders
+    from pipeline import deps
     from pipeline.loadgen import artifact, client, payloads, plots, schedule, server, slo
     from pipeline.loadgen.loadtest import LoadTest, Settings
-    from pipeline.store import Store, now
+    from pipeline.store import folder_names as folders
+    from pipeline.store.recipe_folder import Store, now
     from pipeline.ui import console
 
     mode = mode_of(req)

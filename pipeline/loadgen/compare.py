@@ -33,9 +33,9 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 
 def _loads(recipe, name: str | None, root: Path) -> list[dict]:
-    from pipeline.folders import folder_name
     from pipeline.loadgen.artifact import recorded_loads
-    from pipeline.store import Store
+    from pipeline.store.folder_names import folder_name
+    from pipeline.store.recipe_folder import Store
 
     store = Store(root, folder_name(recipe))
     loads = recorded_loads(store) if (store.dir / "manifest.json").is_file() else []
@@ -94,8 +94,8 @@ def same_rate_lines(a: list[dict], b: list[dict]) -> list[dict]:
 
 def compare_loads(refs: list[str], overrides: tuple[str, ...], root: Path) -> tuple[dict, Path]:
     """refs: `RECIPE[:NAME]` each (see split_ref)."""
-    from pipeline import folders
-    from pipeline.store import write_atomic
+    from pipeline.store import folder_names as folders
+    from pipeline.store.recipe_folder import write_atomic
 
     if len(refs) != 2:
         raise InputError(f"compare --load takes two recipes, not {len(refs)}",
