@@ -106,13 +106,17 @@ def _handler(b: Behaviour):
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a stall piles up connections: never refuse one for backlog
+    daemon_threads = True
+
+
 class FakeServer:
     """Context manager: the server on a free port in a thread; `.url` is a model's base URL."""
 
     def __init__(self, behaviour: Behaviour | None = None, model: str = "m"):
         self.behaviour = behaviour or Behaviour()
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self.behaviour))
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", 0), _handler(self.behaviour))
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/models/{model}"
 
     def __enter__(self) -> FakeServer:
@@ -128,10 +132,7 @@ class FakeServer:
 if __name__ == "__main__":  # `python -m tests.loadgen_server PORT`: a standalone echo server
     import sys
 
-    server = FakeServer()
-    server.httpd.server_close()
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 8765
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler(Behaviour()))
-    httpd.daemon_threads = True
+    httpd = _Server(("127.0.0.1", port), _handler(Behaviour()))
     print(f"http://127.0.0.1:{port}/v1/models/m", flush=True)
     httpd.serve_forever()

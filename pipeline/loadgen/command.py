@@ -103,7 +103,7 @@ def run(req: Request) -> None:
     with serving as proc:
         url = proc.url if proc else req.url
         info = proc.ready_info if proc else server.wait_ready(url, 30.0)
-        pid = proc.pid if proc else req.server_pid
+        pid = proc.pid if proc else (req.server_pid or _replica_pid(url))
         engine = req.engine or info.get("engine") or recipe.targets[0].id  # what the server says
         console.print(f"load: {url} ({'started here, ' + f'{proc.started_s:.1f} s to ready' if proc else 'running'}); "
                       f"{len(bodies)} request bodies from {requests_info['source']}")
@@ -166,6 +166,17 @@ def _probe_rate(test) -> float:
     finally:
         test.settings, test.on_point = saved, on_point
     return max(point["achieved_rate"], 0.1)
+
+
+def _replica_pid(url: str) -> int | None:
+    """With --url and no --server-pid: the replica's pid from the server's /stats, when that
+    process runs on this machine (a remote one is not sampled)."""
+    import psutil
+
+    from pipeline.loadgen import server
+
+    pid = (server.stats(url) or {}).get("pid")
+    return pid if isinstance(pid, int) and psutil.pid_exists(pid) else None
 
 
 def _line(p: dict) -> str:
