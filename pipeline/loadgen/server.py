@@ -20,6 +20,8 @@ from pathlib import Path
 
 from pipeline.errors import InputError, StageFailed
 
+SERVING_LINE = "Ctrl-C or SIGTERM stops it"  # what `pipeline serve` prints once it serves for good
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -88,11 +90,22 @@ class ServeProcess:
                                      start_new_session=True)
         try:
             self.ready_info = wait_ready(self.url, self.start_timeout, self.proc)
+            self._settle()
         except BaseException:
             self.__exit__()
             raise
         self.started_s = time.monotonic() - t0
         return self
+
+    def _settle(self, most_s: float = 180.0) -> None:
+        """`pipeline serve` answers /ready before it has finished checking its first answer
+        against the engine in process (which takes CPU): wait for the line it prints when it
+        starts serving for good, at most `most_s` seconds (then go on: the warm-up absorbs it)."""
+        end = time.monotonic() + most_s
+        while time.monotonic() < end and self.proc.poll() is None:
+            if SERVING_LINE in self.log.read_text(errors="replace"):
+                return
+            time.sleep(0.5)
 
     @property
     def pid(self) -> int | None:
