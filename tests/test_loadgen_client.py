@@ -186,3 +186,19 @@ def test_pipeline_load_soak_reports_windows_and_a_verdict(project):
     assert any((w["rss_mib"] or 0) > 0 for w in loaded.soak.windows)  # this process, sampled
     assert loaded.soak.verdict["leak"] in ("leak", "no leak", "inconclusive")
     assert "soak:" in result.err
+
+
+def test_load_help_imports_no_client_ray_or_torch():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = ("import sys; import pipeline.cli as c; from click.testing import CliRunner; "
+            "r = CliRunner().invoke(c.cli, ['load', '--help']); assert r.exit_code == 0, r.output; "
+            "print(sorted(m for m in ('aiohttp', 'ray', 'torch', 'psutil', 'numpy', 'matplotlib') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
