@@ -1,8 +1,6 @@
 """The `pipeline` command: one subcommand per stage, each loads a recipe and calls run.py.
 
-Imports here stay light (click, rich, pydantic): torch and onnxruntime are imported by the
-stages only when there is work to do, so `pipeline --help` is instant.
-"""
+Imports stay light (click, rich, pydantic; no torch, onnxruntime, ray): `--help` is instant."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ import click
 from pipeline import __version__
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
+from pipeline.serving.cli import serve_command
 
 _debug = False
 
@@ -356,6 +355,7 @@ def inspect_command(onnx_file, as_json):
     for part in onnx_info.render(info):
         out.print(part)
 cli.add_command(__import__("pipeline.loadgen.cli", fromlist=["_"]).load_command)  # `pipeline load`
+cli.add_command(debug_option(serve_command))
 
 
 def _fail(message: str, code: int) -> None:
@@ -382,12 +382,9 @@ def main(argv: list[str] | None = None) -> None:
         interrupted = isinstance(e.__cause__, KeyboardInterrupt)
         click.echo(INTERRUPTED if interrupted else "Aborted.", err=True)
         sys.exit(130)
-    except click.exceptions.NoArgsIsHelpError as e:  # bare `pipeline`: the help, a success
+    except click.ClickException as e:  # bare `pipeline` (NoArgsIsHelpError): the help, exit 0
         e.show()
-        sys.exit(0)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
+        sys.exit(0 if isinstance(e, click.exceptions.NoArgsIsHelpError) else e.exit_code)
     except OSError as e:  # the machine's to fix (disk full, read-only, permissions): no trace
         _fail(f"Error: {e} (rerun with --debug for the trace)", 4)
     except KeyboardInterrupt:
