@@ -50,12 +50,22 @@ def ready(url: str, timeout: float = 2.0, what: str = "ready") -> dict | None:
     return data if isinstance(data, dict) else {}
 
 
-def wait_ready(url: str, deadline_s: float, proc: subprocess.Popen | None = None) -> dict:
+def _tail(log: Path | None) -> str:
+    """The server's last `Error:` line (or last line), for a message."""
+    if log is None or not log.is_file():
+        return ""
+    lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("Error:")]
+    return (errors or lines or [""])[-1].strip()
+
+
+def wait_ready(url: str, deadline_s: float, proc: subprocess.Popen | None = None,
+               log: Path | None = None) -> dict:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
             raise StageFailed(f"`pipeline serve` exited with code {proc.returncode} before it was "
-                              "ready", "see its output above; try `pipeline serve RECIPE` alone")
+                              f"ready: {_tail(log)[:300]}", f"its whole output: {log}")
         info = ready(url)
         if info is not None:
             return info
@@ -89,7 +99,7 @@ class ServeProcess:
         self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         try:
-            self.ready_info = wait_ready(self.url, self.start_timeout, self.proc)
+            self.ready_info = wait_ready(self.url, self.start_timeout, self.proc, self.log)
             self._settle()
         except BaseException:
             self.__exit__()
