@@ -39,6 +39,10 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print
 '''
 
 
+def _ms(q: dict) -> str:
+    return "inf" if q["value"] is None else f"{q['value']:.2f}"
+
+
 def _cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -71,12 +75,15 @@ def main() -> None:
             cpu = _cpu_s() - cpu0
             point["client_cpu_us_per_request"] = cpu / max(1, len(outcomes)) * 1e6
             points.append(point)
-            print(f"{rate:7.0f}/s offered: achieved {point['achieved_rate']:7.1f}/s, late "
+            print(f"{rate:7.0f}/s offered ({point['scheduled_rate']:.1f} scheduled): achieved "
+                  f"{point['achieved_rate']:7.1f}/s, failed {point['requests'] - point['ok']}, late "
                   f"{point['late']['share']:6.1%} (p99 {point['late']['p99_ms']:6.1f} ms), round trip "
-                  f"p50 {point['latency_ms']['p50']['value']:.2f} ms p99 "
-                  f"{point['latency_ms']['p99']['value'] or float('inf'):.2f} ms, client CPU "
-                  f"{point['client_cpu_us_per_request']:.0f} us/request, echo CPU "
+                  f"p50 {_ms(point['latency_ms']['p50'])} ms p99 {_ms(point['latency_ms']['p99'])} "
+                  f"ms, client CPU {point['client_cpu_us_per_request']:.0f} us/request, echo CPU "
                   f"{(point['resources'] or {}).get('cpu_pct_mean', 0):.0f}%", flush=True)
+            if point["late"]["share"] > 0.5 and point["achieved_rate"] < 0.9 * point["scheduled_rate"]:
+                print("the client has fallen over: higher rates would only say so again", flush=True)
+                break
     finally:
         echo.terminate()
         echo.wait(10)
@@ -100,10 +107,9 @@ def main() -> None:
              "| offered/s | achieved/s | sent late | late p99 ms | round trip p50 ms | p99 ms "
              "| client CPU us/request | echo CPU % |", "|---|---|---|---|---|---|---|---|"]
     for p in points:
-        p99 = p["latency_ms"]["p99"]["value"]
         lines.append(f"| {p['offered_rate']:.0f} | {p['achieved_rate']:.1f} | {p['late']['share']:.1%} "
-                     f"| {p['late']['p99_ms']:.1f} | {p['latency_ms']['p50']['value']:.2f} | "
-                     f"{'inf' if p99 is None else f'{p99:.2f}'} | {p['client_cpu_us_per_request']:.0f} | "
+                     f"| {p['late']['p99_ms']:.1f} | {_ms(p['latency_ms']['p50'])} | "
+                     f"{_ms(p['latency_ms']['p99'])} | {p['client_cpu_us_per_request']:.0f} | "
                      f"{(p['resources'] or {}).get('cpu_pct_mean', 0):.0f} |")
     (args.out / f"loadgen-overhead-{stamp}.md").write_text("\n".join(lines) + "\n")
     print(f"client ceiling: {ceiling} requests/s; written to {args.out}")
