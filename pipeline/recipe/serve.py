@@ -24,7 +24,7 @@ class ServeSpec(Strict):
         None, ge=1, description="Most requests (rows) in one batch. Default: the max of the "
         "inputs' `batch` dim (1 when the inputs have none). Triton: `max_batch_size`.")
     max_queue_delay_us: int = Field(
-        100, ge=0, le=10_000_000, description="How long (microseconds) the oldest queued request "
+        100, ge=0, le=60_000_000, description="How long (microseconds) the oldest queued request "
         "may wait for a fuller batch before whatever is queued is sent. Triton: "
         "`max_queue_delay_microseconds`.")
     preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(

@@ -62,12 +62,10 @@ def max_ongoing(spec, max_batch: int) -> int:
 def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: int,
                max_replicas_per_node: int | None = None):
     """The bound Ray Serve application (not yet running)."""
-    from fastapi import FastAPI
     from ray import serve
 
     from pipeline.recipe.serve import batch_dim
 
-    api = FastAPI(title=f"pipeline serve {recipe.name}")
     batch = batch_dim(recipe.inputs)
     most = (spec.max_batch_size or batch.max) if batch else 1
     threads = spec.threads or max(1, int(spec.replica_cpus))
@@ -77,15 +75,24 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
     if max_replicas_per_node:
         options["max_replicas_per_node"] = max_replicas_per_node
 
+    # The FastAPI app is built in each replica, after its engine loaded (Ray Serve's late-bound
+    # ingress): its routes reach this replica's own Replica object.
     @serve.deployment(name=f"{recipe.name}", **options)
-    @serve.ingress(api)
+    @serve.ingress()
     class EngineServer:
         def __init__(self):
-            from pipeline.serving import http_api
             from pipeline.serving.replica import Replica
 
             self.replica = Replica(recipe, Path(engines_root), engine, spec, threads)
+
+        def __serve_build_asgi_app__(self):
+            from fastapi import FastAPI
+
+            from pipeline.serving import http_api
+
+            api = FastAPI(title=f"pipeline serve {recipe.name}")
             http_api.routes(api, lambda: self.replica, recipe.name)
+            return api
 
         async def infer_arrays(self, inputs: dict) -> dict:
             """The in-process handle's call: arrays in, the same answer as HTTP's."""
