@@ -30,7 +30,7 @@ def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None 
     plt = _plt()
     pts = sorted(points, key=lambda p: p["offered_rate"])
     x = np.asarray([p["offered_rate"] for p in pts])
-    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
     for name, style in (("p50", "o-"), ("p99", "s-")):
         v, lo, hi = _q(pts, name)
         shown = np.where(np.isfinite(v), v, np.nan)

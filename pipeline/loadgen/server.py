@@ -116,6 +116,9 @@ class ServeProcess:
             if SERVING_LINE in self.log.read_text(errors="replace"):
                 return
             time.sleep(0.5)
+        if self.proc.poll() is not None:
+            raise StageFailed(f"`pipeline serve` exited with code {self.proc.returncode} after it "
+                              f"was ready: {_tail(self.log)[:300]}", f"its whole output: {self.log}")
 
     @property
     def pid(self) -> int | None:
