@@ -31,8 +31,10 @@ def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None 
     pts = sorted(points, key=lambda p: p["offered_rate"])
     x = np.asarray([p["offered_rate"] for p in pts])
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    finite = False
     for name, style in (("p50", "o-"), ("p99", "s-")):
         v, lo, hi = _q(pts, name)
+        finite = finite or bool(np.isfinite(v).any())
         shown = np.where(np.isfinite(v), v, np.nan)
         err = np.vstack([np.clip(shown - lo, 0, None), np.clip(hi - shown, 0, None)])
         ax.errorbar(x, shown, yerr=np.nan_to_num(err), fmt=style, capsize=3, label=f"{name} (95% CI)")
@@ -44,7 +46,8 @@ def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None 
                         ha="center", fontsize=7, color="green" if p["passed"] else "red")
     ax.set(xlabel="offered rate (requests/s)", ylabel="latency from scheduled send (ms)",
            title="latency vs offered load (failed requests count as infinite)")
-    ax.set_yscale("log")
+    if finite:  # a point where every request failed has no latency to draw
+        ax.set_yscale("log")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax_r.plot(x, x, color="grey", linestyle=":", label="achieved = offered")
