@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import StageError
+from pipeline.errors import StageFailed
 
 TOLERANCE = 1e-4  # max |HTTP - in process|, relative to the output's largest magnitude
 PROBE_TOKENS = 4
@@ -46,29 +46,29 @@ def post(url: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
 
 
 def first_request(server, recipe) -> tuple[dict, dict, float]:
-    """(the probe, the answer, its round trip in ms); StageError when it is not a 200."""
+    """(the probe, the answer, its round trip in ms); StageFailed when it is not a 200."""
     body = probe(recipe)
     route = "generate" if recipe.workload.kind == "generation" else "infer"
     start = time.perf_counter()
     status, answer = post(f"{server.url}/{route}", body)
     elapsed = (time.perf_counter() - start) * 1e3
     if status != 200:
-        raise StageError(f"the served engine answered the first request with HTTP {status}: "
+        raise StageFailed(f"the served engine answered the first request with HTTP {status}: "
                          f"{answer.get('error', answer)}")
     return body, answer, elapsed
 
 
 def check(recipe, engines_root: Path, engine: str | None, body: dict, answer: dict,
           threads: int | None) -> str:
-    """Compare the HTTP answer with the engine run here; StageError naming the difference."""
+    """Compare the HTTP answer with the engine run here; StageFailed naming the difference."""
     from pipeline.serving.engine import ServedEngine, choose
 
     served = ServedEngine(recipe, choose(recipe, engines_root, engine), threads)
     try:
         if served.generation:
             here = list(served.generate(body["prompt_ids"], body["max_new_tokens"]))
-            if answer["tokens"] != here:
-                raise StageError(f"served tokens {answer['tokens']} differ from the engine's in "
+            if answer["token_ids"] != here:
+                raise StageFailed(f"served tokens {answer['token_ids']} differ from the engine's in "
                                  f"process {here}")
             return "tokens equal"
         from pipeline.serving.collate import DTYPES
@@ -81,12 +81,12 @@ def check(recipe, engines_root: Path, engine: str | None, body: dict, answer: di
     for name, value in here.items():
         got = np.asarray(answer["outputs"][name], dtype=np.float64)
         if got.shape != value.shape:
-            raise StageError(f"served output `{name}` has shape {list(got.shape)}, in process "
+            raise StageFailed(f"served output `{name}` has shape {list(got.shape)}, in process "
                              f"{list(value.shape)}")
         scale = max(float(np.abs(value).max()), 1e-12)
         worst = max(worst, float(np.abs(got - value).max()) / scale)
     if not worst <= TOLERANCE:
-        raise StageError(f"served outputs differ from the engine's in process by {worst:.3g} "
+        raise StageFailed(f"served outputs differ from the engine's in process by {worst:.3g} "
                          f"(relative; allowed {TOLERANCE:g})")
     return f"max |diff| / max |value| {worst:.2g} <= {TOLERANCE:g}"
 

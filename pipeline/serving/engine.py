@@ -97,7 +97,7 @@ def output_axes(recipe, graph: Path | None) -> dict[str, dict[int, str]]:
     from pipeline import safe_files
 
     symbols = set(variable_dims(recipe.inputs))
-    model = onnx.load_from_string(safe_files.read_bytes(graph), load_external_data=False)
+    model = onnx.load_from_string(safe_files.read_bytes(graph))
     return {o.name: {axis: d.dim_param for axis, d in enumerate(o.type.tensor_type.shape.dim)
                      if axis and d.dim_param in symbols}
             for o in model.graph.output}
