@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 APP = "pipeline"  # the Ray Serve application name (one per Ray cluster)
+STARTS = 3  # tries to start a local Ray (see local_ray)
 
 
 def free_port() -> int:
@@ -39,11 +40,19 @@ def local_ray(num_cpus: int | None = None, address: str | None = None):
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 _system_config={"metrics_report_interval_ms": 60_000})
+    for attempt in range(STARTS):
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         log_to_driver=False, _system_config={"metrics_report_interval_ms": 60_000})
+            break
+        except Exception as e:
+            # Ray gives its raylet a fixed 30 s to register; a busy machine can miss that
+            if "timed out during startup" not in str(e) or attempt == STARTS - 1:
+                raise
+            ray.shutdown()
     try:
         yield
     finally:

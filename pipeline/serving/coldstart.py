@@ -67,8 +67,8 @@ def check(recipe, engines_root: Path, engine: str | None, body: dict, answer: di
     try:
         if served.generation:
             here = list(served.generate(body["prompt_ids"], body["max_new_tokens"]))
-            if answer["tokens"] != here:
-                raise StageFailed(f"served tokens {answer['tokens']} differ from the engine's in "
+            if answer["token_ids"] != here:
+                raise StageFailed(f"served tokens {answer['token_ids']} differ from the engine's in "
                                  f"process {here}")
             return "tokens equal"
         from pipeline.serving.collate import DTYPES

@@ -18,8 +18,8 @@ Errors: 400 {"error": one line} for a bad request, 404 for another recipe, 503 {
 reach the replica through `get_replica()` (the Ray Serve deployment's, or a test's).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request)
+# as objects; as strings they would not resolve inside routes() and become query parameters.
 import io
 import json
 
@@ -113,7 +113,7 @@ def routes(app, get_replica, recipe_name: str) -> None:
         if body.get("stream", True):
             return StreamingResponse(lines(), media_type="application/x-ndjson")
         items = [first] + [item async for item in tokens]
-        return JSONResponse({"tokens": [i["token"] for i in items if "token" in i], **items[-1]})
+        return JSONResponse({"token_ids": [i["token"] for i in items if "token" in i], **items[-1]})
 
 
 def _json(body: bytes) -> dict:
