@@ -96,8 +96,11 @@ class ServeProcess:
         out = open(self.log, "wb")  # noqa: SIM115 - closed in __exit__
         self._out = out
         t0 = time.monotonic()
+        # a local Ray of its own: ray.init() with no address joins the latest `ray start`
+        # cluster on the machine (Ray's documented lookup), another user's, unless told "local"
+        env = {**os.environ, "RAY_ADDRESS": os.environ.get("RAY_ADDRESS", "local")}
         self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         try:
             self.ready_info = wait_ready(self.url, self.start_timeout, self.proc, self.log)
             self._settle()
