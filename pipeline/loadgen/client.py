@@ -49,6 +49,7 @@ class Outcome:
     compute_ms: float | None = None
     batch_size: int | None = None
     tokens: list[float] = field(default_factory=list)  # arrival of each streamed token
+    server: dict = field(default_factory=dict)  # generation: the server's own ttft/tpot (ms)
     error: str | None = None
 
     @property
@@ -80,6 +81,7 @@ async def _exchange(session, target: Target, body: dict, out: Outcome, t0: float
                 out.tokens.append(time.perf_counter() - t0)
             elif message.get("done"):
                 out.queue_ms, out.batch_size = message.get("queue_ms"), message.get("batch_size")
+                out.server = {k: message[k] for k in ("ttft_ms", "tpot_ms") if k in message}
                 out.status = "ok"
             elif "error" in message:
                 out.status, out.error = "error", str(message["error"])[:200]

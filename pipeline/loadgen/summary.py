@@ -144,6 +144,10 @@ def summarize(outcomes: list[Outcome], *, warmup: float, window: float, offered_
             "e2e_ms": point["latency_ms"],
             "tokens_per_s": float(sum(ok_tokens)) / span if n else 0.0,
             "mean_tokens": float(np.mean(ok_tokens)) if ok_tokens else 0.0,
+            # what the server measured itself (from arrival): a TPOT far above the client's
+            # means tokens reached the client in bursts, not one by one
+            "server_ttft_ms": _spread(o.server.get("ttft_ms") for o in measured),
+            "server_tpot_ms": _spread(o.server.get("tpot_ms") for o in measured),
         }
     point["passed"] = passed(point) if terms else None
     return point
