@@ -49,14 +49,16 @@ def markdown(loads: list[dict]) -> list[str]:
                 f"{'—' if p['passed'] is None else ('pass' if p['passed'] else 'fail')} |")
         gen = [p for p in r["points"] if p.get("generation")]
         if gen:
-            lines += ["", "| offered/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p99 ms | tokens/s |",
-                      "|---|---|---|---|---|"]
+            lines += ["", "| offered/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p99 ms | tokens/s "
+                      "| server TTFT / TPOT p50 ms |", "|---|---|---|---|---|---|"]
             for p in gen:
                 g = p["generation"]
+                st, sp = g.get("server_ttft_ms") or {}, g.get("server_tpot_ms") or {}
                 lines.append(f"| {p['offered_rate']:.2f} | {_ms(g['ttft_ms']['p50'])} / "
                              f"{_ms(g['ttft_ms']['p99'])} | {_ms(g['tpot_ms']['p50'])} / "
                              f"{_ms(g['tpot_ms']['p99'])} | {_ms(g['itl_ms']['p99'])} | "
-                             f"{g['tokens_per_s']:.1f} |")
+                             f"{g['tokens_per_s']:.1f} | {_num(st.get('p50'), '.1f')} / "
+                             f"{_num(sp.get('p50'), '.1f')} |")
         if r.get("soak"):
             v = r["soak"]["verdict"]
             m = v.get("memory_slope_mib_per_hour") or {}
