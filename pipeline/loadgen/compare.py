@@ -124,14 +124,18 @@ def _f(x, spec=".2f") -> str:
     return "—" if x is None else format(x, spec)
 
 
+def _pair(bracket: list) -> str:
+    return "[" + ", ".join("—" if x is None else f"{x:.2f}" for x in bracket) + "]"
+
+
 def lines(result: dict) -> list[str]:
     a, b = result["a"], result["b"]
     out = [f"# Serving: {b} (B) against {a} (A)", ""]
     c = result["capacity"]
     if c:
         lo, hi = c["interval"]
-        out += [f"Capacity at the SLO: A {c['a']['capacity']:.2f}/s (bracket {c['a']['bracket']}), "
-                f"B {c['b']['capacity']:.2f}/s (bracket {c['b']['bracket']}): B/A "
+        out += [f"Capacity at the SLO: A {c['a']['capacity']:.2f}/s (bracket {_pair(c['a']['bracket'])}), "
+                f"B {c['b']['capacity']:.2f}/s (bracket {_pair(c['b']['bracket'])}): B/A "
                 f"**{_f(c['ratio'])}x** [{_f(lo)}, {_f(hi, '.2f') if hi else '∞'}] (from the "
                 f"search brackets): **{c['verdict']}**.", ""]
     if result["same_rate"]:
