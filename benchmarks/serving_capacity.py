@@ -11,7 +11,7 @@ Needs the engines built (`pipeline run minilm-int8|minilm|lm-gen --target onnxru
 Each step is a `pipeline` subprocess; their outputs (load-*.json/png, compare-load.md) are
 copied to benchmarks/results/serving-<date>/ with a summary serving-<date>.md.
 
-    HF_HUB_OFFLINE=1 PYTHONPATH=. nice python benchmarks/serving_capacity.py [--slo p99=100ms]
+    HF_HUB_OFFLINE=1 PYTHONPATH=. nice python benchmarks/serving_capacity.py [--slo p99=200ms]
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def pipeline(*args: str) -> tuple[int, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--slo", default="p99=100ms")
+    parser.add_argument("--slo", default="p99=200ms")
     parser.add_argument("--gen-slo", default="ttft=1000ms,tpot=200ms")
     parser.add_argument("--gen-rates", default="0.5,2")
     parser.add_argument("--max-points", default="6")
