@@ -83,7 +83,8 @@ def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overr
         signal.signal(sig, lambda *_: stop.set())
     with app.local_ray(num_cpus, address):
         ray_up = time.perf_counter() - started
-        server = app.start(loaded, engines_dir, choice.target, spec, replicas, host, port)
+        server = app.start(loaded, engines_dir, choice.target, spec, replicas, host, port,
+                           owns_serve=not address)
         ready = time.perf_counter() - started
         body, answer, first_ms = coldstart.first_request(server, loaded)
         cold = time.perf_counter() - started
