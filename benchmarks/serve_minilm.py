@@ -65,10 +65,10 @@ def sentences() -> list[dict[str, np.ndarray]]:
 
 
 def same_embeddings(name: str, engines: Path, feeds: list[dict]) -> dict:
-    from pipeline.folders import load
     from pipeline.serving import app
     from pipeline.serving.coldstart import post
     from pipeline.serving.engine import ServedEngine, choose
+    from pipeline.store.folder_names import load
 
     recipe = load(name, (), engines)
     with app.local_ray(num_cpus=2):

@@ -61,8 +61,8 @@ def tiny(tmp_path_factory):
 
 
 def _recipe(tiny, **serve):
-    from pipeline.folders import load
     from pipeline.recipe.serve import ServeSpec
+    from pipeline.store.folder_names import load
 
     recipe = load(str(tiny.path / "recipes" / "tiny-bert.yaml"), FAST_SETS, tiny.engines)
     if serve:

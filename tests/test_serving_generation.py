@@ -25,9 +25,9 @@ def built_gen(tmp_path_factory) -> Project:
 
 def test_a_generation_engine_streams_the_tokens_it_generates_in_process(built_gen):
     pytest.importorskip("ray.serve")
-    from pipeline.folders import load
     from pipeline.serving import app
     from pipeline.serving.engine import ServedEngine, choose
+    from pipeline.store.folder_names import load
 
     recipe = load(built_gen.built.name, (), built_gen.engines)
     prompt = [5, 17, 99, 3, 42, 7]

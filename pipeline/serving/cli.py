@@ -16,6 +16,8 @@ from pathlib import Path
 
 import click
 
+from pipeline.cli_options import debug_option
+
 
 def _serve_overrides(recipe, items: tuple[str, ...]):
     """`--set serve.KEY=VALUE` on top of the recipe's serve section (never another section:
@@ -60,6 +62,7 @@ def _serve_overrides(recipe, items: tuple[str, ...]):
               "cold start, and stop.")
 @click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path), default="engines",
               show_default=True, envvar="PIPELINE_ENGINES", help="Where the engines/<recipe>/ folders are.")
+@debug_option
 def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overrides, check_only,
                   engines_dir):
     """Serve a built engine of RECIPE over HTTP (Ray Serve, dynamic batching).
@@ -68,10 +71,10 @@ def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overr
     /generate for generation engines; GET .../ready, .../stats, /health. See docs/serving.md.
     """
     started = time.perf_counter()
-    from pipeline.folders import load
     from pipeline.serving import app, coldstart
     from pipeline.serving.engine import choose
-    from pipeline.store import now
+    from pipeline.store.folder_names import load
+    from pipeline.store.recipe_folder import now
     from pipeline.ui import console
 
     when = now()

@@ -29,7 +29,7 @@ def probe(recipe) -> dict:
         high = int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else 256
         prompt = [int(t) for t in np.random.default_rng(0).integers(1, min(high, 256), 8)]
         return {"prompt_ids": prompt, "max_new_tokens": PROBE_TOKENS, "stream": False}
-    from pipeline.stages.openers import timing_feed
+    from pipeline.run.openers import timing_feed
 
     feed = timing_feed(recipe)
     return {"inputs": {k: np.asarray(v)[:1].tolist() for k, v in feed.items()}}
@@ -97,8 +97,8 @@ def record(recipe, engines_root: Path, fields: dict) -> Path:
     from pipeline import deps
     from pipeline.artifacts import recorded
     from pipeline.artifacts.serve_start import ServeStart
-    from pipeline.folders import folder_name
-    from pipeline.store import Store, dumps, now
+    from pipeline.store.folder_names import folder_name
+    from pipeline.store.recipe_folder import Store, dumps, now
 
     model = ServeStart.model_validate({**fields, "schema": 1, "device": deps.device(),
                                        "versions": deps.versions(), "started": fields.get("started") or now()})

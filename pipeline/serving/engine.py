@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import backends, verify
+from pipeline import backends
+from pipeline.commands import verify
 from pipeline.errors import InputError, IntegrityError
-from pipeline.folders import folder_name
 from pipeline.recipe.serve import variable_dims
-from pipeline.store import MANIFEST, Store
+from pipeline.store.folder_names import folder_name
+from pipeline.store.recipe_folder import MANIFEST, Store
 
 PYTORCH = "pytorch"  # --engine pytorch: the recipe's PyTorch model, as the baseline runs it
 
@@ -94,7 +95,7 @@ def output_axes(recipe, graph: Path | None) -> dict[str, dict[int, str]]:
         return {}
     import onnx
 
-    from pipeline import safe_files
+    from pipeline.store import safe_files
 
     symbols = set(variable_dims(recipe.inputs))
     model = onnx.load_from_string(safe_files.read_bytes(graph))
@@ -113,7 +114,7 @@ class ServedEngine:
         if self.generation:
             self._gen, self.eos = _generation_runner(recipe, choice, threads)
         elif choice.kind == PYTORCH:
-            from pipeline import models
+            from pipeline.model import sources as models
             from pipeline.stages.validate import baseline_runner
 
             self._runner = baseline_runner(recipe, models.load(recipe))
@@ -150,7 +151,7 @@ def _generation_runner(recipe, choice: Choice, threads: int | None):
 
     eos = eos_token(recipe)
     if choice.kind == PYTORCH:
-        from pipeline import models
+        from pipeline.model import sources as models
 
         decoder = runners.torch_decoder(recipe, models.load(recipe), _context(recipe))
         return runners.TorchStaticRunner(decoder, eos, threads), eos

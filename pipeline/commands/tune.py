@@ -1,0 +1,372 @@
+"""`pipeline tune RECIPE`: the fastest INT8 engine whose accuracy stays within a budget.
+
+The search runs the recipe's export and optimize stages once (cached as usual), then for
+each candidate precision (scheme static/dynamic, per-channel weights, calibration method,
+SmoothQuant alpha, and sensitivity-chosen exclusions) sets the precision in the graph,
+builds the ONNX Runtime engine and measures, on held-out feeds the engine was not
+calibrated on, each metric of the budget against the PyTorch model (tune_metrics.py).
+
+Timing is the project's A/B protocol: each candidate is timed interleaved with the current
+best (bench.timing.time_interleaved, bench.stats.compare), starting from the FP32 engine;
+it becomes the best only when it meets the budget and the whole 95% interval of its time
+ratio lies below 1 - noise_threshold (verdict `faster`; a pair first found indistinguishable
+is timed once more, EXTEND times longer, before it is called a tie). Candidates over budget are timed
+too (never chosen; --within-only skips them), to show what the budget costs. Each
+candidate's graph, engine and accuracy are cached under
+engines/<recipe>/tune/<key>/ (key: the candidate, the FP32 graph's sha256, the held-out
+feeds, the tool versions and the CPU), so a rerun times only. The result is a table and a
+recipe (extends the tuned one, sets its `precision:`) the user can keep.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.metrics import budget as tune_metrics
+from pipeline.store.recipe_folder import Artifact
+
+FP32 = "fp32"
+EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
+
+
+@dataclass
+class Candidate:
+    name: str
+    precision: dict  # the recipe's precision section for this candidate (fp32: {})
+    result: dict = field(default_factory=dict)
+
+
+def space(schemes=("dynamic", "static"), per_channel=(True, False), methods=("minmax", "percentile"),
+          alphas=(None, 0.5), op_types=("MatMul",)) -> list[Candidate]:
+    """The grid: dynamic x per-channel x alpha; static (per-channel only: per-tensor static
+    weights lose accuracy and gain no speed on ORT's CPU kernels) x method x alpha. Dynamic
+    candidates quantize the fused attention's projection too (dynamic.split_attention)."""
+    out = []
+    for scheme in schemes:
+        for pc in (per_channel if scheme == "dynamic" else [p for p in per_channel if p] or [True]):
+            for method in (methods if scheme == "static" else (None,)):
+                for alpha in alphas:
+                    ops = list(op_types) + (["Attention"] if scheme == "dynamic" else [])
+                    p = {"mode": "int8", "scheme": scheme, "per_channel": pc, "op_types": ops}
+                    if method:
+                        p["calibration"] = method
+                    if alpha is not None:
+                        p["smoothing"] = {"alpha": alpha}
+                    label = [scheme, "per-channel" if pc else "per-tensor"] + ([method] if method else [])
+                    label += [f"smooth {alpha:g}"] if alpha is not None else []
+                    out.append(Candidate(" ".join(label), p))
+    return out
+
+
+def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) -> list[Candidate]:
+    """The best candidate, with sensitivity analysis keeping its most harmful nodes out of the
+    integer kernels until the calibration-feed cosine (a feed of unit-norm embeddings: the mean
+    row cosine) meets the stricter of the budget's cosines: in float, and for a dynamic
+    candidate also as blockwise int8 (precision.fallback), which costs less time."""
+    p = dict(best.precision)
+    p["sensitivity"] = {"enabled": True, "auto_exclude": True, "samples": samples,
+                        "budget": {"cosine_min": max(budget.worst_cosine, budget.mean_cosine)}}
+    out = [Candidate(best.name + " + auto-exclude", p)]
+    if p.get("scheme") == "dynamic":
+        out.append(Candidate(best.name + " + auto-exclude blockwise", {**p, "fallback": "blockwise"}))
+    return out
+
+
+class Search:
+    def __init__(self, recipe, engines_root: Path, feeds: list[dict], budget: tune_metrics.Budget,
+                 progress, verbose: bool = False, time_all: bool = True,
+                 task: tune_metrics.Task | None = None, task_bound: tuple[float, bool] | None = None):
+        from pipeline.recipe import OnnxRuntimeTarget
+
+        self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
+            recipe, feeds, budget, progress, verbose)
+        self.task, self.task_bound = task, task_bound  # task_bound: (bound, relative to PyTorch's)
+        self.target = next((t for t in recipe.targets if isinstance(t, OnnxRuntimeTarget)), OnnxRuntimeTarget())
+        self.engines_root = engines_root
+        self.graph: Artifact | None = None  # the FP32 graph: the chain's last before precision
+        self.reference: list[dict] | None = None
+        self.folder = Path(engines_root) / recipe.name / "tune"
+        self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
+
+    # ---------------------------------------------------------------- one candidate
+    def prepare(self) -> None:
+        """The FP32 graph (the recipe's own stages, cached) and PyTorch's held-out outputs."""
+        from pipeline.model import sources as models
+        from pipeline.run.execute import Run
+        from pipeline.run.openers import baseline_runner
+
+        fp32 = self.recipe.model_copy(update={"precision": self.recipe.precision.model_copy(
+            update={"mode": "fp32"})})
+        self.graph = Run(fp32, self.engines_root, progress=self.progress, verbose=self.verbose).execute(
+            "optimize").graph
+        with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
+            self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]
+
+    def key(self, c: Candidate) -> str:
+        from pipeline import deps
+        from pipeline.precision import isa
+        from pipeline.recipe.schema import sha256_json
+        from pipeline.stages import precision as stage
+
+        recipe = self.candidate_recipe(c)
+        return sha256_json({"precision": c.precision, "graph": self.graph.sha256,
+                            "stage": stage.spec(recipe) if c.precision else None,
+                            "feeds": tune_metrics.digest(self.feeds), "versions": deps.versions(),
+                            "task": self.task and [self.task.metric, self.task.output,
+                                                   None if self.task.labels is None else
+                                                   self.task.labels.tolist()],
+                            "cpu": isa.describe(), "target": self.target.model_dump()})[:16]
+
+    def candidate_recipe(self, c: Candidate):
+        from pipeline.recipe.precision import PrecisionSpec
+
+        return self.recipe.model_copy(update={"precision": PrecisionSpec(**c.precision)})
+
+    def build(self, c: Candidate) -> Path:
+        """The candidate's engine (and its accuracy in c.result), from the cache when there."""
+        from pipeline import backends
+        from pipeline.stages import precision as stage
+
+        folder = self.folder / self.key(c)
+        done = folder / "result.json"
+        if done.is_file():
+            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
+            return folder / "engine.onnx"
+        shutil.rmtree(folder, ignore_errors=True)
+        work = folder / "work"
+        work.mkdir(parents=True)
+        recipe = self.candidate_recipe(c)
+        backend = backends.get(self.target.kind)
+        graph, meta = self.graph.path, {}
+        if c.precision:
+            (work / "precision").mkdir()
+            made = stage.run(recipe, self.graph, work / "precision")
+            graph, meta = next(iter(made.files.values())), made.meta  # its first file: the next graph
+        engine, _ = backend.build(graph, self.target, recipe, work)
+        engine = engine.rename(folder / "engine.onnx")
+        with backend.open(engine, self.target, recipe) as runner:
+            actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
+        c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds, self.task),
+                    "excluded": [e["node"] for e in meta.get("excluded", [])],
+                    "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
+                    "quantized_nodes": meta.get("quantized_nodes")}
+        shutil.rmtree(work)
+        done.write_text(json.dumps(c.result, indent=1))
+        c.result["engine"] = str(engine)
+        return engine
+
+    # ---------------------------------------------------------------- the search
+    def time_pair(self, best_engine: Path, engine: Path, feed: dict) -> dict:
+        import numpy as np
+
+        from pipeline import backends
+        from pipeline.bench import stats, timing
+
+        spec = self.recipe.validate_.latency
+        backend = backends.get(self.target.kind)
+        threads = self.recipe.validate_.threads
+        with backend.open(best_engine, self.target, self.recipe, threads=threads, spin=False) as a, \
+                backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
+            blocks = timing.time_interleaved([a, b], feed, spec).blocks
+            result = stats.compare(blocks[0], blocks[1], noise=spec.noise_threshold)
+            if result["verdict"] == "indistinguishable":
+                # A few blocks leave an interval of several percent: two candidates that close
+                # get one longer look (EXTEND times the requests, pooled with the first) before
+                # they are called a tie. The verdict still needs the whole interval past noise.
+                longer = spec.model_copy(update={"warmup": 0, "iterations": spec.iterations * EXTEND,
+                                                 "min_seconds": spec.min_seconds * EXTEND})
+                more = timing.time_interleaved([a, b], feed, longer).blocks
+                result = stats.compare(np.concatenate([blocks[0], more[0]]), np.concatenate([blocks[1], more[1]]),
+                                       noise=spec.noise_threshold)
+                result["extended"] = True
+        return result
+
+    def run(self, candidates: list[Candidate], timing_feed: dict, exclusions: bool = True) -> dict:
+        self.prepare()
+        fp32 = Candidate(FP32, {})
+        best, best_engine = fp32, self.build(fp32)
+        if self.task is not None and self.task_bound is not None:  # PyTorch's score, as FP32's was measured
+            bound, relative = self.task_bound
+            baseline = fp32.result["accuracy"]["task"]["baseline"]
+            self.budget.task_loss = bound * abs(baseline) if relative else bound
+        fp32.result.update(vs=None, chained=1.0, within=tune_metrics.within(fp32.result["accuracy"], self.budget))
+        done = [fp32]
+        queue = list(candidates)
+        while queue:
+            c = queue.pop(0)
+            with self.progress.stage(f"tune: {c.name} ({len(done)}/{len(done) + len(queue)})"):
+                engine = self.build(c)
+                c.result["within"] = tune_metrics.within(c.result["accuracy"], self.budget)
+                if c.result["within"]["ok"] or self.time_all:
+                    ab = self.time_pair(best_engine, engine, timing_feed)
+                    c.result.update(vs=best.name, ab=ab, chained=best.result["chained"] * ab["time_ratio"])
+                    if ab["verdict"] == "faster" and c.result["within"]["ok"]:
+                        best, best_engine = c, engine
+            acc = c.result["accuracy"]
+            self.progress.note(f"{c.name}: worst cosine {acc['worst_cosine']:.4f}, mean "
+                               f"{acc['mean_cosine']:.5f}" + (f", {_task_text(acc)}" if "task" in acc else "")
+                               + (f", time x{c.result['ab']['time_ratio']:.3f} vs {c.result['vs']} "
+                                  f"({c.result['ab']['verdict']})" if "ab" in c.result else "")
+                               + ("" if c.result["within"]["ok"] else ", over budget"))
+            done.append(c)
+            if not queue and exclusions and not any("sensitivity" in d.precision for d in done):
+                closest = _closest_over_budget(done)
+                if closest is not None:
+                    queue.extend(with_exclusions(closest, self.budget, 4))
+        return {"budget": self.budget.describe(), "chosen": best.name,
+                "candidates": [{"name": c.name, "precision": c.precision, **c.result} for c in done],
+                "feeds": {"samples": len(self.feeds), "shapes": sorted({str(list(v.shape)) for f in self.feeds
+                                                                      for v in f.values()})},
+                "timing_feed": {k: list(v.shape) for k, v in timing_feed.items()},
+                "protocol": "each candidate timed interleaved with the current best "
+                            "(bench.timing.time_interleaved, the recipe's validate.latency); best "
+                            "replaced on verdict `faster` within budget only; `chained` multiplies the ratios "
+                            "back to the FP32 engine (an estimate, the pairs were timed apart)"}
+
+
+def _closest_over_budget(done: list[Candidate]) -> Candidate | None:
+    """The candidate most worth rescuing with exclusions: over budget by the least (highest
+    mean cosine), so the fewest nodes have to stay in float."""
+    over = [c for c in done if c.precision and not c.result["within"]["ok"]]
+    return max(over, key=lambda c: c.result["accuracy"]["mean_cosine"]) if over else None
+
+
+def recipe_text(recipe, chosen: dict, table_lines: list[str], budget: dict | None = None) -> str:
+    """A recipe that extends the tuned one with the chosen precision. Its gates hold what the
+    search held the choice to: validate's cosine at the budget's worst row cosine (where the
+    parent's is stricter, an FP32 bar), expect.max_task_loss at the task bound."""
+    import yaml
+
+    source = getattr(recipe, "source", None)
+    parent = Path(source).name if source else f"{recipe.name}.yaml"
+    precision = dict(chosen["precision"])
+    if precision.pop("sensitivity", None):  # pin what the analysis chose: no rerun, same graph
+        precision["exclude"] = list(chosen["excluded"])
+    body = {"description": f"{recipe.name}, INT8 chosen by `pipeline tune` ({chosen['name']})",
+            "extends": parent, "precision": precision}
+    budget = budget or {}
+    worst = budget.get("worst_cosine", {}).get("bound")
+    tolerance = recipe.validate_.tolerance.cosine_min if hasattr(recipe, "validation") else None
+    if worst is not None and tolerance is not None and tolerance > worst:
+        body["validate"] = {"tolerance": {"cosine_min": worst}}
+    if "task_loss" in budget:  # the absolute bound the search used (a relative one resolved)
+        body["expect"] = {"max_task_loss": budget["task_loss"]["bound"]}
+    head = ["# Written by `pipeline tune`: the fastest candidate within the accuracy budget.", "#"]
+    head += [f"# {line}" for line in table_lines]
+    return "\n".join(head) + "\n" + yaml.safe_dump(body, sort_keys=False)
+
+
+def table(result: dict):
+    """The candidates as a rich table, the chosen one marked."""
+    from rich.table import Table
+
+    from pipeline.text import fmt
+
+    t = Table(title=f"tune: fastest within budget ({', '.join(_bound_text(result['budget']))})")
+    task = _task_column(result)
+    for col in ("", "candidate", "vs", "time ratio [95% CI]", "verdict", "≈ vs fp32", "worst cos",
+                "mean cos", *([task] if task else []), "within budget"):
+        t.add_column(col)
+    for c in result["candidates"]:
+        ab = c.get("ab")
+        acc = c["accuracy"]
+        t.add_row("★" if c["name"] == result["chosen"] else "", c["name"], c.get("vs") or "—",
+                  f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}]" if ab else "—",
+                  ab["verdict"] if ab else ("reference" if c["name"] == FP32 else "not timed"),
+                  fmt(c.get("chained"), ".3f"), f"{acc['worst_cosine']:.4f}", f"{acc['mean_cosine']:.5f}",
+                  *([_task_cell(acc)] if task else []),
+                  "yes" if c["within"]["ok"] else "no: " + "; ".join(c["within"]["misses"]))
+    return t
+
+
+def _task_column(result: dict) -> str | None:
+    """The task column's title, `<metric> Δ [95% CI]` (engine minus PyTorch), when the
+    candidates were scored on the recipe's task; None otherwise."""
+    task = result["candidates"][0]["accuracy"].get("task")
+    return f"{task['metric']} Δ [95% CI]" if task else None
+
+
+def _task_cell(acc: dict) -> str:
+    task = acc.get("task")
+    if not task:
+        return "—"
+    lo, hi = task["ci95"]
+    return f"{task['delta']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
+def _task_text(acc: dict) -> str:
+    return f"{acc['task']['metric']} {acc['task']['engine']:.4f} (Δ {acc['task']['delta']:+.4f})"
+
+
+def _bound_text(budget: dict) -> list[str]:
+    return [f"{k} {'>=' if v['kind'] == 'min' else '<='} {v['bound']:g}" for k, v in budget.items()]
+
+
+def markdown_lines(result: dict) -> list[str]:
+    task = _task_column(result)
+    lines = ["| | candidate | vs | time ratio [95% CI] | verdict | ≈ vs fp32 | worst cos | mean cos | "
+             + (f"{task} | " if task else "") + "within |",
+             "|---" * (10 if task else 9) + "|"]
+    for c in result["candidates"]:
+        ab, acc = c.get("ab"), c["accuracy"]
+        timed = (f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}] | {ab['verdict']}" if ab
+                 else "— | " + ("reference" if c["name"] == FP32 else "not timed"))
+        chained = f"{c['chained']:.3f}" if c.get("chained") is not None else "—"
+        lines.append(f"| {'★' if c['name'] == result['chosen'] else ''} | {c['name']} | "
+                     f"{c.get('vs') or '—'} | {timed} | {chained} | {acc['worst_cosine']:.4f} | "
+                     f"{acc['mean_cosine']:.5f} | " + (f"{_task_cell(acc)} | " if task else "")
+                     + f"{'yes' if c['within']['ok'] else 'no'} |")
+    return lines
+
+
+def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metrics.Budget,
+            schemes, alphas, exclusions: bool, out: Path | None, verbose: bool, time_all: bool = True,
+            max_task_loss: float | str | None = None):
+    """Run the search; write tune.json/tune.md beside the engines and the chosen recipe.
+    max_task_loss (default: the recipe's expect.max_task_loss) bounds the task metric."""
+    from pipeline import data
+    from pipeline.errors import RecipeError
+    from pipeline.recipe.data import parse_task_loss
+    from pipeline.ui import Progress
+
+    if feeds_ref:  # held-out feeds from a loader: the recipe's validation split replaced by it
+        from pipeline.recipe import SplitSpec
+
+        split = SplitSpec(loader=feeds_ref, samples=None)
+        recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"validation": split})})
+    held_out = data.split(recipe, "validation")
+    feeds = held_out.feeds
+    task, bound = _task(recipe, held_out), max_task_loss if max_task_loss is not None else recipe.expect.max_task_loss
+    if bound is not None and task is None:
+        raise RecipeError(f"tune {recipe.name}: a task-loss bound needs validate.task and held-out "
+                          "data with what the metric needs (labels or pairs)",
+                          "drop --max-task-loss, or use the recipe's validation split (no --feeds)")
+    if recipe.data.calibration is None:
+        raise RecipeError(f"tune {recipe.name}: the search calibrates static candidates; set "
+                          "data.calibration (held-out feeds stay separate)")
+    candidates = space(schemes=schemes, alphas=alphas)
+    search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose, time_all,
+                    task, None if bound is None else parse_task_loss(bound))
+    result = search.run(candidates, feeds[0], exclusions)
+    chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
+    folder = search.folder
+    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    md = markdown_lines(result)
+    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    written = None
+    if chosen["precision"]:
+        written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
+        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
+    return result, folder, written
+
+
+def _task(recipe, held_out) -> tune_metrics.Task | None:
+    """The recipe's validate.task on the held-out split, when the split has what it needs
+    (perplexity: token ids and masks; accuracy and embedding similarity: labels)."""
+    metric = recipe.validate_.task
+    if metric is None or (metric != "perplexity" and held_out.labels is None):
+        return None
+    return tune_metrics.Task(metric, recipe.outputs[0], held_out.labels, held_out.masks)

@@ -1,0 +1,164 @@
+"""`pipeline verify DIR`: is this folder of engines what its manifest says it is?
+
+Checks, for an engines/<recipe>/ folder (a CI artifact, a copy on a server):
+  - every file recorded in manifest.json still has its sha256 and size;
+  - each built engine in report.json is the file the manifest records (same sha256);
+  - the tool versions and the device recorded at build time are this machine's (a TensorRT
+    plan only runs on the GPU and TensorRT version it was built for; an ORT engine saved at
+    optimization level `all` is tied to the CPU's instruction set).
+Every mismatch is one line; any mismatch makes the command fail (IntegrityError, exit 5).
+A file with the digest the manifest announced as `pending` was renamed in by a commit that
+was killed: it is named as an interrupted commit (rerun to finish it), not as tampering.
+Nothing is followed out of the folder: a symlink, FIFO or folder where a recorded file
+should be is a mismatch, and so is a report target that is not a plain name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import deps
+from pipeline.errors import InputError, IntegrityError
+from pipeline.store import paths, safe_files
+from pipeline.store.recipe_folder import MANIFEST, Store, read_recorded_json, sha256_file
+
+
+@dataclass
+class Check:
+    what: str  # e.g. "onnxruntime.onnx" or "versions.torch"
+    ok: bool
+    detail: str
+    interrupted: bool = False  # the file a killed commit renamed in: rerun, not rebuild
+
+
+@dataclass
+class Verdict:
+    folder: Path
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def mismatches(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+
+def folders(path: Path) -> list[Path]:
+    """DIR itself when it holds a manifest, else each subfolder that does (e.g. engines/)."""
+    if (path / MANIFEST).is_file():
+        return [path]
+    found = sorted(p.parent for p in path.glob(f"*/{MANIFEST}")) if path.is_dir() else []
+    if not found:
+        raise InputError(f"{path}: no {MANIFEST} here or in its subfolders",
+                         "point at an engines/<recipe>/ folder written by `pipeline run`")
+    return found
+
+
+def verify(folder: Path, environment: bool = True) -> Verdict:
+    store = Store(folder.parent, folder.name)
+    verdict = Verdict(folder)
+    try:
+        manifest = store.read_manifest()
+    except IntegrityError as e:  # one failed check; the other folders are still verified
+        verdict.checks.append(Check(MANIFEST, False, str(e)))
+        return verdict
+    verdict.checks += _files(folder, manifest["files"], manifest.get("pending") or {})
+    verdict.checks += _report(folder, manifest["files"])
+    if environment:
+        verdict.checks += _environment(manifest)
+    return verdict
+
+
+def _files(folder: Path, files: dict, pending: dict) -> list[Check]:
+    if not files and not pending:
+        return [Check(MANIFEST, False, "records no files")]
+    checks = []
+    for name in pending.keys() - files.keys():  # a first commit of this file, killed
+        if (folder / name).is_file() and sha256_file(folder / name) == pending[name]:
+            checks.append(Check(name, False, _INTERRUPTED.format(recipe=folder.name), True))
+    for name, entry in files.items():
+        path = folder / name
+        if safe_files.kind(path):
+            checks.append(Check(name, False, f"is {safe_files.kind(path)}, not the regular file "
+                                             "the manifest records"))
+            continue
+        if not path.is_file():
+            checks.append(Check(name, False, "missing (recorded in the manifest)"))
+            continue
+        actual, size = sha256_file(path), path.stat().st_size
+        if actual == pending.get(name) != entry["sha256"]:
+            checks.append(Check(name, False, _INTERRUPTED.format(recipe=folder.name), True))
+        elif actual != entry["sha256"]:
+            checks.append(Check(name, False, f"sha256 {actual[:16]}… does not match the manifest's "
+                                             f"{entry['sha256'][:16]}… ({size} vs {entry['bytes']} bytes)"))
+        elif problem := read_recorded_json(path)[1]:  # the manifest was rewritten to match a broken file
+            checks.append(Check(name, False, f"sha256 matches the manifest, but the file is {problem}"))
+        else:
+            checks.append(Check(name, True, f"sha256 {actual[:16]}…, {size} bytes"))
+    return checks
+
+
+_INTERRUPTED = ("interrupted commit: a run was stopped while renaming this file into place (not "
+                "tampering); `pipeline run {recipe}` finishes it")
+
+
+def _report(folder: Path, files: dict) -> list[Check]:
+    """The engines the report vouches for are the files the manifest records."""
+    path = folder / "report.json"
+    if "report.json" not in files or not path.is_file():
+        return []
+    report, problem = read_recorded_json(path)
+    if problem:
+        return []  # a broken report.json is already named by the check of its file
+    engines = report["engines"]
+    checks = []
+    for e in engines:
+        if paths.name_problem(e["target"]):  # it would become a folder name in `deploy`
+            checks.append(Check("report.json", False, f"engine target {paths.name_problem(e['target'])}"))
+            continue
+        if e.get("status") != "built" or not isinstance(e.get("path"), str) or not e["path"]:
+            continue
+        name = Path(e["path"]).name
+        recorded = (files.get(name) or {}).get("sha256")
+        ok = recorded == e.get("sha256")
+        checks.append(Check(f"report.json:{e['target']}", ok,
+                            f"engine {name} sha256 matches the manifest" if ok else
+                            f"reports engine {name} with sha256 {str(e.get('sha256'))[:16]}…, "
+                            f"the manifest records {str(recorded)[:16]}…"))
+    return checks
+
+
+def _environment(manifest: dict) -> list[Check]:
+    checks = []
+    for block, current in (("versions", deps.versions()), ("device", deps.device())):
+        recorded = manifest.get(block) or {}
+        for key in sorted(set(recorded) | set(current)):
+            built, here = recorded.get(key), current.get(key)
+            checks.append(Check(f"{block}.{key}", built == here,
+                                f"{built}" if built == here else
+                                f"built with {built}, this machine has {here}"))
+    return checks
+
+
+def run(path: Path, environment: bool = True) -> list[Verdict]:
+    """Verify, print one line per check, and raise IntegrityError naming every mismatch."""
+    from pipeline.ui import out
+
+    verdicts = [verify(folder, environment) for folder in folders(path)]
+    for v in verdicts:
+        out.print(f"[bold]{v.folder}[/]")
+        for c in v.checks:
+            mark = "[green]✓[/]" if c.ok else "[yellow]✗ INTERRUPTED[/]" if c.interrupted else "[red]✗ MISMATCH[/]"
+            out.print(f"  {mark} {c.what}: {c.detail}", soft_wrap=True)
+    bad = [(v.folder, c) for v in verdicts for c in v.mismatches]
+    if bad:
+        total = sum(len(v.checks) for v in verdicts)
+        names = ", ".join(f"{folder.name}/{c.what}" for folder, c in bad)
+        if all(c.interrupted for _, c in bad):
+            rerun = " / ".join(f"`pipeline run {name}`" for name in dict.fromkeys(f.name for f, _ in bad))
+            raise IntegrityError(f"{len(bad)} of {total} checks failed: an interrupted commit left "
+                                 f"{names}", f"finish it with {rerun}")
+        rebuild = " / ".join(f"`pipeline run {name} --force`"
+                             for name in dict.fromkeys(folder.name for folder, _ in bad))
+        raise IntegrityError(f"{len(bad)} of {total} checks failed: {names}",
+                             f"rebuild with {rebuild}, or use the engines only where they were built")
+    return verdicts
