@@ -95,7 +95,7 @@ def same_embeddings(name: str, engines: Path, feeds: list[dict]) -> dict:
             "min_cosine": min(cosines), "requests_by_batch_size": dict(sorted(sizes.items())),
             "lengths": {"min": min(f["input_ids"].shape[1] for f in feeds),
                         "max": max(f["input_ids"].shape[1] for f in feeds)},
-            "seconds": seconds, "tolerance_cosine_min": recipe.validation.tolerance.cosine_min}
+            "seconds": seconds, "tolerance_cosine_min": recipe.validate_.tolerance.cosine_min}
 
 
 def summary(values: list[float]) -> str:
