@@ -10,7 +10,8 @@
    same engine run in this process on that sentence alone (max |diff|, min cosine), and
    the batch sizes the server reports.
 
-    python benchmarks/serve_minilm.py [--rounds 4] [--out benchmarks/results/serve-minilm]
+    python benchmarks/serve_minilm.py [--rounds 4] [--recipes minilm minilm-int8]
+                                      [--only equal|cold] [--out benchmarks/results/serve-minilm]
 Needs `pipeline run minilm` and `pipeline run minilm-int8` first (engines/).
 """
 
@@ -34,12 +35,12 @@ FIELDS = ("ray_start_s", "ready_s", "cold_start_s", "first_request_ms")
 REPLICA = ("load_s", "rss_at_load_mb", "peak_rss_mb")
 
 
-def cold_starts(rounds: int, engines: Path) -> dict[str, list[dict]]:
+def cold_starts(rounds: int, engines: Path, recipes: tuple[str, ...]) -> dict[str, list[dict]]:
     from pipeline.serving.app import free_port
 
-    runs: dict[str, list[dict]] = {r: [] for r in RECIPES}
+    runs: dict[str, list[dict]] = {r: [] for r in recipes}
     for i in range(rounds):
-        for name in (RECIPES if i % 2 == 0 else RECIPES[::-1]):
+        for name in (recipes if i % 2 == 0 else recipes[::-1]):
             cmd = [sys.executable, "-m", "pipeline", "serve", name, "--check-only", "--num-cpus", "2",
                    "--port", str(free_port()), "--engines-dir", str(engines)]
             proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -94,7 +95,7 @@ def same_embeddings(name: str, engines: Path, feeds: list[dict]) -> dict:
             "min_cosine": min(cosines), "requests_by_batch_size": dict(sorted(sizes.items())),
             "lengths": {"min": min(f["input_ids"].shape[1] for f in feeds),
                         "max": max(f["input_ids"].shape[1] for f in feeds)},
-            "seconds": seconds, "tolerance_cosine_min": recipe.validation.tolerance.cosine_min}
+            "seconds": seconds, "tolerance_cosine_min": recipe.validate_.tolerance.cosine_min}
 
 
 def summary(values: list[float]) -> str:
@@ -102,9 +103,10 @@ def summary(values: list[float]) -> str:
 
 
 def render(runs: dict, equal: dict) -> str:
+    n = min((len(v) for v in runs.values()), default=0)
     lines = ["# Serving MiniLM: cold start, memory, same embeddings over HTTP", "",
              "Cold start (`pipeline serve R --check-only`, local Ray on 2 CPUs, 1 replica), "
-             f"{len(runs[RECIPES[0]])} interleaved runs each: median [min, max].", "",
+             f"{n} interleaved runs each: median [min, max].", "",
              "| recipe | Ray up s | replica loaded s | first correct answer s | replica load s | "
              "RSS at load MiB | peak RSS MiB |", "|---|---|---|---|---|---|---|"]
     for name, rows in runs.items():
@@ -125,20 +127,27 @@ def render(runs: dict, equal: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES))
+    parser.add_argument("--only", choices=["equal", "cold"], default=None,
+                        help="Run one part; results merge into --out's JSON.")
     parser.add_argument("--engines", type=Path, default=ROOT / "engines")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve-minilm")
     args = parser.parse_args()
-    feeds = sentences()
-    equal = {name: same_embeddings(name, args.engines, feeds) for name in RECIPES}
-    print(json.dumps(equal, indent=1), flush=True)
-    runs = cold_starts(args.rounds, args.engines)
     from pipeline import deps
 
-    result = {"cold_start": runs, "same_embeddings": equal, "device": deps.device(),
-              "versions": deps.versions()}
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(render(runs, equal))
-    print(render(runs, equal))
+    path = args.out.with_suffix(".json")
+    result = json.loads(path.read_text()) if path.is_file() else {"cold_start": {}, "same_embeddings": {}}
+    if args.only in (None, "equal"):
+        feeds = sentences()
+        for name in args.recipes:
+            result["same_embeddings"][name] = same_embeddings(name, args.engines, feeds)
+            print(name, json.dumps(result["same_embeddings"][name]), flush=True)
+    if args.only in (None, "cold"):
+        result["cold_start"].update(cold_starts(args.rounds, args.engines, tuple(args.recipes)))
+    result.update(device=deps.device(), versions=deps.versions())
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    args.out.with_suffix(".md").write_text(render(result["cold_start"], result["same_embeddings"]))
+    print(render(result["cold_start"], result["same_embeddings"]))
 
 
 if __name__ == "__main__":

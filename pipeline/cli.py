@@ -1,47 +1,23 @@
 """The `pipeline` command: one subcommand per stage, each loads a recipe and calls run.py.
 
-Imports stay light (click, rich, pydantic; no torch, onnxruntime, ray): `--help` is instant."""
+Imports here stay light (click, rich, pydantic): torch and onnxruntime are imported by the
+stages only when there is work to do, so `pipeline --help` is instant.
+"""
 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from pathlib import Path
 
 import click
 
 from pipeline import __version__
+from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
+from pipeline.fleet.cli import fleet
 from pipeline.serving.cli import serve_command
-
-_debug = False
-
-
-def _set_debug(ctx, param, value):
-    global _debug
-    _debug = _debug or bool(value)
-    return value
-
-
-def debug_option(fn):
-    """--debug, accepted by every command (and the group): errors also show their traceback."""
-    return click.option("--debug", is_flag=True, expose_value=False, callback=_set_debug,
-                        is_eager=True, help="Show the traceback of errors (same exit codes).")(fn)
-
-
-def _engines_dir(ctx, param, value):
-    if value is None or not str(value).strip():
-        raise click.BadParameter("is empty (from the option or PIPELINE_ENGINES); name a folder, "
-                                 "e.g. --engines-dir engines", ctx=ctx, param=param)
-    return Path(value)
-
-
-def engines_dir_option(help_text: str = "Where the engines/<recipe>/ folders are (env PIPELINE_ENGINES)."):
-    return click.option("--engines-dir", type=click.Path(file_okay=False), callback=_engines_dir,
-                        default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"),
-                        show_default="engines", help=help_text)
 
 
 def recipe_options(fn=None, *, targets: bool = True):
@@ -84,6 +60,7 @@ def cli():
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
+    from pipeline.artifacts import dump
     from pipeline.run.execute import Run, check_gates
     from pipeline.stages.report import table
     from pipeline.store import folder_names as folders
@@ -101,17 +78,17 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
     elif not outcome.work_done:
         console.print("[dim]nothing to do: every stage is up to date[/]")
     if outcome.report is not None:
-        out.print(table(outcome.report))
+        out.print(table(dump(outcome.report)))
         console.print(f"report: {outcome.store.dir / 'report.md'}")
     console.print(f"engines: {outcome.store.dir}", soft_wrap=True)
     if outcome.report is not None:
         check_gates(outcome.report)
 
 
-def _stage_command(name: str, until: str, summary: str):
+def _stage_command(name: str, until: str, summary: str, hidden: bool = False):
     builds = until not in ("export", "optimize", "precision")  # graph stages build no target
 
-    @cli.command(name, help=summary)
+    @cli.command(name, help=summary, hidden=hidden)
     @recipe_options(targets=builds)
     def command(recipe, overrides, force, engines_dir, verbose, only):
         _execute(recipe, until, overrides, force, engines_dir, verbose, only)
@@ -123,9 +100,9 @@ _stage_command("run", "report", "Run every stage: export, optimize, precision, b
                "validate, report (each one only when its inputs changed).")
 _stage_command("export", "export", "Export the PyTorch model to ONNX (with a parity check).")
 _stage_command("optimize", "optimize", "Export, then run the recipe's graph passes, each checked.")
-_stage_command("quantize", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
+_stage_command("precision", "precision", "Set the recipe's precision in the graph (FP16 casts, INT8/FP8 "
                "Q/DQ with calibration, INT4 weights), exporting and optimizing first if needed.")
-_stage_command("precision", "precision", "Same as `quantize`.")
+_stage_command("quantize", "precision", "Alias of `precision` (kept for old scripts).", hidden=True)
 _stage_command("build", "build", "Build the recipe's engines (exporting first if needed).")
 _stage_command("validate", "validate", "Validate every engine against the PyTorch baseline.")
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
@@ -212,24 +189,16 @@ def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline.commands.compare import compare
-    from pipeline.explain.render import tables
     from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     if load:  # pipeline/loadgen/compare.py: no builds, the recorded load results only
         return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(recipes, overrides, engines_dir)
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
-    result, folder = compare(loaded, engines_dir, force, Progress(verbose), verbose)
-    if result.get("workload") == "generation":
-        from pipeline.generation.compare import lines
-
-        for line in lines(result):
-            out.print(line)
-        console.print(f"compare: {folder / 'compare-generation.md'}")
-        return
-    for t in tables(result):
-        out.print(t)
-    console.print(f"compare: {folder / 'compare.md'}, {folder / 'compare.html'}")
+    compared = compare(loaded, engines_dir, force, Progress(verbose), verbose)
+    for part in compared.printed:
+        out.print(part)
+    console.print("compare: " + ", ".join(str(f) for f in compared.files))
 
 
 @cli.command("recipes")
@@ -354,13 +323,16 @@ def inspect_command(onnx_file, as_json):
         return
     for part in onnx_info.render(info):
         out.print(part)
+
+
+cli.add_command(fleet)  # pipeline/fleet/cli.py: `pipeline fleet` builds on a Ray cluster
+cli.add_command(serve_command)  # pipeline/serving/cli.py: `pipeline serve` on Ray Serve
 cli.add_command(__import__("pipeline.loadgen.cli", fromlist=["_"]).load_command)  # `pipeline load`
-cli.add_command(debug_option(serve_command))
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int, debug: bool) -> None:
     """One `Error:` line and the error's own exit code; under --debug the trace first."""
-    if _debug:
+    if debug:
         import traceback
 
         traceback.print_exc()
@@ -373,20 +345,24 @@ INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one `Error:` line and their exit code."""
+    meta: dict = {}  # this invocation's state (--debug), read here after the command ended
     try:
-        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False)
+        rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False, obj=meta)
     except PipelineError as e:
-        _fail(f"Error: {e}", e.exit_code)
+        _fail(f"Error: {e}", e.exit_code, meta.get(DEBUG, False))
     except click.exceptions.Abort as e:
         # click turns Ctrl-C (KeyboardInterrupt) into Abort before it gets here
         interrupted = isinstance(e.__cause__, KeyboardInterrupt)
         click.echo(INTERRUPTED if interrupted else "Aborted.", err=True)
         sys.exit(130)
-    except click.ClickException as e:  # bare `pipeline` (NoArgsIsHelpError): the help, exit 0
+    except click.exceptions.NoArgsIsHelpError as e:  # bare `pipeline`: the help, a success
         e.show()
-        sys.exit(0 if isinstance(e, click.exceptions.NoArgsIsHelpError) else e.exit_code)
+        sys.exit(0)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
     except OSError as e:  # the machine's to fix (disk full, read-only, permissions): no trace
-        _fail(f"Error: {e} (rerun with --debug for the trace)", 4)
+        _fail(f"Error: {e} (rerun with --debug for the trace)", 4, meta.get(DEBUG, False))
     except KeyboardInterrupt:
         click.echo(INTERRUPTED, err=True)
         sys.exit(130)

@@ -40,24 +40,3 @@ class Progress:
 
     def note(self, message: str) -> None:
         console.print(f"  {message}")
-
-
-@contextlib.contextmanager
-def quiet_torch_onnx(verbose: bool) -> Iterator[None]:
-    """The ONNX exporters' warnings and torch.onnx's log, kept for -v only."""
-    import logging
-    import warnings
-
-    if verbose:
-        yield
-        return
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-

@@ -1,4 +1,4 @@
-"""report.json (schema 2) and validate-<target>.json as pydantic models: the report contract.
+"""report.json (schema 3) and validate-<target>.json as pydantic models: the report contract.
 
     Report
       device, versions, export | optimize | precision (graph stages' meta), baseline, data
@@ -25,7 +25,8 @@ from pydantic import Field, model_validator
 
 from pipeline.artifacts.base import Closed, Count, Device, FileName, Open, Sha256
 
-SCHEMA = 2  # 2: the models below are the contract (1: the same keys, checked by hand)
+SCHEMA = 3  # 3: effective precision split by runtime (ort_flop_shares, tensorrt_layer_shares);
+#           2: the models below are the contract; 1: the same keys, checked by hand
 
 Verdict = Literal["faster", "slower", "indistinguishable"]
 Interval = Annotated[list[float], Field(min_length=2, max_length=2, description="[low, high]")]
@@ -222,9 +223,12 @@ class EngineResult(Closed):
     device: str | None = Field(None, description="Where engine and baseline ran (cpu | cuda).")
     speedup_vs_cudagraph: CudaGraphSpeedup | None = None
     runtime: dict[str, Any] | None = Field(None, description="Backend runtime details (TensorRT).")
-    effective_precision: dict[str, Any] | None = Field(
-        None, description="What the runtime ran in integer kernels (precision/effective.py, "
-        "backends/tensorrt_layers.py).")
+    ort_flop_shares: dict[str, Any] | None = Field(
+        None, description="ONNX Runtime: the share of matrix-multiply FLOPs its profiler saw run "
+        "in integer kernels, by kind and op (precision/effective.py).")
+    tensorrt_layer_shares: dict[str, Any] | None = Field(
+        None, description="TensorRT: the shares of layers (and of time, when timed) per precision "
+        "the engine inspector reports (backends/tensorrt_layers.py).")
     gates: list[Gate] = []
     versus: list[Versus] = []
     task: TaskMetric | None = None
@@ -274,7 +278,8 @@ class Baseline(Closed):
 class Report(Closed):
     """report.json: the source of truth; report.md and the tables are rendered from it."""
 
-    schema_: Literal[2] = Field(alias="schema", description="2 since the models are the contract.")
+    schema_: Literal[3] = Field(alias="schema", description="3 since the effective precision is "
+                                "split by runtime (artifacts/recorded.py migrates 1 and 2).")
     recipe: str
     recipe_sha256: Sha256
     description: str = ""

@@ -312,9 +312,9 @@ def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path
     inspector_path, info_path = sidecars(engine_path)
     inspector_path.write_text(inspector_text)
     meta = build_meta(p, target, built_with, seconds, inspector_path.name)
-    info_path.write_text(json.dumps({**meta, "effective_precision": summary}, indent=2) + "\n")
+    info_path.write_text(json.dumps({**meta, "tensorrt_layer_shares": summary}, indent=2) + "\n")
     short = {k: v for k, v in summary.items() if k != "per_layer"}
-    return engine_path, {**meta, "effective_precision": short,
+    return engine_path, {**meta, "tensorrt_layer_shares": short,
                          "files": {inspector_path.name: inspector_path, info_path.name: info_path}}
 
 
@@ -336,10 +336,10 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
 def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
     """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
     _, info_path = sidecars(Path(engine_path))
-    summary = json.loads(info_path.read_text())["effective_precision"] if info_path.is_file() else None
+    summary = json.loads(info_path.read_text()).get("tensorrt_layer_shares") if info_path.is_file() else None
     extras = {"runtime": dict(runner.details), "gates": []}
     if summary is not None:
-        extras["effective_precision"] = {k: v for k, v in summary.items() if k != "per_layer"}
+        extras["tensorrt_layer_shares"] = {k: v for k, v in summary.items() if k != "per_layer"}
     # The target's own precision name only: the `precision:` section's key of the same name is
     # a share of MatMul FLOPs that ONNX Runtime runs in integer kernels (validate.py judges it).
     if target.require_layer_precision:

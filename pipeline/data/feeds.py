@@ -3,7 +3,8 @@
 baseline.npz holds everything an engine is judged on, so every validate stage reads the
 same samples: `in/<i>/<name>` (feeds), `out/<i>/<name>` (PyTorch outputs), and for task
 metrics `labels` ([samples]: class ids, or gold scores of sentence pairs) and
-`mask/<i>` ([B, T] per feed, 1 = a real token, 0 = padding).
+`mask/<i>` ([B, T] per feed, 1 = a real token, 0 = padding); the generation workload adds
+the baseline's greedy tokens per request as `tokens/<label>` ([B, new tokens]).
 """
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def feeds_sha256(feeds: list[Feed]) -> str:
 
 
 def save_feeds(path, feeds_: list[Feed], outputs: list[Feed] | None = None,
-               labels: np.ndarray | None = None, masks: list[np.ndarray] | None = None) -> None:
-    """Feeds, reference outputs, labels and token masks as one .npz (layout above)."""
+               labels: np.ndarray | None = None, masks: list[np.ndarray] | None = None,
+               tokens: dict[str, np.ndarray] | None = None) -> None:
+    """Feeds, reference outputs, labels, token masks and generated tokens as one .npz
+    (layout above)."""
     arrays = {f"in/{i}/{k}": v for i, f in enumerate(feeds_) for k, v in f.items()}
     for i, o in enumerate(outputs or []):
         arrays.update({f"out/{i}/{k}": v for k, v in o.items()})
@@ -73,6 +76,7 @@ def save_feeds(path, feeds_: list[Feed], outputs: list[Feed] | None = None,
         arrays["labels"] = np.asarray(labels)
     for i, m in enumerate(masks or []):
         arrays[f"mask/{i}"] = m
+    arrays.update({f"tokens/{label}": t for label, t in (tokens or {}).items()})
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
@@ -94,12 +98,20 @@ def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.n
                 labels = z[key]
             elif key.startswith("mask/"):
                 masks[int(key.split("/", 1)[1])] = z[key]
+            elif key.startswith("tokens/"):
+                continue  # load_tokens
             else:
                 part, index, name = key.split("/", 2)
                 groups[part].setdefault(int(index), {})[name] = z[key]
     return ([groups["in"][i] for i in sorted(groups["in"])],
             [groups["out"][i] for i in sorted(groups["out"])],
             labels, [masks[i] for i in sorted(masks)] if masks else None)
+
+
+def load_tokens(path) -> dict[str, np.ndarray]:
+    """The generated tokens a save_feeds file holds, by request label ({} when none)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {key.split("/", 1)[1]: z[key] for key in z.files if key.startswith("tokens/")}
 
 
 def padded_to_longest(split: SplitData) -> list[Feed]:

@@ -110,10 +110,7 @@ def _read_text(path: Path, where: str) -> str:
 
 
 def sha256(path: Path) -> str:
-    import hashlib
+    """A data file's sha256 (the pipeline's one file digest; the file may be a link)."""
+    from pipeline.store.safe_files import sha256 as file_sha256
 
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path, regular_only=False)

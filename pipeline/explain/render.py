@@ -256,7 +256,9 @@ def page(result: dict, pngs: dict[str, Path]) -> str:
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write_all(result: dict, samples: dict, folder: Path) -> None:
+def write_all(result: dict, samples: dict, folder: Path) -> list[Path]:
+    """compare.json (`result`: the ForwardCompare's dump), .md and .html with the plots;
+    returns the files a person opens."""
     pngs = {"latency": plots.latency_png(folder / "latency.png", samples,
                                          "compare: " + " vs ".join(result["recipes"]))}
     cats = categories_png(folder / "categories.png", result)
@@ -265,3 +267,4 @@ def write_all(result: dict, samples: dict, folder: Path) -> None:
     write_atomic(folder / "compare.json", json.dumps(result, indent=2, default=str) + "\n")
     write_atomic(folder / "compare.md", markdown(result, {k: p.name for k, p in pngs.items()}))
     write_atomic(folder / "compare.html", page(result, pngs))
+    return [folder / "compare.md", folder / "compare.html"]

@@ -23,8 +23,9 @@ def is_load_file(name: str) -> bool:
     return name.startswith("load-") and name.endswith(".json")
 
 
-def write(result: dict, plot: Path | None, store) -> Path:
-    """Validate `result`, commit it (and `plot`) into the store's folder; returns the JSON path."""
+def write(result: dict, plot: Path | None, store, workload=None) -> Path:
+    """Validate `result`, commit it (and `plot`) into the store's folder; returns the JSON path.
+    workload: the recipe's (workloads.of), for report.md's engine sections."""
     model = LoadResult.model_validate(result)
     name = file_name(model.engine, model.name)
     stem = name[:-len(".json")]
@@ -41,7 +42,7 @@ def write(result: dict, plot: Path | None, store) -> Path:
         record = {"key": hashlib.sha256(text.encode()).hexdigest(), "outputs": list(produced),
                   "meta": {}}
         store.commit_stage(f"load:{stem}", produced, record)
-        _rerender_report(store)
+        _rerender_report(store, workload)
     return store.dir / name
 
 
@@ -50,7 +51,7 @@ def recorded_loads(store) -> list[dict]:
     return [store.read_json(n) for n in sorted(store.manifest["files"]) if is_load_file(n)]
 
 
-def _rerender_report(store) -> None:
+def _rerender_report(store, workload=None) -> None:
     """report.md again with the Serving section, when the folder has a report (its report.json
     unchanged); the report stage's record stays, so a later run keeps using it."""
     from pipeline.stages.report import (
@@ -62,5 +63,5 @@ def _rerender_report(store) -> None:
         return
     report = store.read_json("report.json")
     md = store.workdir("report-serving") / "report.md"
-    md.write_text(markdown(report, recorded_loads(store)))
+    md.write_text(markdown(report, workload, recorded_loads(store)))
     store.commit_stage("report", {"report.md": md}, dict(record))

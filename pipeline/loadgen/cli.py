@@ -3,19 +3,12 @@ numpy and the recipe's data load when it runs)."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
+
+from pipeline.cli_options import debug_option, engines_dir_option
 
 MODES_HELP = """Modes: --rate R (one point), --sweep R1,R2,... (the knee), --slo alone (capacity
 search), --concurrency N (closed loop), --rate R --soak (drift over --duration)."""
-
-
-def _debug(ctx, param, value):
-    from pipeline.cli import _set_debug  # at call time: pipeline.cli imports this module
-
-    return _set_debug(ctx, param, value)
 
 
 def _rates(ctx, param, value):
@@ -35,9 +28,7 @@ def _rates(ctx, param, value):
 @click.option("--set", "overrides", multiple=True, metavar="serve.KEY=VALUE",
               help="With --serve: a serve: setting for `pipeline serve` (e.g. serve.max_batch_size=1); "
               "needs --name. Other variants: name their engines folder as RECIPE.")
-@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines",
-              help="Where engines/<recipe>/ is (env PIPELINE_ENGINES); the result lands there.")
+@engines_dir_option("Where engines/<recipe>/ is (env PIPELINE_ENGINES); the result lands there.")
 @click.option("--url", default=None, help="A running server's model URL, e.g. "
               "http://127.0.0.1:8000/v1/models/minilm-int8.")
 @click.option("--serve", "start_server", is_flag=True,
@@ -77,8 +68,7 @@ def _rates(ctx, param, value):
               help="Soak: MiB/hour of memory growth that is a leak.")
 @click.option("--server-pid", type=int, default=None,
               help="With --url: sample this server process (and its children) for CPU and memory.")
-@click.option("--debug", is_flag=True, expose_value=False, is_eager=True, callback=_debug,
-              help="Show the traceback of errors (same exit codes).")
+@debug_option
 def load_command(recipe, overrides, engines_dir, url, start_server, engine, name, rate, sweep, slo,
                  concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
                  max_points, tolerance, start_rate, soak, windows, leak_threshold, server_pid):

@@ -129,7 +129,9 @@ def run(req: Request) -> None:
     else:
         bound = next((t.bound_ms for t in terms if t.metric == "latency"), None)
         plots.knee_png(png, result["points"], f"{folder} ({engine}): {mode}", bound)
-    path = artifact.write(result, png, Store(req.engines_dir, folder))
+    from pipeline import workloads
+
+    path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
     cap = result.get("capacity")
     if cap:
         console.print(f"capacity: {cap['capacity']} requests/s (bracket {cap['bracket']}; {cap['why']})")

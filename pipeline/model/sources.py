@@ -133,7 +133,7 @@ def check_signature(recipe: Recipe, model) -> None:
         return  # forward(*args) names nothing
     named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [i.name for i in recipe.inputs]
-    if recipe.workload.kind == "generation":  # the KV-cache graph's inputs come from its wrapper;
+    if recipe.workload.kv_cache:  # the KV-cache graph's inputs come from its wrapper;
         names = names[:1]  # the model itself takes input_ids
     if names == named[:len(names)]:
         return
@@ -258,7 +258,7 @@ def _check_transformers(recipe: Recipe) -> None:
     where, spec = _where(recipe), recipe.model.transformers
     deps.require("transformers", "model.transformers")
     names = tuple(i.name for i in recipe.inputs)
-    if recipe.workload.kind == "generation":  # the KV-cache signature (recipe/workload.py)
+    if recipe.workload.kv_cache:  # the KV-cache signature (recipe/workload.py)
         names = names[:1]
     if names not in (HF_INPUTS[:1], HF_INPUTS):
         raise RecipeError(f"{where}: inputs: a transformers model takes [input_ids] or "

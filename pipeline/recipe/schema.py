@@ -223,6 +223,8 @@ class Recipe(Strict):
         OptimizeSpec(), description="Graph passes after export, each checked against its input.")
     targets: list[Target] = Field(min_length=1, description="Engines to build.")
     precision: PrecisionSpec = Field(PrecisionSpec(), description="Precision in the graph.")
+    # the `validate:` section; `validate_` since pydantic's BaseModel has a `validate` (one
+    # name in code: never `validation`, which is the data split `data.validation`)
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
     )
@@ -262,7 +264,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _generation_signature(self) -> Recipe:
         """workload generation: the KV-cache graph's inputs and outputs (pipeline/recipe/workload.py)."""
-        if self.workload.kind == "generation":
+        if self.workload.kv_cache:
             try:
                 self.inputs, self.outputs = kv_signature(self.inputs, self.model, self.workload, InputSpec)
             except ValueError as e:
@@ -344,10 +346,6 @@ class Recipe(Strict):
         if task == "accuracy" and split.text is None and split.arrays is None:
             raise LocatedError(("validate", "task"), "`accuracy` needs labels: set "
                                 "data.validation.arrays (.npz with `labels`) or text (.jsonl with `label`)")
-
-    @property
-    def validation(self) -> ValidateSpec:
-        return self.validate_
 
     def section(self, *keys: str) -> Any:
         """JSON-able dump of the named top-level sections (the input of a cache key)."""

@@ -90,7 +90,7 @@ def estimate(recipe) -> Estimate:
     memory = {"feeds and reference outputs": 2.0 * held,
               "one forward pass at the max shape": float(_bytes(recipe, "max") * ACTIVATIONS_PER_BYTE)}
 
-    latency = recipe.validation.latency
+    latency = recipe.validate_.latency
     runners = 1 + len(recipe.targets)
     shapes = math.prod(len(sizes) for sizes in latency.sweep.values()) + 1 if latency.sweep else 1
     per_shape = max(latency.min_seconds,

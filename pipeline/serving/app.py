@@ -147,22 +147,28 @@ class Server:
     host: str
     port: int
     handle: Handle
+    owns_serve: bool = True  # Serve was started for this app (not a cluster's shared Serve)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}/v1/models/{self.recipe}"
 
     def stop(self) -> None:
+        """Delete the application; Serve itself too (its proxy, its port) when it was ours."""
         from ray import serve
 
         serve.delete(APP)
+        if self.owns_serve:
+            serve.shutdown()
 
 
 def start(recipe, engines_root: Path, engine: str | None = None, spec=None, replicas: int | None = None,
           host: str = "127.0.0.1", port: int | None = None, every_node: bool = False,
-          max_replicas_per_node: int | None = None) -> Server:
+          max_replicas_per_node: int | None = None, owns_serve: bool = True) -> Server:
     """Run the application on the Ray this process is connected to; returns once every
-    replica has loaded its engine (serve.run waits for them)."""
+    replica has loaded its engine (serve.run waits for them). `owns_serve`: Serve (its HTTP
+    proxy on `port`) is ours, shut down by stop(); False on a cluster whose Serve others use
+    (an already running Serve keeps its own port)."""
     from ray import serve
 
     spec = spec or recipe.serve
@@ -172,4 +178,4 @@ def start(recipe, engines_root: Path, engine: str | None = None, spec=None, repl
     app = deployment(recipe, Path(engines_root).resolve(), engine, spec, replicas or spec.replicas,
                      max_replicas_per_node)
     handle = serve.run(app, name=APP, route_prefix="/", blocking=False)
-    return Server(recipe.name, host, port, Handle(handle))
+    return Server(recipe.name, host, port, Handle(handle), owns_serve)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import click
 
+from pipeline.cli_options import debug_option
+
 
 def _serve_overrides(recipe, items: tuple[str, ...]):
     """`--set serve.KEY=VALUE` on top of the recipe's serve section (never another section:
@@ -60,6 +62,7 @@ def _serve_overrides(recipe, items: tuple[str, ...]):
               "cold start, and stop.")
 @click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path), default="engines",
               show_default=True, envvar="PIPELINE_ENGINES", help="Where the engines/<recipe>/ folders are.")
+@debug_option
 def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overrides, check_only,
                   engines_dir):
     """Serve a built engine of RECIPE over HTTP (Ray Serve, dynamic batching).
@@ -83,7 +86,8 @@ def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overr
         signal.signal(sig, lambda *_: stop.set())
     with app.local_ray(num_cpus, address):
         ray_up = time.perf_counter() - started
-        server = app.start(loaded, engines_dir, choice.target, spec, replicas, host, port)
+        server = app.start(loaded, engines_dir, choice.target, spec, replicas, host, port,
+                           owns_serve=not address)
         ready = time.perf_counter() - started
         body, answer, first_ms = coldstart.first_request(server, loaded)
         cold = time.perf_counter() - started

@@ -83,9 +83,12 @@ def read_bytes(path: Path) -> bytes:
         return f.read()
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path, *, regular_only: bool = True) -> str:
+    """The file's sha256, read in 1 MiB chunks: the one file digest of the pipeline. A
+    recorded file must be a regular file (open_regular); `regular_only=False` for the user's
+    own data files, which may be links into a data folder."""
     h = hashlib.sha256()
-    with open_regular(path) as f:
+    with (open_regular(path) if regular_only else open(path, "rb")) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
