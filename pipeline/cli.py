@@ -18,6 +18,7 @@ from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
 from pipeline.fleet.cli import fleet
+from pipeline.serving.cli import serve_command
 from pipeline.text import printable
 
 
@@ -174,14 +175,17 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 @click.option("--force", is_flag=True, help="Rebuild every recipe's stages.")
 @engines_dir_option("Where the recipes' engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+@click.option("--load", is_flag=True, help="Compare `pipeline load` results: capacities, p99 at equal rates.")
 @debug_option
-def compare_command(recipes, overrides, force, engines_dir, verbose):
+def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline.commands.compare import compare
     from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
+    if load:  # pipeline/loadgen/compare.py: no builds, the recorded load results only
+        return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(recipes, overrides, engines_dir)
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
     compared = compare(loaded, engines_dir, force, Progress(verbose), verbose)
     for part in compared.printed:
@@ -205,10 +209,7 @@ def recipes_command(folder):
     if not where.is_dir():
         raise InputError(f"{'--dir ' if folder is not None else ''}{where}: no such folder",
                          "run in a project with a recipes/ folder, or pass --dir DIR")
-
-    t = Table(title="recipes")
-    for col in ("name", "description", "model", "targets"):
-        t.add_column(col)
+    t = Table("name", "description", "model", "targets", title="recipes")
     for path in recipe_mod.list_recipes(folder):
         try:
             r = recipe_mod.load(path)
@@ -254,9 +255,8 @@ def schema_command(what):
               help="Least cosine of any output row (a sentence embedding, a token's logits) vs PyTorch.")
 @click.option("--mean-cosine", type=float, default=0.998, show_default=True,
               help="Least mean row cosine vs PyTorch.")
-@click.option("--max-task-loss", default=None, metavar="LOSS|PCT%",
-              help="Most the task metric (validate.task) may lose vs PyTorch on the held-out data, "
-                   "e.g. 0.02 or 2% (default: the recipe's expect.max_task_loss).")
+@click.option("--max-task-loss", default=None, metavar="LOSS|PCT%", help="Most the task metric (validate.task) "
+              "may lose vs PyTorch on the held-out data, e.g. 0.02 or 2% (default: the recipe's expect.max_task_loss).")
 @click.option("--scheme", "schemes", multiple=True, type=click.Choice(["dynamic", "static"]),
               help="Schemes searched (default both).")
 @click.option("--alpha", "alphas", multiple=True, type=click.FloatRange(0, 1),
@@ -318,6 +318,8 @@ def inspect_command(onnx_file, as_json):
 
 
 cli.add_command(fleet)  # pipeline/fleet/cli.py: `pipeline fleet` builds on a Ray cluster
+cli.add_command(serve_command)  # pipeline/serving/cli.py: `pipeline serve` on Ray Serve
+cli.add_command(__import__("pipeline.loadgen.cli", fromlist=["_"]).load_command)  # `pipeline load`
 
 
 def _fail(message: str, code: int, debug: bool) -> None:

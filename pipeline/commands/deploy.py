@@ -31,6 +31,7 @@ from pipeline import backends, deps
 from pipeline.artifacts import engine_format
 from pipeline.errors import DependencyError, GateFailed, InputError, IntegrityError, RecipeError
 from pipeline.recipe import Dim, Recipe
+from pipeline.recipe.serve import batching
 from pipeline.run import gate_recheck
 from pipeline.store import paths, safe_files
 from pipeline.store.folder_names import folder_name
@@ -215,9 +216,12 @@ def tensors(recipe: Recipe, graph: Path) -> tuple[int, list[Tensor], list[Tensor
 
 def config_pbtxt(name: str, engine_kind: str, gpu: bool, max_batch: int, inputs: list[Tensor],
                  outputs: list[Tensor], instances: int = 1, queue_delay_us: int = 100,
-                 opt_batch: int | None = None) -> str:
+                 opt_batch: int | None = None, preferred: tuple[int, ...] | None = None,
+                 max_queue_size: int = 0) -> str:
     """config.pbtxt in protobuf text format (inference.ModelConfig), written by text_format
-    from Triton's schema: every name is escaped, whatever characters it holds."""
+    from Triton's schema: every name is escaped, whatever characters it holds. `preferred`
+    (default: opt_batch and max_batch), `queue_delay_us` and `max_queue_size` are the
+    recipe's `serve:` batching, the rules `pipeline serve` batches by."""
     from google.protobuf import text_format
 
     mc = model_config()
@@ -227,8 +231,11 @@ def config_pbtxt(name: str, engine_kind: str, gpu: bool, max_batch: int, inputs:
         for t in items:
             field.add(name=t.name, data_type=mc.DataType.Value(t.data_type), dims=t.dims)
     if max_batch > 0:
-        config.dynamic_batching.preferred_batch_size.extend(sorted({b for b in (opt_batch, max_batch) if b}))
+        sizes = sorted({b for b in (opt_batch, max_batch) if b}) if preferred is None else preferred
+        config.dynamic_batching.preferred_batch_size.extend(sizes)
         config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
+        if max_queue_size:
+            config.dynamic_batching.default_queue_policy.max_queue_size = max_queue_size
     config.instance_group.add(count=instances, kind=mc.ModelInstanceGroup.KIND_GPU if gpu
                               else mc.ModelInstanceGroup.KIND_CPU)
     triton.optimization(config.optimization, max_batch, opt_batch, inputs)
@@ -259,7 +266,12 @@ def deploy(recipe: Recipe, engines_root: Path, out: Path, wanted: tuple[str, ...
         max_batch, inputs, outputs = tensors(recipe, e.graph)
         batch_dims = [s.shape[0] for s in recipe.inputs if s.shape and isinstance(s.shape[0], Dim)]
         opt_batch = batch_dims[0].opt if max_batch and batch_dims else None
-        text = config_pbtxt(model, e.kind, e.gpu, max_batch, inputs, outputs, instances, opt_batch=opt_batch)
+        preferred, serve = None, recipe.serve
+        if max_batch:  # the recipe's serve: section, as `pipeline serve` batches
+            max_batch, preferred = batching(serve, recipe.inputs)
+            opt_batch = min(opt_batch, max_batch) if opt_batch else None
+        text = config_pbtxt(model, e.kind, e.gpu, max_batch, inputs, outputs, instances,
+                            serve.max_queue_delay_us, opt_batch, preferred, serve.max_queue_size)
         engine_json = dumps({
             "recipe": recipe.name, "recipe_sha256": recipe.digest, "target": e.target,
             "kind": e.kind, "sha256": e.sha256, "bytes": e.path.stat().st_size,

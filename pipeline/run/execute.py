@@ -192,6 +192,9 @@ class Run:
         inputs = ([graph] if graph else []) + ([base.one()] if base else [])
         inputs += [self.store.artifact(f"validate-{e.target}.json") for e in engines if e.status == "built"]
         inputs += [self.store.artifact(v.file) for e in engines for v in e.versus if v.file]
+        loads = [self.store.artifact(n) for n in sorted(self.store.manifest["files"])
+                 if n.startswith("load-") and n.endswith(".json")]  # `pipeline load`'s results
+        inputs += loads
         skipped = [dump(e) for e in engines if e.status != "built"]
         by_id = {e.target: e for e in [*engines, *others]}
         every = [by_id[t.id] for t in self.recipe.targets if t.id in by_id]  # the recipe's order
@@ -202,7 +205,7 @@ class Run:
             "report", spec, inputs,
             lambda wd: report.write(report.assemble(
                 self.recipe, base.meta if base else None, self.chain.meta, every), wd,
-                workloads.of(self.recipe)),
+                workloads.of(self.recipe), [self.store.read_json(a.name) for a in loads]),
         )
         found = result.record("report.json")
         gate_recheck.refuse_failing(self.recipe, self.store.dir / "report.json", found.engines)
