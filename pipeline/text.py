@@ -1,8 +1,28 @@
-"""Small text helpers every message uses: a path as the user sees it, an exception in one line."""
+"""Small text helpers every message uses: a path as the user sees it, an exception in one line,
+text from a file made safe for a terminal."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+# C0 controls, DEL and C1 controls: ESC starts terminal commands (`ESC[2J` clears the screen),
+# so text that came from a file (a report's `reason`, a target name) never reaches a
+# terminal with them raw.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """`text` with every control character written as its escape (`\\x1b`), newlines included."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def escape(text: object) -> str:
+    """`printable(text)`, with rich's markup escaped too: for any text from a file that a
+    rich console prints."""
+    from rich.markup import escape as markup_escape
+
+    return markup_escape(printable(text))
 
 
 def display_path(path: Path) -> str:
@@ -29,16 +49,24 @@ def fmt(value, spec: str = ".3f") -> str:
 
 
 def speedup(ratio: float, ci95=None) -> str:
-    """A speed-up (reference time / engine time) as every output writes it: `2.00x faster
-    [1.90, 2.10]`, or below 1 as its inverse, `1.22x slower [1.18, 1.25]` (the interval in
-    the same direction). Read it as "engine vs reference"; JSON keeps the plain numbers."""
+    """A speed-up (reference time / engine time, bench.stats's convention) as every output
+    writes it: `2.00x faster [1.90, 2.10]`, or below 1 as its reciprocal, `1.22x slower
+    [1.18, 1.25]` (the interval turned the same way). Read it as "engine vs reference"; JSON
+    keeps the plain numbers."""
+    from pipeline.bench.stats import speedup_from_time_ratio
+
     if ratio >= 1:
-        word, x, ci = "faster", ratio, ci95
-    else:
-        word, x, ci = "slower", 1 / ratio, [1 / ci95[1], 1 / ci95[0]] if ci95 else None
-    return f"{x:.2f}x {word}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        return f"{ratio:.2f}x faster" + _interval(ci95)
+    slower, ci = speedup_from_time_ratio(ratio, ci95)  # engine time / reference time, above 1
+    return f"{slower:.2f}x slower" + _interval(ci)
 
 
 def time_ratio_speedup(time_ratio: float, ci95=None) -> str:
     """`speedup` of B vs A from a comparison's time ratio (B time / A time, the JSON's)."""
-    return speedup(1 / time_ratio, [1 / ci95[1], 1 / ci95[0]] if ci95 else None)
+    from pipeline.bench.stats import speedup_from_time_ratio
+
+    return speedup(*speedup_from_time_ratio(time_ratio, ci95))
+
+
+def _interval(ci) -> str:
+    return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""

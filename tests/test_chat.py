@@ -114,9 +114,9 @@ def test_score_compares_answers_and_perplexity_with_intervals():
     assert p["ratio"] == pytest.approx(math.exp(0.2 * nll.mean()), rel=1e-6)
     assert p["ratio_ci95"][0] <= p["ratio"] <= p["ratio_ci95"][1]
     recipe = load("smollm2-fp32")  # expect: 0.03 points, perplexity x1.01
-    assert [g["passed"] for g in score_gates(recipe, s)] == [False, False]
-    assert [g["passed"] for g in score_gates(recipe, score.compare(base, base, nll, nll))] == [True, True]
-    assert [g["passed"] for g in score_gates(recipe, None)] == [False, False]  # set, never silently skipped
+    assert [g.passed for g in score_gates(recipe, s)] == [False, False]
+    assert [g.passed for g in score_gates(recipe, score.compare(base, base, nll, nll))] == [True, True]
+    assert [g.passed for g in score_gates(recipe, None)] == [False, False]  # set, never silently skipped
 
 
 def test_a_score_gate_needs_the_chat_workload(project: Project):

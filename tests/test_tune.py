@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -55,16 +56,42 @@ def test_tune_times_each_candidate_against_the_best_and_writes_a_recipe(tuned):
         assert check.code == 0 and "mlp-tuned" in check.out and "invalid" not in check.out
 
 
+def _stage_records(proj) -> dict[str, dict]:
+    """Each candidate folder's stage records: folder name -> stage id -> record."""
+    return {f.name: json.loads((f / "manifest.json").read_text())["stages"]
+            for f in sorted(proj.engines.glob("mlp@*"))}
+
+
+def test_each_candidate_is_a_run_of_the_recipe_on_the_stage_cache(tuned):
+    """A candidate is `pipeline run mlp --set precision=... --set targets=...`: its own
+    engines/mlp@<digest>/ folder with the ordinary stage records; the export is made once and
+    reused by the others (same key); tune keeps no cache of its own."""
+    proj, _ = tuned
+    out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
+    records = _stage_records(proj)
+    assert sorted(c["engines"] for c in out["candidates"]) == sorted(records)  # one folder each
+    for c in out["candidates"]:
+        stages = records[c["engines"]]
+        assert "build:onnxruntime" in stages and ("precision" in stages) == bool(c["precision"])
+        assert Path(c["engine"]).parts[-2:] == (c["engines"], "onnxruntime.onnx")
+        manifest = json.loads((proj.engines / c["engines"] / "manifest.json").read_text())
+        assert manifest["recipe_overrides"][0] == "precision=" + json.dumps(
+            c["precision"], sort_keys=True, separators=(",", ":"))
+    assert len({r["export"]["key"] for r in records.values()}) == 1
+    assert [p.name for p in (proj.engines / "mlp" / "tune").iterdir()] in (
+        ["tune.json", "tune.md"], ["tune.md", "tune.json"])  # no private cache beside them
+
+
 def test_tune_reuses_cached_candidates_and_rescues_with_exclusions(tuned):
     """A budget nothing meets (--within-only: none is timed): the search adds sensitivity-chosen
-    exclusions to one over budget; the graphs and accuracies of the first run are reused."""
+    exclusions to one over budget; the first run's stages are reused, not run again."""
     proj, _ = tuned
-    results = sorted((proj.engines / "mlp" / "tune").glob("*/result.json"))
-    stamps = {p: p.stat().st_mtime_ns for p in results}
+    before = _stage_records(proj)
     result = proj.run("tune", "mlp", "--worst-cosine", "0.999999", "--mean-cosine", "0.999999",
                       "--out", "strict.yaml", "--within-only", *SEARCH)
     assert result.code == 0, result.err
-    assert all(p.stat().st_mtime_ns == stamps[p] for p in results)  # cached, not rebuilt
+    after = _stage_records(proj)
+    assert all(after[folder] == stages for folder, stages in before.items())  # cached, not rebuilt
     out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
     assert out["chosen"] == "fp32" and "nothing beat FP32" in result.err
     rescue, blockwise = out["candidates"][-2:]  # the closest over budget, excluded nodes float or blockwise

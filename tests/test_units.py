@@ -241,3 +241,24 @@ def test_speedups_read_engine_vs_reference_faster_or_slower():
     # a comparison's time ratio (B time / A time) reads as B's speed-up over A
     assert time_ratio_speedup(0.5, [0.4, 0.625]) == "2.00x faster [1.60, 2.50]"
     assert time_ratio_speedup(1.224, [1.2, 1.25]) == "1.22x slower [1.20, 1.25]"
+
+
+def test_a_time_ratio_and_a_speedup_are_one_reciprocal_apart_named_once():
+    """speed-up = A time / B time (Speedup.ratio), time ratio = B time / A time
+    (Comparison.time_ratio): stats.speedup_from_time_ratio turns one into the other, and the
+    speed-up, the comparison, as_speedup and the verdicts agree on the same blocks."""
+    import numpy as np
+
+    from pipeline.bench import protocol, stats
+
+    rng = np.random.default_rng(0)
+    a = rng.uniform(1.9, 2.1, size=(12, 5))  # reference: ~2 ms requests, 12 blocks of 5
+    b = rng.uniform(0.95, 1.05, size=(12, 5))  # engine: about twice as fast
+    sp, cmp = stats.speedup(a, b, noise=0.05), stats.compare(a, b, noise=0.05)
+    ratio, ci = stats.speedup_from_time_ratio(cmp["time_ratio"], cmp["ci95"])
+    assert 1.8 < sp["ratio"] < 2.2 and cmp["time_ratio"] < 0.6
+    assert np.isclose(ratio, sp["ratio"]) and np.allclose(ci, sp["ci95"])
+    assert sp["verdict"] == cmp["verdict"] == "faster"
+    assert protocol.as_speedup(cmp)["ratio"] == ratio and protocol.as_speedup(cmp)["ci95"] == ci
+    assert stats.speedup_from_time_ratio(0.5) == (2.0, None)
+    assert stats.time_verdict(1.5, 1.8, noise=0.05) == "slower"  # B takes 1.5-1.8x A's time

@@ -123,7 +123,7 @@ def _summary(blocks: np.ndarray) -> dict:
 def as_speedup(comparison: dict) -> dict:
     """A (baseline) vs B (engine) time ratio -> speedup of B: A time / B time, CI inverted.
     The verdict is the comparison's own: it is already B's."""
-    lo, hi = comparison["ci95"]
-    return {"ratio": 1 / comparison["time_ratio"], "ci95": [1 / hi, 1 / lo],
+    ratio, ci95 = stats.speedup_from_time_ratio(comparison["time_ratio"], comparison["ci95"])
+    return {"ratio": ratio, "ci95": ci95,
             "verdict": comparison["verdict"], "noise_threshold": comparison["noise_threshold"],
             "blocks": comparison["blocks"]}

@@ -106,22 +106,40 @@ def median_ci_halfwidth(ns: np.ndarray) -> float:
     return float((x[hi] - x[lo]) / 2 / median) if median else float("inf")
 
 
+# The project's two ratios, in opposite directions, each with one name (docs/design.md):
+#   speed-up    = reference (A) time / engine (B) time: above 1, B is faster.
+#                 `speedup` below; Speedup.ratio in report.json.
+#   time ratio  = B time / A time: below 1, B is faster.
+#                 `compare` below; Comparison.time_ratio (and tune's `ab`) in the JSON.
+# One is the other's reciprocal; `speedup_from_time_ratio` is the one place that turns one
+# into the other (an interval's ends swap: [lo, hi] -> [1/hi, 1/lo]).
+
+
+def speedup_from_time_ratio(time_ratio: float, ci95=None) -> tuple[float, list[float] | None]:
+    """B's speed-up over A (A time / B time) from B's time ratio (B time / A time), with the
+    95% interval turned the same way; the reverse (a speed-up to its time ratio) is the same
+    reciprocal, so this is also how a `slower` speed-up is written as a factor above 1."""
+    return 1.0 / time_ratio, ([1.0 / ci95[1], 1.0 / ci95[0]] if ci95 is not None else None)
+
+
 def time_verdict(lo: float, hi: float, *, noise: float) -> Verdict:
     """For a time-ratio interval (B time / A time): is B slower, faster, or can't we tell?
-    (The same question as `verdict`, asked of B's speedup interval [1/hi, 1/lo].)"""
-    return verdict(1.0 / hi, 1.0 / lo, noise=noise)
+    (The same question as `verdict`, asked of B's speed-up interval.)"""
+    _, (slo, shi) = speedup_from_time_ratio(1.0, [lo, hi])
+    return verdict(slo, shi, noise=noise)
 
 
 def speedup(baseline_blocks: np.ndarray, engine_blocks: np.ndarray, *, noise: float) -> dict:
-    """The engine against the baseline, timed interleaved: speedup = baseline time / engine
-    time, with its 95% CI and the engine's verdict."""
+    """The engine against the baseline, timed interleaved: its speed-up (baseline time /
+    engine time, above 1: faster), with its 95% CI and the engine's verdict."""
     ratio, lo, hi = paired_ratio(baseline_blocks, engine_blocks)
     return {"ratio": ratio, "ci95": [lo, hi], "verdict": verdict(lo, hi, noise=noise),
             "noise_threshold": noise}
 
 
 def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> dict:
-    """B against A, timed interleaved: time ratio median(B) / median(A) with its 95% CI.
+    """B against A, timed interleaved: B's time ratio median(B) / median(A) (below 1:
+    faster; speedup_from_time_ratio gives B's speed-up) with its 95% CI.
 
     ratio 1.2 = B takes 20% longer than A; verdict is B's: slower, faster or indistinguishable
     (`noise`: the recipe's `validate.latency.noise_threshold`).

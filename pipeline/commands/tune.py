@@ -1,32 +1,31 @@
 """`pipeline tune RECIPE`: the fastest INT8 engine whose accuracy stays within a budget.
 
-The search runs the recipe's export and optimize stages once (cached as usual), then for
-each candidate precision (scheme static/dynamic, per-channel weights, calibration method,
-SmoothQuant alpha, and sensitivity-chosen exclusions) sets the precision in the graph,
-builds the ONNX Runtime engine and measures, on held-out feeds the engine was not
-calibrated on, each metric of the budget against the PyTorch model (tune_metrics.py).
+Each candidate precision (scheme static/dynamic, per-channel weights, calibration method,
+SmoothQuant alpha, and sensitivity-chosen exclusions) is a real run of the recipe with --set
+values (its precision section, the ONNX Runtime target), as `pipeline run RECIPE --set ...`
+would make it: it builds into engines/<recipe>@<digest>/ through the ordinary stage cache,
+which reuses export and optimize across candidates (same key) and keeps each candidate's
+precision and build. Each engine is measured, on held-out feeds it was not calibrated on,
+against the PyTorch model on each metric of the budget (metrics/budget.py).
 
 Timing is the project's A/B protocol: each candidate is timed interleaved with the current
 best (bench.timing.time_interleaved, bench.stats.compare), starting from the FP32 engine;
 it becomes the best only when it meets the budget and the whole 95% interval of its time
 ratio lies below 1 - noise_threshold (verdict `faster`; a pair first found indistinguishable
 is timed once more, EXTEND times longer, before it is called a tie). Candidates over budget are timed
-too (never chosen; --within-only skips them), to show what the budget costs. Each
-candidate's graph, engine and accuracy are cached under
-engines/<recipe>/tune/<key>/ (key: the candidate, the FP32 graph's sha256, the held-out
-feeds, the tool versions and the CPU), so a rerun times only. The result is a table and a
-recipe (extends the tuned one, sets its `precision:`) the user can keep.
+too (never chosen; --within-only skips them), to show what the budget costs. A rerun builds
+nothing: it measures and times. The result is a table (engines/<recipe>/tune/tune.md and
+tune.json) and a recipe (extends the tuned one, sets its `precision:`) the user can keep.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 from pipeline.metrics import budget as tune_metrics
+from pipeline.store import safe_files
 
 FP32 = "fp32"
 EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
@@ -75,6 +74,15 @@ def with_exclusions(best: Candidate, budget: tune_metrics.Budget, samples: int) 
     return out
 
 
+def candidate_overrides(c: Candidate, target) -> list[str]:
+    """The --set values that make the tuned recipe candidate `c`: its precision section (fp32:
+    the default, no precision stage) and the one ONNX Runtime target every candidate is timed
+    on. `pipeline run RECIPE --set ...` with them builds the same engine into the same folder."""
+    compact = {"sort_keys": True, "separators": (",", ":")}  # JSON is YAML: --set parses it
+    return [f"precision={json.dumps(c.precision, **compact)}",
+            f"targets=[{json.dumps(target.model_dump(mode='json'), **compact)}]"]
+
+
 class Search:
     def __init__(self, recipe, engines_root: Path, feeds: list[dict], budget: tune_metrics.Budget,
                  progress, verbose: bool = False, time_all: bool = True,
@@ -84,80 +92,50 @@ class Search:
         self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
             recipe, feeds, budget, progress, verbose)
         self.task, self.task_bound = task, task_bound  # task_bound: (bound, relative to PyTorch's)
-        self.target = next((t for t in recipe.targets if t.kind == "onnxruntime"), OnnxRuntimeTarget())
+        self.target = next((t for t in recipe.targets if isinstance(t, OnnxRuntimeTarget)),
+                           OnnxRuntimeTarget())
         self.engines_root = engines_root
-        self.graph: Path | None = None
         self.reference: list[dict] | None = None
-        self.folder = Path(engines_root) / recipe.name / "tune"
+        # a real folder, never a link (safe_files.folder): tune.json and tune.md are written here
+        self.folder = safe_files.folder(Path(engines_root), recipe.name, "tune")
         self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
 
     # ---------------------------------------------------------------- one candidate
     def prepare(self) -> None:
-        """The FP32 graph (the recipe's own stages, cached) and PyTorch's held-out outputs."""
+        """PyTorch's outputs on the held-out feeds: what every candidate is measured against."""
         from pipeline.model import sources as models
-        from pipeline.run.execute import Run
-        from pipeline.stages.validate import baseline_runner
+        from pipeline.run.openers import baseline_runner
 
-        fp32 = self.recipe.model_copy(update={"precision": self.recipe.precision.model_copy(
-            update={"mode": "fp32"})})
-        store = Run(fp32, self.engines_root, progress=self.progress, verbose=self.verbose).execute(
-            "optimize").store
-        self.graph = next(p for p in (store.dir / "optimized.onnx", store.dir / "model.onnx") if p.is_file())
         with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
             self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]
 
-    def key(self, c: Candidate) -> str:
-        from pipeline import deps
-        from pipeline.precision import isa
-        from pipeline.recipe.schema import sha256_json
-        from pipeline.stages import precision as stage
-        from pipeline.store.recipe_folder import sha256_file
-
-        recipe = self.candidate_recipe(c)
-        return sha256_json({"precision": c.precision, "graph": sha256_file(self.graph),
-                            "stage": stage.spec(recipe) if c.precision else None,
-                            "feeds": tune_metrics.digest(self.feeds), "versions": deps.versions(),
-                            "task": self.task and [self.task.metric, self.task.output,
-                                                   None if self.task.labels is None else
-                                                   self.task.labels.tolist()],
-                            "cpu": isa.describe(), "target": self.target.model_dump()})[:16]
-
     def candidate_recipe(self, c: Candidate):
-        from pipeline.recipe.precision import PrecisionSpec
+        """The tuned recipe loaded again with its own --set values and the candidate's."""
+        from pipeline.recipe import load
 
-        return self.recipe.model_copy(update={"precision": PrecisionSpec(**c.precision)})
+        return load(self.recipe.source, [*self.recipe.overrides, *candidate_overrides(c, self.target)])
 
     def build(self, c: Candidate) -> Path:
-        """The candidate's engine (and its accuracy in c.result), from the cache when there."""
+        """The candidate's engine, built by a run of its recipe variant into
+        engines/<recipe>@<digest>/ (store/folder_names.py) through the stage cache: export and
+        optimize come from a sibling folder with the same key, the precision and build stages
+        are cached per candidate, so a rerun builds nothing. Its accuracy on the held-out feeds
+        (in c.result) is measured on every run, against `prepare`'s PyTorch outputs."""
         from pipeline import backends
-        from pipeline.backends import onnxruntime as ort_backend
-        from pipeline.stages import precision as stage
+        from pipeline.run.execute import Run
 
-        folder = self.folder / self.key(c)
-        done = folder / "result.json"
-        if done.is_file():
-            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
-            return folder / "engine.onnx"
-        shutil.rmtree(folder, ignore_errors=True)
-        work = folder / "work"
-        work.mkdir(parents=True)
         recipe = self.candidate_recipe(c)
-        graph, meta = self.graph, {}
-        if c.precision:
-            (work / "precision").mkdir()
-            outputs, meta = stage.run(recipe, SimpleNamespace(path=self.graph), work / "precision")
-            graph = outputs["typed.onnx"]
-        engine, _ = ort_backend.build(graph, self.target, recipe, work)
-        engine = engine.rename(folder / "engine.onnx")
-        with backends.get("onnxruntime").open(engine, self.target, recipe) as runner:
+        (target,) = recipe.targets
+        outcome = Run(recipe, self.engines_root, progress=self.progress, verbose=self.verbose).execute("build")
+        engine = outcome.built[target.id].path
+        meta = outcome.graph_meta.get("precision", {})
+        with backends.get(target.kind).open(engine, target, recipe) as runner:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
         c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds, self.task),
                     "excluded": [e["node"] for e in meta.get("excluded", [])],
                     "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
-                    "quantized_nodes": meta.get("quantized_nodes")}
-        shutil.rmtree(work)
-        done.write_text(json.dumps(c.result, indent=1))
-        c.result["engine"] = str(engine)
+                    "quantized_nodes": meta.get("quantized_nodes"),
+                    "engines": outcome.store.dir.name, "engine": str(engine)}
         return engine
 
     # ---------------------------------------------------------------- the search
@@ -167,9 +145,9 @@ class Search:
         from pipeline import backends
         from pipeline.bench import stats, timing
 
-        spec = self.recipe.validation.latency
-        backend = backends.get("onnxruntime")
-        threads = self.recipe.validation.threads
+        spec = self.recipe.validate_.latency
+        backend = backends.get(self.target.kind)
+        threads = self.recipe.validate_.threads
         with backend.open(best_engine, self.target, self.recipe, threads=threads, spin=False) as a, \
                 backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
             blocks = timing.time_interleaved([a, b], feed, spec).blocks
@@ -251,7 +229,7 @@ def recipe_text(recipe, chosen: dict, table_lines: list[str], budget: dict | Non
             "extends": parent, "precision": precision}
     budget = budget or {}
     worst = budget.get("worst_cosine", {}).get("bound")
-    tolerance = recipe.validation.tolerance.cosine_min if hasattr(recipe, "validation") else None
+    tolerance = recipe.validate_.tolerance.cosine_min if hasattr(recipe, "validate_") else None
     if worst is not None and tolerance is not None and tolerance > worst:
         body["validate"] = {"tolerance": {"cosine_min": worst}}
     if "task_loss" in budget:  # the absolute bound the search used (a relative one resolved)
@@ -334,11 +312,12 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     from pipeline.recipe.data import parse_task_loss
     from pipeline.ui import Progress
 
-    if feeds_ref:  # held-out feeds from a loader: the recipe's validation split replaced by it
-        from pipeline.recipe import SplitSpec
+    if feeds_ref:  # held-out feeds from a loader: the recipe's validation split replaced by it,
+        # as a --set value, so that every candidate's run (a reload with more --set) keeps it
+        from pipeline.recipe import load
 
-        split = SplitSpec(loader=feeds_ref, samples=None)
-        recipe = recipe.model_copy(update={"data": recipe.data.model_copy(update={"validation": split})})
+        split = json.dumps({"loader": feeds_ref, "samples": None})
+        recipe = load(recipe.source, [*recipe.overrides, f"data.validation={split}"])
     held_out = data.split(recipe, "validation")
     feeds = held_out.feeds
     task, bound = _task(recipe, held_out), max_task_loss if max_task_loss is not None else recipe.expect.max_task_loss
@@ -355,20 +334,20 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder
-    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    safe_files.write_atomic(folder / "tune.json", json.dumps(result, indent=1))
     md = markdown_lines(result)
-    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    safe_files.write_atomic(folder / "tune.md", f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
     written = None
     if chosen["precision"]:
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
-        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
+        safe_files.write_atomic(written, recipe_text(recipe, chosen, md, result["budget"]))
     return result, folder, written
 
 
 def _task(recipe, held_out) -> tune_metrics.Task | None:
     """The recipe's validate.task on the held-out split, when the split has what it needs
     (perplexity: token ids and masks; accuracy and embedding similarity: labels)."""
-    metric = recipe.validation.task
+    metric = recipe.validate_.task
     if metric is None or (metric != "perplexity" and held_out.labels is None):
         return None
     return tune_metrics.Task(metric, recipe.outputs[0], held_out.labels, held_out.masks)

@@ -14,7 +14,6 @@ conversion, the way "flash" variants of a chat model are made: see `prune_ffn`.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -62,26 +61,29 @@ def resolve(ref: str, where: str) -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
+    from pipeline.store import safe_files
+
+    return safe_files.sha256(path)
 
 
 def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
     """The converted transformers folder of the GGUF `ref` (+ transform), converting once."""
+    from pipeline.store import safe_files
+
     path = resolve(ref, where)
     digest = file_sha256(path)
     name = f"{digest[:24]}-v{FORMAT}" + (f"-ffn{prune_ffn:g}" if prune_ffn else "")
-    out = cache_root() / name
-    if (out / "source.json").is_file():
+    # the cache's folders are real folders, never links (safe_files.folder); a conversion
+    # is written into a fresh private temp folder and renamed into place whole
+    root = cache_root()
+    root = safe_files.folder(root.parent, root.name)
+    out = safe_files.folder(root, name, create=False)
+    if safe_files.is_regular(out / "source.json"):
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
         _convert(path, tmp, where, prune_ffn)
-        (tmp / "source.json").write_text(json.dumps(
+        safe_files.write_atomic(tmp / "source.json", json.dumps(
             {"gguf": str(path), "sha256": digest, "bytes": path.stat().st_size,
              "prune_ffn": prune_ffn, "format": FORMAT}, indent=2) + "\n")
         try:
@@ -97,6 +99,8 @@ def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
 def _convert(path: Path, out: Path, where: str, prune_ffn: float | None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from pipeline import deps
+    from pipeline.artifacts import json_file
+    from pipeline.store import safe_files
 
     deps.require("gguf", "model.transformers.gguf")
     deps.require("accelerate", "model.transformers.gguf")
@@ -121,9 +125,9 @@ def _convert(path: Path, out: Path, where: str, prune_ffn: float | None) -> None
         prune_ffn_channels(model, prune_ffn)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    config = json.loads((out / "config.json").read_text())
+    config = json_file.loads(safe_files.read_bytes(out / "config.json"))
     config.pop("quantization_config", None)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    safe_files.write_atomic(out / "config.json", json.dumps(config, indent=2) + "\n")
 
 
 def prune_ffn_channels(model, share: float) -> None:

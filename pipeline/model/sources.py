@@ -26,14 +26,15 @@ def _factory(spec: ModelSpec, where: str, source: Path | None = None) -> Callabl
     directory, then the environment (user_code), as `python -m` would."""
     target = ZOO[spec.zoo][1] if spec.zoo else spec.factory
     module_name, _, attr = target.partition(":")
-    try:
-        module = user_code.import_module(module_name, source)
-    except Exception as e:  # the user's module may fail in any way while importing
-        folders = " or ".join(user_code.search_path(source))
-        raise RecipeError(
-            f"{where}: model.factory: cannot import `{module_name}` ({type(e).__name__}: {e})",
-            f"put {module_name.replace('.', '/')}.py in {folders}, or install its package",
-        ) from None
+    with user_code.exits_refused(f"{where}: model.factory `{target}`"):
+        try:
+            module = user_code.import_module(module_name, source)
+        except Exception as e:  # the user's module may fail in any way while importing
+            folders = " or ".join(user_code.search_path(source))
+            raise RecipeError(
+                f"{where}: model.factory: cannot import `{module_name}` ({type(e).__name__}: {e})",
+                f"put {module_name.replace('.', '/')}.py in {folders}, or install its package",
+            ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RecipeError(f"{where}: model.factory: `{module_name}` has no function `{attr}`")
@@ -106,15 +107,16 @@ def load(recipe: Recipe):
         model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
     else:
         fn = _factory(recipe.model, _where(recipe), recipe.source)
-        try:
-            model = fn(**recipe.model.kwargs)
-        except PipelineError:
-            raise
-        except Exception as e:  # the user's factory (or its kwargs) is the recipe's to fix
-            raise RecipeError(
-                f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}` failed "
-                f"with model.kwargs {recipe.model.kwargs} ({first_line(e, with_type=True)})",
-                "rerun with --debug for the trace") from e
+        with user_code.exits_refused(f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}`"):
+            try:
+                model = fn(**recipe.model.kwargs)
+            except PipelineError:
+                raise
+            except Exception as e:  # the user's factory (or its kwargs) is the recipe's to fix
+                raise RecipeError(
+                    f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}` failed "
+                    f"with model.kwargs {recipe.model.kwargs} ({first_line(e, with_type=True)})",
+                    "rerun with --debug for the trace") from e
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(
             f"{_where(recipe)}: model.factory returned {type(model).__name__}, not a torch.nn.Module"
@@ -140,7 +142,7 @@ def check_signature(recipe: Recipe, model) -> None:
         return  # forward(*args) names nothing
     named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [i.name for i in recipe.inputs]
-    if recipe.workload.kind == "generation":  # the KV-cache graph's inputs come from its wrapper;
+    if recipe.workload.kv_cache:  # the KV-cache graph's inputs come from its wrapper;
         names = names[:1]  # the model itself takes input_ids
     if names == named[:len(names)]:
         return
@@ -259,7 +261,7 @@ def _check_transformers(recipe: Recipe) -> None:
     where, spec = _where(recipe), recipe.model.transformers
     deps.require("transformers", "model.transformers")
     names = tuple(i.name for i in recipe.inputs)
-    if recipe.workload.kind == "generation":  # the KV-cache signature (recipe/workload.py)
+    if recipe.workload.kv_cache:  # the KV-cache signature (recipe/workload.py)
         names = names[:1]
     if names not in (HF_INPUTS[:1], HF_INPUTS):
         raise RecipeError(f"{where}: inputs: a transformers model takes [input_ids] or "

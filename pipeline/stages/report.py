@@ -7,21 +7,25 @@ a person reads is what CI and `compare` read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
-from pipeline.artifacts import SCHEMA, Report, dump
+from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
 from pipeline.recipe import Recipe
+from pipeline.stages import Produced
 from pipeline.store.recipe_folder import now
-from pipeline.text import fmt, speedup, time_ratio_speedup
+from pipeline.text import (  # escape: markup and control characters
+    escape,
+    fmt,
+    speedup,
+    time_ratio_speedup,
+)
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
-             engines: list[dict]) -> Report:
+             engines: list[EngineResult]) -> Report:
     """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
     return Report.model_validate({
         "schema": SCHEMA,
@@ -57,32 +61,31 @@ def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> li
 BASELINE_DRIFT = 2.0
 
 
-def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
+def warnings(baseline: dict | None, engines: list[EngineResult]) -> list[str]:
     """What makes a figure in this report suspect, each naming where it applies."""
     out = []
     alone = ((baseline or {}).get("latency_ms") or {}).get("p50")
     for e in engines:
-        if e["status"] != "built":
+        if e.status != "built":
             continue
-        out += [f"{e['target']}: {w}" for w in e.get("warnings") or []]
-        out += [f"{e['target']} vs `{v['other_recipe']}`: {w}" for v in e.get("versus") or []
-                for w in v.get("warnings") or []]
-        together = (e.get("baseline_latency_ms") or {}).get("p50")
+        out += [f"{e.target}: {w}" for w in e.warnings]
+        out += [f"{e.target} vs `{v.other_recipe}`: {w}" for v in e.versus for w in v.warnings]
+        together = e.baseline_latency_ms.p50 if e.baseline_latency_ms else None
         if alone and together and max(alone / together, together / alone) > BASELINE_DRIFT:
-            out.append(f"{e['target']}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
+            out.append(f"{e.target}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
                        f"the engine but {alone:.3f} ms timed alone (baseline stage), more than "
                        f"{BASELINE_DRIFT:g}x apart: the machine changed between or during the two; "
                        f"rerun with --force on an idle machine")
     return out
 
 
-def write(model: Report, workdir: Path) -> dict[str, Path]:
-    report = dump(model)
-    json_path = workdir / "report.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+def write(model: Report, workdir: Path, workload=None, loads: list[dict] = ()) -> Produced:
+    """report.md, rendered from what report.json will hold; the Report itself is a record
+    (dumped as report.json when the stage is committed). loads: the folder's recorded
+    load-*.json files (`pipeline load`), for report.md's Serving section."""
     md_path = workdir / "report.md"
-    md_path.write_text(markdown(report))
-    return {"report.json": json_path, "report.md": md_path}
+    md_path.write_text(markdown(dump(model), workload, loads))
+    return Produced({"report.md": md_path}, {}, {"report.json": model})
 
 
 # ------------------------------------------------------------------------ rendering
@@ -128,12 +131,16 @@ HEADERS = ["engine", "precision", "cosine (worst)", "top-1", "max |err|", "p50 /
            "vs torch [95% CI]", "gates"]
 
 
-def table(report: dict) -> Table:
+def table(report: dict, workload=None) -> Table:
+    """The terminal table; `workload` (workloads.of(recipe), default: the forward pass) adds
+    its headlines to the caption."""
+    if workload is None:
+        from pipeline.workloads import tensor as workload
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
     caption = (f"baseline {base.get('runner', '?')} {base.get('precision', '')} timed alone: "
                f"p50 {fmt(lat.get('p50'))} ms, p99 {fmt(lat.get('p99'))} ms") if lat else None
-    heads = [line.removeprefix("- ") for line in _generation_headlines(report) if line.startswith("- ")]
+    heads = workload.headlines(report)
     if heads:
         caption = "\n".join([*([caption] if caption else []), *map(escape, heads)])
     if report.get("warnings"):
@@ -156,7 +163,7 @@ def _engine_notes(e: dict) -> list[str]:
         why = f" ({rt['capture_failure']})" if rt.get("capture_failure") else ""
         notes.append(f"CUDA Graphs: {rt.get('cuda_graphs')}{why}; {rt.get('captures', 0)} captures, "
                      f"{rt.get('replays', 0)} replays, {rt.get('enqueues', 0)} plain enqueues.")
-    eff = e.get("effective_precision") or {}
+    eff = e.get("tensorrt_layer_shares") or {}
     shares = eff.get("time_share") or eff.get("layer_share")
     if shares:
         basis = "time" if eff.get("time_share") else "layers"
@@ -166,7 +173,11 @@ def _engine_notes(e: dict) -> list[str]:
     return [n for line in notes for n in (line, "")]
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, workload=None, loads: list[dict] = ()) -> str:
+    """report.md; `workload` (workloads.of(recipe), default: the forward pass) renders each
+    built engine's own section; `loads` adds a Serving section per load file."""
+    if workload is None:
+        from pipeline.workloads import tensor as workload
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
     lines = [
@@ -186,7 +197,8 @@ def markdown(report: dict) -> str:
         "|" + "---|" * len(HEADERS),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in rows(report)]
-    lines += _generation_headlines(report)
+    heads = workload.headlines(report)
+    lines += ["", *(f"- {h}" for h in heads)] if heads else []
     if lat:
         lines += [
             "",
@@ -223,40 +235,32 @@ def markdown(report: dict) -> str:
                          f"| {m['cosine']:.6f} | {fmt(m.get('cosine_worst_sample'), '.6f')} "
                          f"| {fmt(m['top1_agreement'], '.4f')} |")
         lines += _task_lines(e.get("task"))
-        if e.get("generation"):
-            from pipeline.generation import report as generation_report
-
-            lines += generation_report.markdown(e, base.get("runner", "PyTorch"))
         el, bl = e["latency_ms"], e["baseline_latency_ms"]
         lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
-        baseline_label = f"{base['runner']} (interleaved)" if e.get("generation") else "torch-eager (interleaved)"
-        for label, x in ((e["target"], el), (baseline_label, bl)):
+        for label, x in ((e["target"], el), (f"{workload.BASELINE} (interleaved)", bl)):
             lines.append(f"| {label} | {x['p50']:.3f} | {x['p90']:.3f} | {x['p99']:.3f} | "
                          f"{x['mean']:.3f} | {x['cov']:.2f} | {x['n']} |")
         if e.get("latency_note"):
             lines += ["", f"**Latency not meaningful here:** {e['latency_note']}."]
         # ONNX Runtime's effective precision (FLOP shares); TensorRT's (layer/time shares)
         # is rendered by _engine_notes
-        if "integer_share" in (e.get("effective_precision") or {}):
+        if e.get("ort_flop_shares"):
             from pipeline.precision.report import effective_markdown
 
-            lines += effective_markdown(e["effective_precision"])
+            lines += effective_markdown(e["ort_flop_shares"])
         s = e["speedup_vs_baseline"]
         lines += ["", f"{e['target']} vs PyTorch: **{speedup(s['ratio'], s['ci95'])}** (95% CI; "
                   f"{s['verdict']}). How: {e['latency_method']}.", "",
                   *_engine_notes(e),
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
+        lines += workload.engine_markdown(e)
         lines += _measurement(e)
+    if loads:
+        from pipeline.loadgen.markdown import markdown as serving_markdown
+
+        lines += serving_markdown(list(loads))
     return "\n".join(lines) + "\n"
-
-
-def _generation_headlines(report: dict) -> list[str]:
-    """Generation engines: the task score, TTFT/TPOT, the task and the long point, first."""
-    from pipeline.generation.report import headline
-
-    heads = [headline(e) for e in report["engines"] if e["status"] == "built" and e.get("generation")]
-    return ["", *(f"- {h}" for h in heads)] if heads else []
 
 
 def _data_lines(data: dict | None) -> list[str]:
@@ -283,20 +287,8 @@ def _task_lines(task: dict | None) -> list[str]:
 
 
 def _measurement(e: dict) -> list[str]:
-    """Cold start, sweep, A/Bs against other recipes, resources, harness overhead, plot."""
+    """A/Bs against other recipes, resources, harness overhead, plot."""
     lines = []
-    cold, bcold = e.get("cold_start_ms"), e.get("baseline_cold_start_ms")
-    if cold and bcold:
-        lines += ["", f"Cold start (load + first request, one sample each, runtimes already "
-                  f"imported): {e['target']} {cold['load']:.1f} + {cold['first_request']:.1f} ms; "
-                  f"torch-eager {bcold['load']:.1f} + {bcold['first_request']:.1f} ms (warm p50 above)."]
-    if e.get("sweep"):
-        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | engine vs torch [95% CI] |",
-                  "|---|---|---|---|"]
-        for s in e["sweep"]:
-            el, bl, sp = s["latency_ms"], s["baseline_latency_ms"], s["speedup_vs_baseline"]
-            lines.append(f"| {s['shape']} | {el['p50']:.3f} / {el['p99']:.3f} | {bl['p50']:.3f} / "
-                         f"{bl['p99']:.3f} | {speedup(sp['ratio'], sp['ci95'])} |")
     for v in e.get("versus") or []:
         if v.get("reason"):
             lines += ["", f"Versus `{v['other']}`: not measured ({v['reason']})."]

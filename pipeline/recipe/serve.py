@@ -1,0 +1,128 @@
+"""The `serve:` section: how `pipeline serve` batches requests, and what `pipeline deploy
+--triton` writes into config.pbtxt's `dynamic_batching`, so the two agree.
+
+The batching fields mean what Triton's `dynamic_batching` means (model_config.proto):
+max_batch_size, max_queue_delay_microseconds, preferred_batch_size and the default queue
+policy's max_queue_size. Length buckets and pad values are the server's own (Triton's
+dynamic batcher only stacks equal shapes): requests whose variable-length dims differ are
+padded up to a bucket and batched with requests of the same bucket.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, model_validator
+
+from pipeline.recipe.base import Dim, Strict
+
+
+class ServeSpec(Strict):
+    """Dynamic batching of `pipeline serve` (and config.pbtxt's `dynamic_batching`)."""
+
+    max_batch_size: int | None = Field(
+        None, ge=1, description="Most requests (rows) in one batch. Default: the max of the "
+        "inputs' `batch` dim (1 when the inputs have none). Triton: `max_batch_size`.")
+    max_queue_delay_us: int = Field(
+        100, ge=0, le=60_000_000, description="How long (microseconds) the oldest queued request "
+        "may wait for a fuller batch before whatever is queued is sent. Triton: "
+        "`max_queue_delay_microseconds`.")
+    preferred_batch_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, description="Batch sizes sent at once, without waiting for the delay: the largest "
+        "one the queue can fill is sent. Default: the `batch` dim's opt and max; [] means only "
+        "max_batch_size (or the delay) sends a batch. Triton: `preferred_batch_size`.")
+    max_queue_size: int = Field(
+        64, ge=0, description="Requests that may wait in a replica's queue; one more is refused "
+        "with HTTP 503 (`queue full`). 0: unbounded. Triton: `default_queue_policy.max_queue_size`.")
+    length_buckets: dict[str, list[Annotated[int, Field(ge=1)]]] | None = Field(
+        None, description="Per variable-length dim symbol (e.g. `sequence`), the lengths a request "
+        "is padded up to; only requests of one bucket share a batch. The dim's max is always a "
+        "bucket. Default: powers of two from the dim's min, and its max. {sequence: []}: no "
+        "padding, only equal lengths share a batch.")
+    pad_values: dict[str, float] = Field(
+        default_factory=dict, description="Value padding fills, per input name (default 0: a "
+        "0 attention mask hides padded tokens; pad ids are then never attended).")
+    replicas: int = Field(1, ge=1, le=64, description="Replicas (one engine each); `pipeline serve "
+                          "--replicas` overrides. Triton: `instance_group.count`.")
+    replica_cpus: float = Field(1.0, gt=0, le=256, description="CPUs Ray reserves per replica "
+                                "(places replicas on a cluster's nodes).")
+    threads: int | None = Field(None, ge=1, le=256, description="Intra-op threads of each "
+                                "replica's engine (default: replica_cpus, at least 1).")
+
+    @model_validator(mode="after")
+    def _sorted(self) -> ServeSpec:
+        if self.preferred_batch_sizes is not None:
+            self.preferred_batch_sizes = sorted(set(self.preferred_batch_sizes))
+        for name, sizes in (self.length_buckets or {}).items():
+            self.length_buckets[name] = sorted(set(sizes))
+        return self
+
+
+BATCH_NAMES = ("batch", "batch_size")
+
+
+def batch_dim(inputs: list) -> Dim | None:
+    """The batch dim: every input's first dim is one shared dynamic dim named `batch` (or
+    `batch_size`) starting at 1, as deploy's Triton config requires; else None."""
+    firsts = [s.shape[0] if s.shape else None for s in inputs]
+    if not firsts or not all(isinstance(d, Dim) for d in firsts):
+        return None
+    batch = firsts[0]
+    if batch.name not in BATCH_NAMES or batch.min != 1 or any(d.name != batch.name for d in firsts):
+        return None
+    return batch
+
+
+def variable_dims(inputs: list) -> dict[str, Dim]:
+    """The named dynamic dims other than the batch dim: symbol -> Dim (e.g. `sequence`)."""
+    skip = 1 if batch_dim(inputs) else 0
+    return {d.name: d for s in inputs for d in s.shape[skip:] if isinstance(d, Dim) and d.name}
+
+
+def batching(spec: ServeSpec, inputs: list) -> tuple[int, tuple[int, ...]]:
+    """(max batch size, preferred batch sizes) for `pipeline serve` and config.pbtxt alike:
+    (1, ()) when the inputs have no batch dim (each request runs alone)."""
+    batch = batch_dim(inputs)
+    if batch is None:
+        return 1, ()
+    most = spec.max_batch_size or batch.max
+    if spec.preferred_batch_sizes is not None:
+        return most, tuple(n for n in spec.preferred_batch_sizes if n <= most)
+    return most, tuple(sorted({n for n in (batch.opt, most) if n <= most}))
+
+
+def buckets(spec: ServeSpec, dim_name: str, dim: Dim) -> list[int]:
+    """The lengths a request's `dim_name` is padded up to (ascending, the dim's max last);
+    [] means no padding (only equal lengths share a batch)."""
+    given = (spec.length_buckets or {}).get(dim_name)
+    if given is not None:
+        return sorted({*given, dim.max}) if given else []
+    sizes, n = [], dim.min
+    while n < dim.max:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, dim.max]
+
+
+def check(spec: ServeSpec, inputs: list) -> None:
+    """Cross-checks against the recipe's inputs (ValueError naming the key and what fits)."""
+    batch = batch_dim(inputs)
+    top = batch.max if batch else 1
+    if spec.max_batch_size is not None and spec.max_batch_size > top:
+        raise ValueError(f"max_batch_size {spec.max_batch_size} exceeds what the engine accepts "
+                         f"({top}: the max of the inputs' batch dim)" if batch else
+                         f"max_batch_size {spec.max_batch_size}: the inputs have no `batch` dim, "
+                         "so each request runs alone (max 1)")
+    most = spec.max_batch_size or top
+    bad = [n for n in spec.preferred_batch_sizes or [] if n > most]
+    if bad:
+        raise ValueError(f"preferred_batch_sizes {bad} exceed max_batch_size {most}")
+    dims = variable_dims(inputs)
+    for name, sizes in (spec.length_buckets or {}).items():
+        if name not in dims:
+            raise ValueError(f"length_buckets: `{name}` is not a variable-length dim symbol of the "
+                             f"inputs (declared: {', '.join(sorted(dims)) or 'none'})")
+        dim = dims[name]
+        outside = [n for n in sizes if not dim.min <= n <= dim.max]
+        if outside:
+            raise ValueError(f"length_buckets.{name}: {outside} outside the dim's [{dim.min}, {dim.max}]")

@@ -1,0 +1,14 @@
+"""Serving: built engines behind Ray Serve, with a dynamic batcher of Triton's semantics.
+
+    batcher.py    the batching rules: a pure core with an injected clock
+    collate.py    request checks, length buckets, padding, stacking, splitting
+    engine.py     the engine folder checked as `verify` does, opened through its backend
+    replica.py    one replica: engine + batcher on an asyncio loop, its own measurements
+    http_api.py   the HTTP routes (FastAPI)
+    app.py        the Ray Serve deployment, local Ray or a cluster, the in-process handle
+    coldstart.py  the first request, checked in process, and serve-start-<engine>.json
+    cli.py        `pipeline serve`
+
+Nothing here is imported by `import pipeline` or `pipeline --help` except cli.py, whose
+top-level imports are click only; ray, fastapi and the runtimes load when a command runs.
+"""

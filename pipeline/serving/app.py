@@ -1,0 +1,181 @@
+"""The Ray Serve application: one deployment whose replicas each hold a Replica (engine +
+batcher), with the HTTP API as its FastAPI ingress; plus starting Ray locally or joining a
+cluster, and an in-process handle for the load generator and tests.
+
+    with local_ray(num_cpus=2):                      # or ray.init(address=...) by the caller
+        server = start(recipe, engines_root, port=8000, replicas=2)
+        server.handle.infer({"input_ids": ids, "attention_mask": mask})   # no HTTP
+        requests.post(server.url + "/infer", json=...)                    # HTTP
+        server.stop()
+
+Ray Serve's own `@serve.batch` is not used: it has no preferred batch sizes, no bounded
+queue (503) and no length buckets. The replica runs the batcher itself, so Ray must hand it
+every request at once: max_ongoing_requests is set to max_queue_size + max_batch_size + 1
+(Ray's default of 5 would cap every batch at 5: ray#43288), and the replica's own 503
+answers before Ray would queue anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+APP = "pipeline"  # the Ray Serve application name (one per Ray cluster)
+STARTS = 3  # tries to start a local Ray (see local_ray)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int | None = None, address: str | None = None):
+    """A Ray instance of our own (stopped on exit), or the cluster at `address` (left running).
+    No dashboard; every port Ray picks itself, so it never meets another user's Ray."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for attempt in range(STARTS):
+        try:
+            if address:
+                ray.init(address=address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                         log_to_driver=False, _system_config={"metrics_report_interval_ms": 60_000})
+            break
+        except Exception as e:
+            # Ray gives its raylet a fixed 30 s to register; a busy machine can miss that
+            if "timed out during startup" not in str(e) or attempt == STARTS - 1:
+                raise
+            ray.shutdown()
+    try:
+        yield
+    finally:
+        from ray import serve
+
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
+def max_ongoing(spec, max_batch: int) -> int:
+    """Requests Ray hands one replica at once: its whole queue plus a running batch."""
+    return (spec.max_queue_size or 10_000) + max_batch + 1
+
+
+def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: int,
+               max_replicas_per_node: int | None = None):
+    """The bound Ray Serve application (not yet running)."""
+    from ray import serve
+
+    from pipeline.recipe.serve import batch_dim
+
+    batch = batch_dim(recipe.inputs)
+    most = (spec.max_batch_size or batch.max) if batch else 1
+    threads = spec.threads or max(1, int(spec.replica_cpus))
+    options = {"num_replicas": replicas, "max_ongoing_requests": max_ongoing(spec, most),
+               "ray_actor_options": {"num_cpus": spec.replica_cpus},
+               "health_check_period_s": 5}
+    if max_replicas_per_node:
+        options["max_replicas_per_node"] = max_replicas_per_node
+
+    # The FastAPI app is built in each replica, after its engine loaded (Ray Serve's late-bound
+    # ingress): its routes reach this replica's own Replica object.
+    @serve.deployment(name=f"{recipe.name}", **options)
+    @serve.ingress()
+    class EngineServer:
+        def __init__(self):
+            from pipeline.serving.replica import Replica
+
+            self.replica = Replica(recipe, Path(engines_root), engine, spec, threads)
+
+        def __serve_build_asgi_app__(self):
+            from fastapi import FastAPI
+
+            from pipeline.serving import http_api
+
+            api = FastAPI(title=f"pipeline serve {recipe.name}")
+            http_api.routes(api, lambda: self.replica, recipe.name)
+            return api
+
+        async def infer_arrays(self, inputs: dict) -> dict:
+            """The in-process handle's call: arrays in, the same answer as HTTP's."""
+            return await self.replica.infer(inputs)
+
+        async def generate_tokens(self, prompt_ids: list[int], max_new_tokens: int):
+            async for item in self.replica.generate(prompt_ids, max_new_tokens):
+                yield item
+
+        async def replica_stats(self) -> dict:
+            return self.replica.stats()
+
+        def __del__(self):
+            with contextlib.suppress(Exception):
+                self.replica.close()
+
+    return EngineServer.bind()
+
+
+class Handle:
+    """The application's DeploymentHandle, with plain calls (no HTTP): `infer(arrays)` ->
+    the HTTP answer's dict (outputs as arrays); QueueFull and BadRequest raise as such."""
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    def infer(self, inputs: dict, timeout_s: float = 120) -> dict:
+        return self._handle.infer_arrays.remote(inputs).result(timeout_s=timeout_s)
+
+    async def infer_async(self, inputs: dict) -> dict:
+        return await self._handle.infer_arrays.remote(inputs)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int):
+        return self._handle.options(stream=True).generate_tokens.remote(prompt_ids, max_new_tokens)
+
+    def stats(self, timeout_s: float = 60) -> dict:
+        return self._handle.replica_stats.remote().result(timeout_s=timeout_s)
+
+
+@dataclass
+class Server:
+    recipe: str
+    host: str
+    port: int
+    handle: Handle
+    owns_serve: bool = True  # Serve was started for this app (not a cluster's shared Serve)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1/models/{self.recipe}"
+
+    def stop(self) -> None:
+        """Delete the application; Serve itself too (its proxy, its port) when it was ours."""
+        from ray import serve
+
+        serve.delete(APP)
+        if self.owns_serve:
+            serve.shutdown()
+
+
+def start(recipe, engines_root: Path, engine: str | None = None, spec=None, replicas: int | None = None,
+          host: str = "127.0.0.1", port: int | None = None, every_node: bool = False,
+          max_replicas_per_node: int | None = None, owns_serve: bool = True) -> Server:
+    """Run the application on the Ray this process is connected to; returns once every
+    replica has loaded its engine (serve.run waits for them). `owns_serve`: Serve (its HTTP
+    proxy on `port`) is ours, shut down by stop(); False on a cluster whose Serve others use
+    (an already running Serve keeps its own port)."""
+    from ray import serve
+
+    spec = spec or recipe.serve
+    port = port or free_port()
+    serve.start(http_options={"host": host, "port": port},
+                proxy_location="EveryNode" if every_node else "HeadOnly")
+    app = deployment(recipe, Path(engines_root).resolve(), engine, spec, replicas or spec.replicas,
+                     max_replicas_per_node)
+    handle = serve.run(app, name=APP, route_prefix="/", blocking=False)
+    return Server(recipe.name, host, port, Handle(handle), owns_serve)

@@ -1,0 +1,126 @@
+"""The HTTP API of `pipeline serve` (docs/serving.md), as a FastAPI app over one Replica:
+
+    POST /v1/models/<recipe>/infer      {"inputs": {name: nested list}} or an .npz body
+                                        (Content-Type: application/x-npz) -> 200
+                                        {"outputs": {name: nested list}, "queue_ms",
+                                        "compute_ms", "batch_size"} (npz with Accept:
+                                        application/x-npz: the outputs, timings as headers)
+    POST /v1/models/<recipe>/generate   {"prompt_ids": [...], "max_new_tokens": n,
+                                        "stream": true} -> NDJSON: {"token": id} per token,
+                                        then {"done": true, "ttft_ms", "tokens", ...}
+    GET  /v1/models/<recipe>/ready      200 {"ready": true} once the engine is loaded
+    GET  /v1/models/<recipe>/stats      the replica's load time, memory, batch sizes
+    GET  /health                        200 {"status": "ok"}
+Errors: 400 {"error": one line} for a bad request, 404 for another recipe, 503 {"error":
+"queue full"} when the bounded queue is full, 500 when the engine fails.
+
+`routes(app, get_replica, recipe_name)` adds the routes to a FastAPI app whose handlers
+reach the replica through `get_replica()` (the Ray Serve deployment's, or a test's).
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request)
+# as objects; as strings they would not resolve inside routes() and become query parameters.
+import io
+import json
+
+import numpy as np
+
+from pipeline.serving.batcher import QueueFull
+from pipeline.serving.collate import BadRequest
+
+NPZ = "application/x-npz"
+
+
+def _error(status: int, message: str):
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def parse_npz(body: bytes) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(body), allow_pickle=False) as npz:
+            return {name: npz[name] for name in npz.files}
+    except Exception as e:  # not an npz, or an object array (pickles are refused)
+        raise BadRequest(f"the body is not a readable .npz of arrays ({type(e).__name__}: {e})") from None
+
+
+def to_npz(arrays: dict[str, np.ndarray]) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()
+
+
+def routes(app, get_replica, recipe_name: str) -> None:
+    from fastapi import Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+    def _other(name: str):
+        return None if name == recipe_name else _error(404, f"no model `{name}` here (serving "
+                                                                f"`{recipe_name}`)")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models/{name}/ready")
+    async def ready(name: str):
+        return _other(name) or {"ready": True, "engine": get_replica().choice.target}
+
+    @app.get("/v1/models/{name}/stats")
+    async def stats(name: str):
+        return _other(name) or get_replica().stats()
+
+    @app.post("/v1/models/{name}/infer")
+    async def infer(name: str, request: Request):
+        if (wrong := _other(name)) is not None:
+            return wrong
+        body = await request.body()
+        try:
+            if request.headers.get("content-type", "").split(";")[0].strip() == NPZ:
+                inputs = parse_npz(body)
+            else:
+                inputs = _json(body).get("inputs")
+            answer = await get_replica().infer(inputs)
+        except BadRequest as e:
+            return _error(400, str(e))
+        except QueueFull:
+            return _error(503, "queue full")
+        timings = {k: answer[k] for k in ("queue_ms", "compute_ms", "batch_size")}
+        if NPZ in request.headers.get("accept", ""):
+            headers = {f"x-{k.replace('_', '-')}": str(v) for k, v in timings.items()}
+            return Response(to_npz(answer["outputs"]), media_type=NPZ, headers=headers)
+        return JSONResponse({"outputs": {k: v.tolist() for k, v in answer["outputs"].items()}, **timings})
+
+    @app.post("/v1/models/{name}/generate")
+    async def generate(name: str, request: Request):
+        if (wrong := _other(name)) is not None:
+            return wrong
+        try:
+            body = _json(await request.body())
+            tokens = get_replica().generate(body.get("prompt_ids"), body.get("max_new_tokens", 16))
+            first = await anext(tokens)  # a bad request or a full queue raises here, before 200
+        except BadRequest as e:
+            return _error(400, str(e))
+        except QueueFull:
+            return _error(503, "queue full")
+
+        async def lines():
+            yield json.dumps(first) + "\n"
+            async for item in tokens:
+                yield json.dumps(item) + "\n"
+
+        if body.get("stream", True):
+            return StreamingResponse(lines(), media_type="application/x-ndjson")
+        items = [first] + [item async for item in tokens]
+        return JSONResponse({"token_ids": [i["token"] for i in items if "token" in i], **items[-1]})
+
+
+def _json(body: bytes) -> dict:
+    try:
+        data = json.loads(body or b"null")
+    except ValueError as e:
+        raise BadRequest(f"the body is not JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the body must be a JSON object")
+    return data

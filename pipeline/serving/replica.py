@@ -1,0 +1,180 @@
+"""One serving replica: the engine, the batcher's pure rules driven by an asyncio loop on the
+real clock, and what the replica measures about itself (load time, memory, batch sizes).
+
+No Ray here: the Ray Serve deployment (app.py) holds one Replica and forwards to it, and the
+tests drive a Replica directly too. The engine runs on one worker thread, one batch at a
+time (a replica is one engine instance, as Triton's instance_group count 1); requests queue
+in the batcher meanwhile, up to max_queue_size (then QueueFull: 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pipeline.serving import collate
+from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
+
+
+def memory_mb() -> dict[str, float]:
+    """This process's resident memory now and at its peak (Linux /proc: VmRSS, VmHWM)."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0]) / 1024  # kB -> MiB
+    return {"rss_mb": values.get("VmRSS", 0.0), "peak_rss_mb": values.get("VmHWM", 0.0)}
+
+
+class Replica:
+    def __init__(self, recipe, engines_root: Path, engine: str | None, spec, threads: int | None):
+        from pipeline.serving.engine import ServedEngine, choose, output_axes
+
+        start = time.perf_counter()
+        self.choice = choose(recipe, engines_root, engine)
+        self.engine = ServedEngine(recipe, self.choice, threads)
+        self.recipe, self.spec = recipe, spec
+        self.signature = collate.Signature.of(recipe, spec, output_axes(recipe, self.choice.graph))
+        self.policy = BatchPolicy(self.signature.max_batch_size, spec.max_queue_delay_us,
+                                  self.signature.preferred, spec.max_queue_size)
+        self.batcher = Batcher(self.policy, time.monotonic)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._generating = 0  # generation requests admitted (running or waiting)
+        self._gen_lock: asyncio.Lock | None = None
+        self.load_s = time.perf_counter() - start
+        self.load_memory = memory_mb()
+        self.batches: dict[int, int] = {}  # batch size -> batches run
+        self.requests = 0
+
+    # ------------------------------------------------------------------ forward requests
+    async def infer(self, inputs: dict) -> dict:
+        """One request -> {"outputs", "queue_ms", "compute_ms", "batch_size"}; raises
+        collate.BadRequest (400) or QueueFull (503)."""
+        if self.engine.generation:
+            raise collate.BadRequest(f"recipe `{self.recipe.name}` is a generation engine: "
+                                     "POST .../generate with prompt_ids")
+        arrays, lengths = collate.check(self.signature, inputs)
+        key = collate.bucket(self.signature, lengths)
+        future = asyncio.get_running_loop().create_future()
+        self.batcher.submit((arrays, lengths, future), key)  # QueueFull: nothing was queued
+        self._kick()
+        return await future
+
+    def _kick(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        """Take each batch as the rules say it is due; sleep until a submit or the delay."""
+        while True:
+            batch = self.batcher.take()
+            if batch is None:
+                self._wake.clear()  # no await since take(): no submit can be missed
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.batcher.wake_in())
+                except TimeoutError:
+                    pass
+                continue
+            await self._run(batch)
+
+    async def _run(self, batch) -> None:
+        feeds = [q.item[0] for q in batch]
+        lengths = [q.item[1] for q in batch]
+        futures = [q.item[2] for q in batch]
+        try:
+            feed = collate.stack(self.signature, feeds, batch[0].bucket)
+            start = time.perf_counter()
+            outputs = await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.infer, feed)
+            compute_ms = (time.perf_counter() - start) * 1e3
+            answers = collate.split(self.signature, outputs, lengths)
+        except Exception as e:  # the engine failed: every request of the batch is told
+            for f in futures:
+                if not f.done():
+                    f.set_exception(e)
+            return
+        self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
+        self.requests += len(batch)
+        for q, f, answer in zip(batch, futures, answers):
+            if not f.done():  # a client that went away cancelled its future
+                f.set_result({"outputs": answer, "queue_ms": q.queue_s() * 1e3,
+                              "compute_ms": compute_ms, "batch_size": len(batch)})
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int):
+        """Async iterator: {"token": id} per token, then {"done": True, timings}. One
+        generation runs at a time; up to max_queue_size wait (then QueueFull)."""
+        if not self.engine.generation:
+            raise collate.BadRequest(f"recipe `{self.recipe.name}` is not a generation engine: "
+                                     "POST .../infer")
+        _check_prompt(self.recipe, prompt_ids, max_new_tokens)
+        limit = self.spec.max_queue_size
+        if limit and self._generating >= limit + 1:
+            raise QueueFull(f"queue full ({limit} requests waiting)")
+        self._gen_lock = self._gen_lock or asyncio.Lock()
+        self._generating += 1
+        arrived = time.perf_counter()
+        try:
+            async with self._gen_lock:
+                started = time.perf_counter()
+                loop, tokens = asyncio.get_running_loop(), self.engine.generate(prompt_ids, max_new_tokens)
+                first, n = None, 0
+                while (token := await loop.run_in_executor(self._pool, next, tokens, None)) is not None:
+                    first = first or time.perf_counter()
+                    n += 1
+                    yield {"token": token}
+                end = time.perf_counter()
+        finally:
+            self._generating -= 1
+        self.requests += 1
+        yield {"done": True, "tokens": n, "queue_ms": (started - arrived) * 1e3,
+               "ttft_ms": (first - arrived) * 1e3, "e2e_ms": (end - arrived) * 1e3,
+               "tpot_ms": (end - first) * 1e3 / (n - 1) if n > 1 else None}
+
+    # ------------------------------------------------------------------ state
+    def stats(self) -> dict:
+        node = None
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        except ImportError:
+            pass
+        return {"recipe": self.recipe.name, "engine": self.choice.target, "kind": self.choice.kind,
+                "sha256": self.choice.sha256, "pid": os.getpid(), "node_id": node,
+                "load_s": self.load_s, "rss_at_load_mb": self.load_memory["rss_mb"],
+                **memory_mb(), "queued": len(self.batcher), "requests": self.requests,
+                "batches": {str(k): v for k, v in sorted(self.batches.items())},
+                "policy": {"max_batch_size": self.policy.max_batch_size,
+                           "max_queue_delay_us": self.policy.max_queue_delay_us,
+                           "preferred_batch_sizes": list(self.policy.preferred_batch_sizes),
+                           "max_queue_size": self.policy.max_queue_size}}
+
+    def close(self) -> None:
+        for q in self.batcher.drain():
+            if not q.item[2].done():
+                q.item[2].set_exception(QueueFull("the replica is shutting down"))
+        self._pool.shutdown(wait=True)
+        self.engine.close()
+
+
+def _check_prompt(recipe, prompt_ids, max_new_tokens) -> None:
+    if not isinstance(prompt_ids, list) or not prompt_ids or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        raise collate.BadRequest("prompt_ids must be a non-empty list of integer token ids")
+    vocab = int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else None
+    if vocab is not None and not all(0 <= t < vocab for t in prompt_ids):
+        raise collate.BadRequest(f"prompt_ids must be within [0, {vocab})")
+    context = recipe.workload.context_max() + 1
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise collate.BadRequest("max_new_tokens must be an integer >= 1")
+    if len(prompt_ids) + max_new_tokens > context:
+        raise collate.BadRequest(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) "
+                                 f"exceeds the engine's context of {context} tokens")
