@@ -14,10 +14,12 @@ import click
 
 from pipeline import __version__
 from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
+from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
 from pipeline.fleet.cli import fleet
 from pipeline.serving.cli import serve_command
+from pipeline.text import printable
 
 
 def recipe_options(fn=None, *, targets: bool = True):
@@ -108,17 +110,8 @@ _stage_command("validate", "validate", "Validate every engine against the PyTorc
 _stage_command("report", "report", "Write report.json / report.md (running what it needs).")
 
 
-@cli.command("verify")
-@click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
-@click.option("--files-only", is_flag=True,
-              help="Check the sha256 of every file, not the tool versions and device.")
-@debug_option
-def verify_command(folder, files_only):
-    """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
-    sha256, and the tool versions and device it was built with against this machine."""
-    from pipeline.commands import verify
-
-    verify.run(folder, environment=not files_only)
+for _command in (verify_command, sign_command, keygen_command):  # pipeline/commands/sign.py
+    cli.add_command(debug_option(_command))
 
 
 @cli.command("deploy")
@@ -127,9 +120,9 @@ def verify_command(folder, files_only):
               help="Triton model repository to write <recipe>-<target>/ model folders into.")
 @click.option("--target", "targets", multiple=True, metavar="ID|KIND",
               help="Deploy only this target (repeatable); default: every deployable engine.")
-@click.option("--version", "model_version", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--version", "model_version", type=click.IntRange(1, 2**63 - 1), default=1, show_default=True,
               help="Model version folder.")
-@click.option("--instances", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--instances", type=click.IntRange(1, 2**31 - 1), default=1, show_default=True,
               help="Instances per device (instance_group count).")
 @click.option("--allow-failed-gates", is_flag=True, help="Deploy engines that failed a gate.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -139,10 +132,9 @@ def verify_command(folder, files_only):
 def deploy_command(recipe, out, targets, model_version, instances, allow_failed_gates, overrides,
                    engines_dir):
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
-    from rich.markup import escape
-
     from pipeline.commands import deploy
     from pipeline.store import folder_names as folders
+    from pipeline.text import escape  # markup and control characters
     from pipeline.ui import out as stdout
 
     r = folders.load(recipe, overrides, engines_dir)
@@ -183,14 +175,17 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 @click.option("--force", is_flag=True, help="Rebuild every recipe's stages.")
 @engines_dir_option("Where the recipes' engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+@click.option("--load", is_flag=True, help="Compare `pipeline load` results: capacities, p99 at equal rates.")
 @debug_option
-def compare_command(recipes, overrides, force, engines_dir, verbose):
+def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline.commands.compare import compare
     from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
+    if load:  # pipeline/loadgen/compare.py: no builds, the recorded load results only
+        return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(recipes, overrides, engines_dir)
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
     compared = compare(loaded, engines_dir, force, Progress(verbose), verbose)
     for part in compared.printed:
@@ -214,10 +209,7 @@ def recipes_command(folder):
     if not where.is_dir():
         raise InputError(f"{'--dir ' if folder is not None else ''}{where}: no such folder",
                          "run in a project with a recipes/ folder, or pass --dir DIR")
-
-    t = Table(title="recipes")
-    for col in ("name", "description", "model", "targets"):
-        t.add_column(col)
+    t = Table("name", "description", "model", "targets", title="recipes")
     for path in recipe_mod.list_recipes(folder):
         try:
             r = recipe_mod.load(path)
@@ -263,9 +255,8 @@ def schema_command(what):
               help="Least cosine of any output row (a sentence embedding, a token's logits) vs PyTorch.")
 @click.option("--mean-cosine", type=float, default=0.998, show_default=True,
               help="Least mean row cosine vs PyTorch.")
-@click.option("--max-task-loss", default=None, metavar="LOSS|PCT%",
-              help="Most the task metric (validate.task) may lose vs PyTorch on the held-out data, "
-                   "e.g. 0.02 or 2% (default: the recipe's expect.max_task_loss).")
+@click.option("--max-task-loss", default=None, metavar="LOSS|PCT%", help="Most the task metric (validate.task) "
+              "may lose vs PyTorch on the held-out data, e.g. 0.02 or 2% (default: the recipe's expect.max_task_loss).")
 @click.option("--scheme", "schemes", multiple=True, type=click.Choice(["dynamic", "static"]),
               help="Schemes searched (default both).")
 @click.option("--alpha", "alphas", multiple=True, type=click.FloatRange(0, 1),
@@ -328,6 +319,7 @@ def inspect_command(onnx_file, as_json):
 
 cli.add_command(fleet)  # pipeline/fleet/cli.py: `pipeline fleet` builds on a Ray cluster
 cli.add_command(serve_command)  # pipeline/serving/cli.py: `pipeline serve` on Ray Serve
+cli.add_command(__import__("pipeline.loadgen.cli", fromlist=["_"]).load_command)  # `pipeline load`
 
 
 def _fail(message: str, code: int, debug: bool) -> None:
@@ -336,7 +328,7 @@ def _fail(message: str, code: int, debug: bool) -> None:
         import traceback
 
         traceback.print_exc()
-    click.echo(message.replace("\n", " "), err=True)
+    click.echo(printable(message.replace("\n", " ")), err=True)  # a file's ESC never raw
     sys.exit(code)
 
 

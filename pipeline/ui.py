@@ -7,7 +7,8 @@ import sys
 from collections.abc import Iterator
 
 from rich.console import Console
-from rich.markup import escape
+
+from pipeline.text import escape  # markup and control characters
 
 console = Console(stderr=True, highlight=False)
 # stdout: tables and results; wide enough for the summary table when piped to a file or CI log

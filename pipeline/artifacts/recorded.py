@@ -28,6 +28,7 @@ from pipeline.artifacts.manifest import Manifest
 from pipeline.artifacts.report import SCHEMA as REPORT_SCHEMA
 from pipeline.artifacts.report import EngineResult, Report, Versus
 from pipeline.artifacts.serve_start import ServeStart
+from pipeline.artifacts.serving import LoadResult
 
 SUFFIX_KIND = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt",
                ".pt2": "aotinductor"}
@@ -58,6 +59,8 @@ def model_for(name: str) -> type[BaseModel] | None:
         return EngineResult
     if name.startswith("versus-") and name.endswith(".json"):
         return Versus
+    if name.startswith("load-") and name.endswith(".json"):
+        return LoadResult
     if name.startswith("serve-start-") and name.endswith(".json"):
         return ServeStart
     return None
@@ -77,7 +80,8 @@ def parse(name: str, data: Any) -> Any:
     try:
         return dump(model.model_validate(data))
     except ValidationError as e:
-        what = {EngineResult: "validation", ServeStart: "serving start"}.get(model, "comparison")
+        what = {EngineResult: "validation", LoadResult: "load test",
+                ServeStart: "serving start"}.get(model, "comparison")
         raise Unusable(f"not a {what} this pipeline wrote ({describe(e)})") from None
 
 

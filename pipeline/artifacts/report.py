@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from pipeline.artifacts.base import Closed, Count, Device, FileName, Open, Sha256
+from pipeline.artifacts.verdicts import gate_problems, verdict_problem
 
 SCHEMA = 3  # 3: effective precision split by runtime (ort_flop_shares, tensorrt_layer_shares);
 #           2: the models below are the contract; 1: the same keys, checked by hand
@@ -67,6 +68,13 @@ class Speedup(Closed):
     noise_threshold: float = Field(description="The band around 1 a verdict must clear.")
     blocks: Count | None = Field(None, description="Rounds timed (block pairs).")
 
+    @model_validator(mode="after")
+    def _verdict_follows(self) -> Speedup:
+        problem = verdict_problem(self.verdict, *self.ci95, self.noise_threshold, time_ratio=False)
+        if problem:
+            raise ValueError(problem)
+        return self
+
 
 class CudaGraphSpeedup(Speedup):
     """The engine against the eager model replayed as CUDA Graphs (GPU only)."""
@@ -85,6 +93,13 @@ class Comparison(Closed):
     verdict: Verdict
     noise_threshold: float
     blocks: Count
+
+    @model_validator(mode="after")
+    def _verdict_follows(self) -> Comparison:
+        problem = verdict_problem(self.verdict, *self.ci95, self.noise_threshold, time_ratio=True)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class OutputAccuracy(Closed):
@@ -242,6 +257,9 @@ class EngineResult(Closed):
                 raise ValueError(f"a built engine needs {', '.join(missing)}")
         elif not self.reason:
             raise ValueError(f"a {self.status} engine needs the `reason`")
+        problems = gate_problems(self)  # a NaN, or figures that fail, never pass
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 

@@ -255,6 +255,22 @@ def sidecars(engine: Path) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".inspector.json"), stem.with_name(stem.name + ".build.json")
 
 
+def _build_info(info_path: Path, key: str) -> dict:
+    """One section of <id>.build.json, read bounded (a planted file is refused in one line)."""
+    from pipeline.artifacts import json_file
+    from pipeline.errors import IntegrityError
+
+    try:
+        data = json_file.read(info_path)
+    except json_file.Unreadable as e:
+        raise IntegrityError(f"{info_path}: {e.problem}", "rebuild the engine with `pipeline run --force`") from None
+    section = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise IntegrityError(f"{info_path}: no `{key}` object, not the build record the pipeline wrote",
+                             "rebuild the engine with `pipeline run --force`")
+    return section
+
+
 def check_parseable(onnx_path: Path) -> None:
     """StageFailed naming the ops TensorRT cannot parse, before any TensorRT work.
 
@@ -328,7 +344,7 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
     from pipeline.backends.tensorrt_runner import TensorRTRunner
 
     _, info_path = sidecars(Path(engine_path))
-    built = json.loads(info_path.read_text())["built_with"] if info_path.is_file() else {}
+    built = _build_info(info_path, "built_with") if info_path.is_file() else {}
     check_compatible(Path(engine_path), built, here(), target.hardware_compatibility != "none")
     return TensorRTRunner(engine_path, cuda_graphs=target.cuda_graphs, name=target.id)
 
@@ -336,7 +352,7 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
 def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
     """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
     _, info_path = sidecars(Path(engine_path))
-    summary = json.loads(info_path.read_text()).get("tensorrt_layer_shares") if info_path.is_file() else None
+    summary = _build_info(info_path, "tensorrt_layer_shares") if info_path.is_file() else None
     extras = {"runtime": dict(runner.details), "gates": []}
     if summary is not None:
         extras["tensorrt_layer_shares"] = {k: v for k, v in summary.items() if k != "per_layer"}

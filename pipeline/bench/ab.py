@@ -122,17 +122,14 @@ def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
 
 def write(result: dict, samples: dict, folder: Path) -> tuple[Path, Path]:
     """bench.json (or bench-vs-OTHER.json) and its latency PNG, into the recipe's folder."""
-    import os
-
-    from pipeline.store.recipe_folder import write_atomic
+    from pipeline.store.safe_files import write_atomic
 
     stem = "bench" + (f"-vs-{result['vs']}" if result["vs"] else "")
-    png, tmp = folder / f"{stem}.png", folder / f".{stem}.tmp.png"
+    png = folder / f"{stem}.png"
     result["plot"] = png.name
-    plots.latency_png(tmp, samples, f"pipeline bench {result['recipe']}"
+    plots.latency_png(png, samples, f"pipeline bench {result['recipe']}"  # atomic, exclusive temp
                       + (f" --vs {result['vs']}" if result["vs"] else "")
                       + f", {result['shapes'][0]['shape']}, interleaved")
-    os.replace(tmp, png)
     path = folder / f"{stem}.json"
     write_atomic(path, json.dumps(result, indent=2) + "\n")
     return path, png

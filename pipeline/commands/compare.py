@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline import workloads
 from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
+from pipeline.store import safe_files
 
 
 def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> workloads.Compared:
@@ -23,6 +24,9 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
     names = [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
+    # The output folder is checked before any work (a link in its place is exit 5), and made
+    # the same way when the results are written (workloads.base.compare_folder).
+    safe_files.folder(root, "compare", "-vs-".join(r.name for r in recipes), create=False)
     first = recipes[0]
     for other in recipes[1:]:
         if workloads.of(other) is not workloads.of(first):

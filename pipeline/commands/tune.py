@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.metrics import budget as tune_metrics
+from pipeline.store import safe_files
 from pipeline.store.recipe_folder import Artifact
 
 FP32 = "fp32"
@@ -88,7 +89,8 @@ class Search:
         self.engines_root = engines_root
         self.graph: Artifact | None = None  # the FP32 graph: the chain's last before precision
         self.reference: list[dict] | None = None
-        self.folder = Path(engines_root) / recipe.name / "tune"
+        # a real folder, never a link (safe_files.folder): candidates are written and deleted here
+        self.folder = safe_files.folder(Path(engines_root), recipe.name, "tune")
         self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
 
     # ---------------------------------------------------------------- one candidate
@@ -130,10 +132,11 @@ class Search:
         from pipeline import backends
         from pipeline.stages import precision as stage
 
-        folder = self.folder / self.key(c)
+        folder = safe_files.folder(self.folder, self.key(c), create=False)  # a link: exit 5
         done = folder / "result.json"
-        if done.is_file():
-            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
+        cached = _cached_result(done)
+        if cached is not None:
+            c.result = {**cached, "engine": str(folder / "engine.onnx")}
             return folder / "engine.onnx"
         shutil.rmtree(folder, ignore_errors=True)
         work = folder / "work"
@@ -154,7 +157,7 @@ class Search:
                     "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes")}
         shutil.rmtree(work)
-        done.write_text(json.dumps(c.result, indent=1))
+        safe_files.write_atomic(done, json.dumps(c.result, indent=1))
         c.result["engine"] = str(engine)
         return engine
 
@@ -225,6 +228,20 @@ class Search:
                             "(bench.timing.time_interleaved, the recipe's validate.latency); best "
                             "replaced on verdict `faster` within budget only; `chained` multiplies the ratios "
                             "back to the FP32 engine (an estimate, the pairs were timed apart)"}
+
+
+def _cached_result(done: Path) -> dict | None:
+    """A candidate's result.json from an earlier search, or None (redo it) when it is
+    missing or not what this search wrote: the folder may have been planted or damaged."""
+    from pipeline.artifacts import json_file
+
+    if not safe_files.is_regular(done):  # missing, or a link/FIFO planted in its place
+        return None
+    try:
+        data = json_file.read(done)
+    except json_file.Unreadable:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _closest_over_budget(done: list[Candidate]) -> Candidate | None:
@@ -353,13 +370,13 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder
-    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    safe_files.write_atomic(folder / "tune.json", json.dumps(result, indent=1))
     md = markdown_lines(result)
-    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    safe_files.write_atomic(folder / "tune.md", f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
     written = None
     if chosen["precision"]:
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
-        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
+        safe_files.write_atomic(written, recipe_text(recipe, chosen, md, result["budget"]))
     return result, folder, written
 
 

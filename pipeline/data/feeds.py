@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -88,21 +89,54 @@ def load_feeds(path) -> tuple[list[Feed], list[Feed]]:
 
 
 def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
-    """(feeds, outputs, labels or None, masks or None) from a save_feeds file."""
+    """(feeds, outputs, labels or None, masks or None) from a save_feeds file; a file that is
+    not one (damaged, or planted with its digest rewritten) is IntegrityError, one line."""
+    import zipfile
+
+    from pipeline.errors import IntegrityError
+    from pipeline.text import first_line
+
+    try:
+        return _load_all(path)
+    except (ValueError, KeyError, IndexError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise IntegrityError(f"{path}: not the baseline file this pipeline wrote ({first_line(e, 120)})",
+                             f"rebuild with `pipeline run {Path(path).parent.name} --force`") from None
+
+
+def _load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
+    """save_feeds stores its arrays uncompressed (np.savez), so together they never claim more
+    bytes than the file has: a file whose headers do (a planted "zip bomb" of zeros) is
+    refused from its headers, before anything is decompressed or allocated."""
+    import os
+
+    import pipeline.data.npz_files as npz_files
+    from pipeline.errors import IntegrityError
+
     groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}
     masks: dict[int, np.ndarray] = {}
     labels = None
-    with np.load(path, allow_pickle=False) as z:
-        for key in z.files:
-            if key == "labels":
-                labels = z[key]
-            elif key.startswith("mask/"):
-                masks[int(key.split("/", 1)[1])] = z[key]
-            elif key.startswith("tokens/"):
-                continue  # load_tokens
-            else:
-                part, index, name = key.split("/", 2)
-                groups[part].setdefault(int(index), {})[name] = z[key]
+    try:
+        with npz_files.Npz(path) as z:
+            headers = z.headers()
+            claimed = sum(int(np.prod(h.shape)) * h.dtype.itemsize for h in headers.values())
+            size = os.fstat(z.fileno()).st_size
+            if claimed > size:
+                raise IntegrityError(
+                    f"{path}: its arrays claim {claimed:,} bytes, more than the file's {size:,}; the "
+                    "pipeline stores them uncompressed, so it did not write this file",
+                    f"rebuild with `pipeline run {Path(path).parent.name} --force`")
+            for key in headers:
+                if key == "labels":
+                    labels = z.read(key)
+                elif key.startswith("mask/"):
+                    masks[int(key.split("/", 1)[1])] = z.read(key)
+                elif key.startswith("tokens/"):
+                    continue  # load_tokens
+                else:
+                    part, index, name = key.split("/", 2)
+                    groups[part].setdefault(int(index), {})[name] = z.read(key)
+    except npz_files.NpzError as e:
+        raise ValueError(str(e)) from None
     return ([groups["in"][i] for i in sorted(groups["in"])],
             [groups["out"][i] for i in sorted(groups["out"])],
             labels, [masks[i] for i in sorted(masks)] if masks else None)

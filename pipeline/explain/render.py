@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
-from pipeline.store.recipe_folder import write_atomic
+from pipeline.store.safe_files import write_atomic, write_atomic_with
 from pipeline.text import fmt, time_ratio_speedup
 
 # ------------------------------------------------------------------ tables as rows
@@ -163,8 +163,10 @@ def categories_png(path: Path, result: dict) -> Path | None:
     # height, and with two recipes it covered the x label.
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        write_atomic_with(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -133,15 +133,11 @@ def build(names: list[str], everything: bool, address: str | None, wanted: list[
 
 
 def write(outcome: FleetRun, path: Path) -> None:
-    import os
-
     from pipeline.artifacts import recorded
     from pipeline.store.recipe_folder import dumps
+    from pipeline.store.safe_files import write_atomic
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(dumps(recorded.dump(outcome)))
-    os.replace(tmp, path)
+    write_atomic(path, dumps(recorded.dump(outcome)))  # an exclusive, random temp name: no planted link
 
 
 def read(path: Path) -> FleetRun:

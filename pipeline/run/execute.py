@@ -19,7 +19,7 @@ from pipeline.artifacts import EngineResult, Report, dump
 from pipeline.errors import GateFailed, IntegrityError, RecipeError, StageFailed
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.run import chain, preflight
+from pipeline.run import chain, gate_recheck, preflight
 from pipeline.run.stage_cache import GRAPH_STAGES, STOPS, Result, StageCache, build_keys
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Artifact, Store
@@ -114,8 +114,14 @@ class Run:
         from pipeline.stages import report
 
         chosen = [t.id for t in self.targets]
-        previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
-                    and (self.store.dir / "report.json").is_file() else None)
+        try:
+            previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
+                        and (self.store.dir / "report.json").is_file() else None)
+        except IntegrityError as e:
+            if not self.force:
+                raise
+            self.progress.note(f"--force: the last report is not kept ({e.message})")
+            return []  # --force must clear a folder whatever its old report holds
         kept = report.kept_entries(self.recipe, chosen, previous)
         if kept is None:
             self.progress.note(f"the last report was made from another version of `{self.recipe.name}`: "
@@ -160,7 +166,9 @@ class Run:
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
-        return result.record(f"validate-{target.id}.json")
+        found = result.record(f"validate-{target.id}.json")
+        gate_recheck.refuse_failing(self.recipe, self.store.dir / f"validate-{target.id}.json", [found])  # a cached file too
+        return found
 
     def _expect(self, engines: list[EngineResult], faster_than: dict[str, Recipe]) -> None:
         """expect: gates on every built engine; faster_than first times the A/Bs it needs."""
@@ -184,6 +192,9 @@ class Run:
         inputs = ([graph] if graph else []) + ([base.one()] if base else [])
         inputs += [self.store.artifact(f"validate-{e.target}.json") for e in engines if e.status == "built"]
         inputs += [self.store.artifact(v.file) for e in engines for v in e.versus if v.file]
+        loads = [self.store.artifact(n) for n in sorted(self.store.manifest["files"])
+                 if n.startswith("load-") and n.endswith(".json")]  # `pipeline load`'s results
+        inputs += loads
         skipped = [dump(e) for e in engines if e.status != "built"]
         by_id = {e.target: e for e in [*engines, *others]}
         every = [by_id[t.id] for t in self.recipe.targets if t.id in by_id]  # the recipe's order
@@ -194,9 +205,11 @@ class Run:
             "report", spec, inputs,
             lambda wd: report.write(report.assemble(
                 self.recipe, base.meta if base else None, self.chain.meta, every), wd,
-                workloads.of(self.recipe)),
+                workloads.of(self.recipe), [self.store.read_json(a.name) for a in loads]),
         )
-        return result.record("report.json")
+        found = result.record("report.json")
+        gate_recheck.refuse_failing(self.recipe, self.store.dir / "report.json", found.engines)
+        return found
 
 
 def _not_built(target, status: str, reason: str) -> EngineResult:

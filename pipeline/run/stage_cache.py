@@ -32,7 +32,7 @@ from pipeline.recipe import Recipe, sha256_json
 from pipeline.run import code_digest
 from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
-from pipeline.store.recipe_folder import Artifact, Store, now
+from pipeline.store.recipe_folder import Artifact, Interrupted, Store, now
 from pipeline.text import first_line
 from pipeline.ui import Progress
 
@@ -223,7 +223,10 @@ class StageCache:
         for name in record["outputs"]:
             if not (self.store.dir / name).is_file():
                 return None
-            outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+            try:
+                outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+            except Interrupted:  # only its pending digest: never a cache hit, the stage reruns
+                return None
         return outputs
 
     def forget_targets_not_in(self, recipe: Recipe) -> None:

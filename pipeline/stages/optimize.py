@@ -141,7 +141,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
 
 def summary(meta: dict) -> str:
     """One line for the terminal (rich markup): nodes, fusions and rejected passes."""
-    from rich.markup import escape
+    from pipeline.text import escape  # markup and control characters
 
     fused = ", ".join(f"{op} x{n}" for op, n in meta["fused"].items()) or "no fusions"
     line = f"{meta['nodes_before']} -> {meta['nodes_after']} nodes; {fused}"

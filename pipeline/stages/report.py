@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
@@ -17,7 +16,12 @@ from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
 from pipeline.store.recipe_folder import now
-from pipeline.text import fmt, speedup, time_ratio_speedup
+from pipeline.text import (  # escape: markup and control characters
+    escape,
+    fmt,
+    speedup,
+    time_ratio_speedup,
+)
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
@@ -75,11 +79,12 @@ def warnings(baseline: dict | None, engines: list[EngineResult]) -> list[str]:
     return out
 
 
-def write(model: Report, workdir: Path, workload=None) -> Produced:
+def write(model: Report, workdir: Path, workload=None, loads: list[dict] = ()) -> Produced:
     """report.md, rendered from what report.json will hold; the Report itself is a record
-    (dumped as report.json when the stage is committed)."""
+    (dumped as report.json when the stage is committed). loads: the folder's recorded
+    load-*.json files (`pipeline load`), for report.md's Serving section."""
     md_path = workdir / "report.md"
-    md_path.write_text(markdown(dump(model), workload))
+    md_path.write_text(markdown(dump(model), workload, loads))
     return Produced({"report.md": md_path}, {}, {"report.json": model})
 
 
@@ -161,9 +166,9 @@ def _engine_notes(e: dict) -> list[str]:
     return [n for line in notes for n in (line, "")]
 
 
-def markdown(report: dict, workload=None) -> str:
+def markdown(report: dict, workload=None, loads: list[dict] = ()) -> str:
     """report.md; `workload` (workloads.of(recipe), default: the forward pass) renders each
-    built engine's own section."""
+    built engine's own section; `loads` adds a Serving section per load file."""
     if workload is None:
         from pipeline.workloads import tensor as workload
     base = report.get("baseline") or {}
@@ -242,6 +247,10 @@ def markdown(report: dict, workload=None) -> str:
                                        for g in e["gates"])]
         lines += workload.engine_markdown(e)
         lines += _measurement(e)
+    if loads:
+        from pipeline.loadgen.markdown import markdown as serving_markdown
+
+        lines += serving_markdown(list(loads))
     return "\n".join(lines) + "\n"
 
 

@@ -104,6 +104,7 @@ def shared_targets(recipes: list, reports: dict[str, dict], accept=lambda entry:
 
 def compare_folder(root: Path, recipes: list) -> Path:
     """engines/compare/<A>-vs-<B>...: where a comparison's files go."""
-    folder = Path(root) / "compare" / "-vs-".join(r.name for r in recipes)
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    from pipeline.store import safe_files
+
+    # a real folder, never a link (a planted link would carry the writes elsewhere)
+    return safe_files.folder(root, "compare", "-vs-".join(r.name for r in recipes))

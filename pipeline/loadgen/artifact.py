@@ -1,0 +1,67 @@
+"""The load test's artifact in the recipe's folder, and its section of report.md.
+
+load-<engine>[-<name>].json (artifacts.serving.LoadResult) and its PNG are committed through
+the store like a stage's files (stage id `load:<stem>`: temp file, manifest `pending`,
+rename, record), so `pipeline verify` checks them and a later reader gets exactly what was
+written. report.md is rendered from report.json plus every recorded load file: the report
+stage takes the load files as inputs (a new load result reruns it), and `pipeline load`
+re-renders report.md at once when the folder already has a report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from pipeline.artifacts import dump
+from pipeline.artifacts.serving import LoadResult, file_name
+
+
+def is_load_file(name: str) -> bool:
+    return name.startswith("load-") and name.endswith(".json")
+
+
+def write(result: dict, plot: Path | None, store, workload=None) -> Path:
+    """Validate `result`, commit it (and `plot`) into the store's folder; returns the JSON path.
+    workload: the recipe's (workloads.of), for report.md's engine sections."""
+    model = LoadResult.model_validate(result)
+    name = file_name(model.engine, model.name)
+    stem = name[:-len(".json")]
+    with store.lock():
+        work = store.workdir(f"load-{stem}")
+        produced = {}
+        if plot is not None:
+            produced[f"{stem}.png"] = work / f"{stem}.png"
+            shutil.copyfile(plot, produced[f"{stem}.png"])
+            model = model.model_copy(update={"plot": f"{stem}.png"})
+        text = json.dumps(dump(model), indent=2) + "\n"
+        produced[name] = work / name
+        produced[name].write_text(text)
+        record = {"key": hashlib.sha256(text.encode()).hexdigest(), "outputs": list(produced),
+                  "meta": {}}
+        store.commit_stage(f"load:{stem}", produced, record)
+        _rerender_report(store, workload)
+    return store.dir / name
+
+
+def recorded_loads(store) -> list[dict]:
+    """Every load file the folder records, verified and parsed."""
+    return [store.read_json(n) for n in sorted(store.manifest["files"]) if is_load_file(n)]
+
+
+def _rerender_report(store, workload=None) -> None:
+    """report.md again with the Serving section, when the folder has a report (its report.json
+    unchanged); the report stage's record stays, so a later run keeps using it."""
+    from pipeline.stages.report import (
+        markdown,  # report.md's renderer, which calls loadgen.markdown
+    )
+
+    record = store.manifest["stages"].get("report")
+    if not record or "report.md" not in record["outputs"] or "report.json" not in store.manifest["files"]:
+        return
+    report = store.read_json("report.json")
+    md = store.workdir("report-serving") / "report.md"
+    md.write_text(markdown(report, workload, recorded_loads(store)))
+    store.commit_stage("report", {"report.md": md}, dict(record))

@@ -1,0 +1,88 @@
+"""`pipeline load RECIPE`: the load generator's command (light imports: click only; aiohttp,
+numpy and the recipe's data load when it runs)."""
+
+from __future__ import annotations
+
+import click
+
+from pipeline.cli_options import debug_option, engines_dir_option
+
+MODES_HELP = """Modes: --rate R (one point), --sweep R1,R2,... (the knee), --slo alone (capacity
+search), --concurrency N (closed loop), --rate R --soak (drift over --duration)."""
+
+
+def _rates(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        rates = [float(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give rates in requests/s, e.g. 5,10,20") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise click.BadParameter(f"{value!r}: give positive rates, e.g. 5,10,20")
+    return sorted(rates)
+
+
+@click.command("load", epilog=MODES_HELP)
+@click.argument("recipe")
+@click.option("--set", "overrides", multiple=True, metavar="serve.KEY=VALUE",
+              help="With --serve: a serve: setting for `pipeline serve` (e.g. serve.max_batch_size=1); "
+              "needs --name. Other variants: name their engines folder as RECIPE.")
+@engines_dir_option("Where engines/<recipe>/ is (env PIPELINE_ENGINES); the result lands there.")
+@click.option("--url", default=None, help="A running server's model URL, e.g. "
+              "http://127.0.0.1:8000/v1/models/minilm-int8.")
+@click.option("--serve", "start_server", is_flag=True,
+              help="Start `pipeline serve RECIPE` in a subprocess, stop it at the end.")
+@click.option("--engine", default=None, help="Target id served (default: the recipe's first).")
+@click.option("--name", default=None, help="A name for this serving variant (e.g. b1): "
+              "the result is load-<engine>-<name>.json.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Offered requests/s (one open-loop point).")
+@click.option("--sweep", callback=_rates, default=None, help="Offered rates, comma-separated.")
+@click.option("--slo", default=None, help="e.g. p99=50ms; generation: ttft=500ms,tpot=100ms.")
+@click.option("--concurrency", type=click.IntRange(min=1), default=None,
+              help="Closed loop: this many users, each sending when answered.")
+@click.option("--arrival", type=click.Choice(["poisson", "constant", "gamma"]), default="poisson",
+              show_default=True)
+@click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="Gamma arrivals' coefficient of variation (>1 burstier).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds measured per point (at least; a soak's length).")
+@click.option("--warmup", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Seconds of requests sent before measuring, excluded.")
+@click.option("--min-requests", type=click.IntRange(min=1), default=500, show_default=True,
+              help="Measured requests per point (at least; the schedule is lengthened).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds after its scheduled time a request times out.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-points", type=click.IntRange(min=2), default=8, show_default=True,
+              help="Capacity search: points at most.")
+@click.option("--tolerance", type=click.FloatRange(min=0, min_open=True), default=0.05,
+              show_default=True, help="Capacity search: stop when the bracket is this narrow.")
+@click.option("--start-rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Capacity search: first rate (default: from a short closed-loop probe).")
+@click.option("--soak", is_flag=True, help="With --rate: report drift in windows and a leak verdict.")
+@click.option("--windows", type=click.IntRange(min=2), default=10, show_default=True,
+              help="Soak: time windows.")
+@click.option("--leak-threshold", type=float, default=10.0, show_default=True,
+              help="Soak: MiB/hour of memory growth that is a leak.")
+@click.option("--server-pid", type=int, default=None,
+              help="With --url: sample this server process (and its children) for CPU and memory.")
+@debug_option
+def load_command(recipe, overrides, engines_dir, url, start_server, engine, name, rate, sweep, slo,
+                 concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
+                 max_points, tolerance, start_rate, soak, windows, leak_threshold, server_pid):
+    """Load-test a served recipe from this (separate) process: latency from each request's
+    scheduled send time, capacity at an SLO (MLPerf's early-stopping rule), soak drift.
+
+    Writes engines/RECIPE/load-<engine>.json and a PNG; report.md shows them.
+    """
+    from pipeline.loadgen.command import Request, run
+
+    run(Request(recipe=recipe, overrides=overrides, engines_dir=engines_dir, url=url,
+                start_server=start_server, engine=engine, name=name, rate=rate, sweep=sweep,
+                slo=slo, concurrency=concurrency, arrival=arrival, burstiness=burstiness,
+                duration=duration, warmup=warmup, min_requests=min_requests, timeout=timeout,
+                seed=seed, max_points=max_points, tolerance=tolerance, start_rate=start_rate,
+                soak=soak, windows=windows, leak_threshold=leak_threshold,
+                server_pid=server_pid))

@@ -1,0 +1,192 @@
+"""What `pipeline load` does: load the recipe and its request bodies, reach (or start) the
+server, run the mode asked for, write the result into the recipe's folder, print it."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import InputError
+
+
+@dataclass
+class Request:
+    recipe: str
+    overrides: tuple[str, ...]
+    engines_dir: Path
+    url: str | None
+    start_server: bool
+    engine: str | None
+    name: str | None
+    rate: float | None
+    sweep: list[float] | None
+    slo: str | None
+    concurrency: int | None
+    arrival: str
+    burstiness: float
+    duration: float
+    warmup: float
+    min_requests: int
+    timeout: float
+    seed: int
+    max_points: int
+    tolerance: float
+    start_rate: float | None
+    soak: bool
+    windows: int
+    leak_threshold: float
+    server_pid: int | None
+
+
+def mode_of(req: Request) -> str:
+    """One mode per run; InputError when the flags ask for two or none."""
+    if bool(req.url) == bool(req.start_server):
+        raise InputError("name the server: --url URL (a running one) or --serve (start it here)",
+                         "e.g. pipeline load minilm-int8 --serve --rate 20")
+    asked = [m for m, on in (("closed", req.concurrency), ("sweep", req.sweep),
+                             ("rate", req.rate is not None)) if on]
+    if len(asked) > 1:
+        raise InputError(f"--{' and --'.join('concurrency' if m == 'closed' else m for m in asked)} "
+                         "ask for two modes", "give one of --rate, --sweep, --concurrency")
+    if req.soak and asked != ["rate"]:
+        raise InputError("--soak needs --rate (the rate held for --duration)", "add --rate R")
+    bad = [o for o in req.overrides if not o.startswith("serve.") or "=" not in o]
+    if bad:
+        raise InputError(f"--set {bad[0]}: `pipeline load` passes only serve.KEY=VALUE on to "
+                         "`pipeline serve`", "load-test another recipe variant by naming its "
+                         "engines folder, e.g. `pipeline load minilm@1a2b3c4d`")
+    if req.overrides and not req.start_server:
+        raise InputError("--set needs --serve: a running server (--url) has its settings already",
+                         "drop --set, or start the server here with --serve")
+    if req.overrides and not req.name:
+        raise InputError(f"--set {req.overrides[0]}: name this serving variant with --name (e.g. "
+                         "--name b1)", "its result is then load-<engine>-<name>.json, beside the "
+                         "default's")
+    if req.soak:
+        return "soak"
+    if asked:
+        return asked[0]
+    if req.slo:
+        return "capacity"
+    raise InputError("nothing to measure: give --rate, --sweep, --concurrency or --slo",
+                     "e.g. --slo p99=50ms finds the capacity")
+
+
+def run(req: Request) -> None:
+    from pipeline import deps
+    from pipeline.loadgen import artifact, client, payloads, plots, schedule, server, slo
+    from pipeline.loadgen.loadtest import LoadTest, Settings
+    from pipeline.store import folder_names as folders
+    from pipeline.store.recipe_folder import Store, now
+    from pipeline.ui import console
+
+    mode = mode_of(req)
+    recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
+    generation = payloads.is_generation(recipe)
+    terms = slo.parse(req.slo, generation)
+    if req.engine and req.engine not in {t.id for t in recipe.targets}:
+        raise InputError(f"--engine {req.engine}: `{recipe.name}` has no such target",
+                         f"one of {', '.join(t.id for t in recipe.targets)}")
+    bodies, requests_info = payloads.bodies(recipe)
+    folder = folders.folder_name(recipe)
+    settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
+                        warmup=req.warmup, min_requests=req.min_requests, timeout=req.timeout,
+                        seed=req.seed, terms=terms, generation=generation)
+    logs = Path(tempfile.mkdtemp(prefix="pipeline-load-"))
+    if req.start_server:
+        serving = server.ServeProcess(req.recipe, recipe.name, req.overrides, req.engines_dir,
+                                      req.engine, logs / "serve.log")
+    else:
+        serving = contextlib.nullcontext()
+    with serving as proc:
+        url = proc.url if proc else req.url
+        info = proc.ready_info if proc else server.wait_ready(url, 30.0)
+        pid = proc.pid if proc else (req.server_pid or _replica_pid(url))
+        engine = req.engine or info.get("engine") or recipe.targets[0].id  # what the server says
+        console.print(f"load: {url} ({'started here, ' + f'{proc.started_s:.1f} s to ready' if proc else 'running'}); "
+                      f"{len(bodies)} request bodies from {requests_info['source']}")
+        test = LoadTest(client.Target(url, generate=generation), bodies, settings, pid,
+                        on_point=lambda p: console.print(_line(p)))
+        result = _measure(test, mode, req)
+        stats = server.stats(url)  # the server's own view (load time, memory, batches), if any
+    result.update({
+        "schema": 1, "recipe": folder, "engine": engine, "name": req.name, "created": now(),
+        "url": url, "mode": mode, "arrival": schedule.describe(req.arrival, req.burstiness),
+        "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
+        "requests": requests_info, "device": deps.device(),
+        "client": {"duration_s": req.duration, "warmup_s": req.warmup,
+                   "min_requests": req.min_requests, "timeout_s": req.timeout,
+                   "process": "pipeline load (its own process; aiohttp, one event loop)"},
+        "server": {"started_here": bool(req.start_server), "ready": info,
+                   "ready_after_s": proc.started_s if proc else None, "sampled_pid": pid,
+                   "serve_overrides": list(req.overrides), "stats": stats},
+    })
+    png = logs / "plot.png"
+    if mode == "soak":
+        plots.soak_png(png, result["soak"]["windows"], f"soak: {folder} at {req.rate:g}/s")
+    else:
+        bound = next((t.bound_ms for t in terms if t.metric == "latency"), None)
+        plots.knee_png(png, result["points"], f"{folder} ({engine}): {mode}", bound)
+    from pipeline import workloads
+
+    path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
+    cap = result.get("capacity")
+    if cap:
+        console.print(f"capacity: {cap['capacity']} requests/s (bracket {cap['bracket']}; {cap['why']})")
+    if result.get("soak"):
+        v = result["soak"]["verdict"]
+        console.print(f"soak: {v['leak']} ({v['why']})")
+    console.print(f"load: {path}")
+
+
+def _measure(test, mode: str, req: Request) -> dict:
+    if mode == "closed":
+        return {"points": [test.closed(req.concurrency)]}
+    if mode == "rate":
+        return {"points": [test.point(req.rate)[0]]}
+    if mode == "sweep":
+        return {"points": test.sweep(req.sweep)}
+    if mode == "soak":
+        point, soak = test.soak(req.rate, req.windows, req.leak_threshold)
+        return {"points": [point], "soak": soak}
+    start = req.start_rate or _probe_rate(test)
+    found = test.capacity(start, req.max_points, req.tolerance)
+    return {"points": found.pop("points"), "capacity": found}
+
+
+def _probe_rate(test) -> float:
+    """A first rate for the capacity search: what one closed-loop user gets, over 3 s."""
+    from dataclasses import replace
+
+    saved = test.settings
+    test.settings = replace(saved, duration=3.0, warmup=1.0, terms=())
+    on_point, test.on_point = test.on_point, None
+    try:
+        point = test.closed(1)
+    finally:
+        test.settings, test.on_point = saved, on_point
+    return max(point["achieved_rate"], 0.1)
+
+
+def _replica_pid(url: str) -> int | None:
+    """With --url and no --server-pid: the replica's pid from the server's /stats, when that
+    process runs on this machine (a remote one is not sampled)."""
+    import psutil
+
+    from pipeline.loadgen import server
+
+    pid = (server.stats(url) or {}).get("pid")
+    return pid if isinstance(pid, int) and psutil.pid_exists(pid) else None
+
+
+def _line(p: dict) -> str:
+    q = p["latency_ms"]
+    fmt = lambda x: "—" if x["value"] is None else f"{x['value']:.1f}"  # noqa: E731
+    verdict = "" if p["passed"] is None else ("  pass" if p["passed"] else "  FAIL")
+    who = f"{p['concurrency']} users" if p.get("concurrency") else f"{p['offered_rate']:.2f}/s offered"
+    return (f"  {who} ({p['scheduled_rate']:.2f}/s scheduled): achieved {p['achieved_rate']:.2f}/s, "
+            f"n {p['requests']}, failed "
+            f"{p['requests'] - p['ok']}, p50 {fmt(q['p50'])} ms, p99 {fmt(q['p99'])} ms, "
+            f"late {p['late']['share']:.1%}{verdict}")

@@ -1,0 +1,160 @@
+"""`pipeline compare A B --load`: two recipes' load results side by side, with verdicts.
+
+For each recipe, its recorded load files (engines/<folder>/load-*.json, verified through the
+store) are pooled: the capacity from the one that searched for it, and every measured point.
+
+- At each one's capacity: B's capacity over A's. The interval comes from the two search
+  brackets ([highest passing, lowest failing] rate): [B low / A high, B high / A low].
+  B "higher" when the whole interval is above 1, "lower" when below, else indistinguishable.
+- At the same offered rate (points within 2% of each other): B's p99 over A's, with the
+  interval from the two p99s' order-statistic intervals; B "slower" when the whole interval
+  is above 1, "faster" when below.
+
+Writes engines/compare/<A>-vs-<B>/compare-load.md and .json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import InputError
+
+SAME_RATE = 0.02
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    """`RECIPE[:NAME]` -> (RECIPE, NAME): NAME picks the load files of one serving variant
+    (`pipeline load --name NAME`); without it, the files of the unnamed one."""
+    if ":" in ref and not ref.endswith((".yaml", ".yml")):
+        recipe, _, name = ref.rpartition(":")
+        return recipe, name or None
+    return ref, None
+
+
+def _loads(recipe, name: str | None, root: Path) -> list[dict]:
+    from pipeline.loadgen.artifact import recorded_loads
+    from pipeline.store.folder_names import folder_name
+    from pipeline.store.recipe_folder import Store
+
+    store = Store(root, folder_name(recipe))
+    loads = recorded_loads(store) if (store.dir / "manifest.json").is_file() else []
+    loads = [r for r in loads if r.get("name") == name]
+    if not loads:
+        what = f"load results named {name}" if name else "load results (load-*.json)"
+        raise InputError(f"{store.dir}: no {what}",
+                         f"run `pipeline load {folder_name(recipe)} --serve --slo p99=...` first")
+    return loads
+
+
+def _ratio_interval(a: tuple, b: tuple) -> tuple[float | None, float | None, float | None]:
+    """b/a with the interval [b_lo / a_hi, b_hi / a_lo]; None where a bound is unknown."""
+    (av, alo, ahi), (bv, blo, bhi) = a, b
+    ratio = bv / av if av and bv is not None else None
+    lo = blo / ahi if blo is not None and ahi else None
+    hi = bhi / alo if bhi is not None and alo else None
+    return ratio, lo, hi
+
+
+def _verdict(lo, hi, above: str, below: str) -> str:
+    if lo is not None and lo > 1:
+        return above
+    if hi is not None and hi < 1:
+        return below
+    return "indistinguishable"
+
+
+def capacity_line(a: list[dict], b: list[dict]) -> dict | None:
+    ca = next((r["capacity"] for r in a if r.get("capacity")), None)
+    cb = next((r["capacity"] for r in b if r.get("capacity")), None)
+    if not ca or not cb or ca["capacity"] is None or cb["capacity"] is None:
+        return None
+    ratio, lo, hi = _ratio_interval((ca["capacity"], ca["bracket"][0], ca["bracket"][1]),
+                                    (cb["capacity"], cb["bracket"][0], cb["bracket"][1]))
+    return {"a": ca, "b": cb, "ratio": ratio, "interval": [lo, hi],
+            "verdict": _verdict(lo, hi, "B higher", "B lower")}
+
+
+def same_rate_lines(a: list[dict], b: list[dict]) -> list[dict]:
+    pa = [p for r in a for p in r["points"] if not p.get("concurrency")]
+    pb = [p for r in b for p in r["points"] if not p.get("concurrency")]
+    out = []
+    for x in pa:
+        y = next((y for y in pb if abs(y["offered_rate"] - x["offered_rate"])
+                  <= SAME_RATE * x["offered_rate"]), None)
+        if y is None:
+            continue
+        qa, qb = x["latency_ms"]["p99"], y["latency_ms"]["p99"]
+        ratio, lo, hi = _ratio_interval((qa["value"], qa["lo"], qa["hi"]), (qb["value"], qb["lo"], qb["hi"]))
+        out.append({"rate": x["offered_rate"], "a_p99": qa, "b_p99": qb, "ratio": ratio,
+                    "interval": [lo, hi], "verdict": _verdict(lo, hi, "B slower", "B faster"),
+                    "a_passed": x.get("passed"), "b_passed": y.get("passed")})
+    return sorted(out, key=lambda r: r["rate"])
+
+
+def compare_loads(refs: list[str], overrides: tuple[str, ...], root: Path) -> tuple[dict, Path]:
+    """refs: `RECIPE[:NAME]` each (see split_ref)."""
+    from pipeline.store import folder_names as folders
+    from pipeline.store.recipe_folder import write_atomic
+
+    if len(refs) != 2:
+        raise InputError(f"compare --load takes two recipes, not {len(refs)}",
+                         "e.g. pipeline compare minilm minilm-int8 --load")
+    parts = [split_ref(r) for r in refs]
+    recipes = [folders.load(ref, overrides, root) for ref, _ in parts]
+    names = [folders.folder_name(r) + (f"-{n}" if n else "") for r, (_, n) in zip(recipes, parts)]
+    if names[0] == names[1]:
+        raise InputError(f"compare --load {refs[0]} {refs[1]}: the same results twice",
+                         "name a serving variant, e.g. minilm-int8 minilm-int8:b1")
+    a, b = (_loads(r, n, root) for r, (_, n) in zip(recipes, parts))
+    result = {"a": names[0], "b": names[1], "capacity": capacity_line(a, b),
+              "same_rate": same_rate_lines(a, b)}
+    if result["capacity"] is None and not result["same_rate"]:
+        raise InputError(f"{names[0]} and {names[1]}: neither both capacities nor a common "
+                         "offered rate to compare",
+                         "run `pipeline load --slo ...` on both, or the same --rate/--sweep")
+    folder = Path(root) / "compare" / "-vs-".join(names)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / "compare-load.json", json.dumps(result, indent=2) + "\n")
+    write_atomic(folder / "compare-load.md", "\n".join(lines(result)) + "\n")
+    return result, folder
+
+
+def _f(x, spec=".2f") -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _pair(bracket: list) -> str:
+    return "[" + ", ".join("—" if x is None else f"{x:.2f}" for x in bracket) + "]"
+
+
+def lines(result: dict) -> list[str]:
+    a, b = result["a"], result["b"]
+    out = [f"# Serving: {b} (B) against {a} (A)", ""]
+    c = result["capacity"]
+    if c:
+        lo, hi = c["interval"]
+        out += [f"Capacity at the SLO: A {c['a']['capacity']:.2f}/s (bracket {_pair(c['a']['bracket'])}), "
+                f"B {c['b']['capacity']:.2f}/s (bracket {_pair(c['b']['bracket'])}): B/A "
+                f"**{_f(c['ratio'])}x** [{_f(lo)}, {_f(hi, '.2f') if hi else '∞'}] (from the "
+                f"search brackets): **{c['verdict']}**.", ""]
+    if result["same_rate"]:
+        out += ["| offered/s | A p99 ms [95% CI] | B p99 ms [95% CI] | B/A [interval] | verdict |",
+                "|---|---|---|---|---|"]
+        for r in result["same_rate"]:
+            qa, qb = r["a_p99"], r["b_p99"]
+            out.append(f"| {r['rate']:.2f} | {_f(qa['value'], '.1f')} [{_f(qa['lo'], '.1f')}, "
+                       f"{_f(qa['hi'], '.1f')}] | {_f(qb['value'], '.1f')} [{_f(qb['lo'], '.1f')}, "
+                       f"{_f(qb['hi'], '.1f')}] | {_f(r['ratio'])} [{_f(r['interval'][0])}, "
+                       f"{_f(r['interval'][1])}] | {r['verdict']} |")
+    return out
+
+
+def show(refs: list[str], overrides: tuple[str, ...], root: Path) -> None:
+    """compare --load: write and print."""
+    from pipeline.ui import console, out
+
+    result, folder = compare_loads(list(refs), overrides, root)
+    for line in lines(result):
+        out.print(line, markup=False)
+    console.print(f"compare: {folder / 'compare-load.md'}")

@@ -1,0 +1,70 @@
+"""report.md's Serving section: what `pipeline load` measured, one table per load file
+(points, capacity, generation timings, soak verdict, the plot)."""
+
+from __future__ import annotations
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _ms(q: dict | None) -> str:
+    if not q or q.get("value") is None:
+        return "—"
+    lo, hi = q.get("lo"), q.get("hi")
+    return (f"{q['value']:.1f} [{'—' if lo is None else f'{lo:.1f}'}, "
+            f"{'∞' if hi is None else f'{hi:.1f}'}]")
+
+
+def markdown(loads: list[dict]) -> list[str]:
+    """report.md's Serving section: one table of points per load file."""
+    if not loads:
+        return []
+    lines = ["", "## Serving", ""]
+    for r in loads:
+        title = f"{r['engine']}{' (' + r['name'] + ')' if r.get('name') else ''}"
+        lines += [f"### {title}: {r['mode']} at {r['url']}", "",
+                  f"{r['arrival']}, seed {r['seed']}; SLO {r['slo'] or 'none'}; requests from "
+                  f"{r['requests'].get('source')}; latency from the scheduled send time, 95% "
+                  "order-statistic intervals; failed requests count as infinitely late.", ""]
+        cap = r.get("capacity")
+        if cap:
+            lo, hi = cap["bracket"]
+            value = "none found" if cap["capacity"] is None else f"**{cap['capacity']:.2f} requests/s**"
+            lines += [f"Capacity at the SLO: {value} (bracket [{lo}, {hi}] requests/s; {cap['why']}).", ""]
+        lines += ["| offered/s | achieved/s | goodput/s | n | failed | p50 ms | p99 ms | p99.9 ms "
+                  "| queue p50 ms | compute p50 ms | batch sizes | late | server CPU % | RSS MiB | SLO |",
+                  "|" + "---|" * 15]
+        for p in r["points"]:
+            res = p.get("resources") or {}
+            sizes = ", ".join(f"{k}:{v}" for k, v in p["batch_sizes"].items()) or "—"
+            lines.append(
+                f"| {p['offered_rate']:.2f} | {p['achieved_rate']:.2f} | {p['goodput']:.2f} | "
+                f"{p['requests']} | {p['requests'] - p['ok']} | {_ms(p['latency_ms']['p50'])} | "
+                f"{_ms(p['latency_ms']['p99'])} | {_ms(p['latency_ms']['p99.9'])} | "
+                f"{_num((p['queue_ms'] or {}).get('p50'), '.1f')} | "
+                f"{_num((p['compute_ms'] or {}).get('p50'), '.1f')} | {sizes} | "
+                f"{p['late']['share']:.1%} | {_num(res.get('cpu_pct_mean'), '.0f')} | "
+                f"{_num(res.get('rss_mib_peak'), '.0f')} | "
+                f"{'—' if p['passed'] is None else ('pass' if p['passed'] else 'fail')} |")
+        gen = [p for p in r["points"] if p.get("generation")]
+        if gen:
+            lines += ["", "| offered/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | ITL p99 ms | tokens/s "
+                      "| server TTFT / TPOT p50 ms |", "|---|---|---|---|---|---|"]
+            for p in gen:
+                g = p["generation"]
+                st, sp = g.get("server_ttft_ms") or {}, g.get("server_tpot_ms") or {}
+                lines.append(f"| {p['offered_rate']:.2f} | {_ms(g['ttft_ms']['p50'])} / "
+                             f"{_ms(g['ttft_ms']['p99'])} | {_ms(g['tpot_ms']['p50'])} / "
+                             f"{_ms(g['tpot_ms']['p99'])} | {_ms(g['itl_ms']['p99'])} | "
+                             f"{g['tokens_per_s']:.1f} | {_num(st.get('p50'), '.1f')} / "
+                             f"{_num(sp.get('p50'), '.1f')} |")
+        if r.get("soak"):
+            v = r["soak"]["verdict"]
+            m = v.get("memory_slope_mib_per_hour") or {}
+            lines += ["", f"Soak: **{v['leak']}** ({v['why']}); memory slope "
+                      + (f"{m['per_hour']:.1f} MiB/h [{m['ci95'][0]:.1f}, {m['ci95'][1]:.1f}]" if m else "—")]
+        if r.get("plot"):
+            lines += ["", f"![{r['mode']}]({r['plot']})"]
+        lines.append("")
+    return lines

@@ -1,0 +1,89 @@
+"""Request bodies from the recipe's own data: one sample per request.
+
+Forward recipes: the rows of the validation split, one row a request, each cut to its real
+length (the attention mask, or the text source's masks): for `minilm` that is the shipped
+sentences (data/sentences/pairs.jsonl) tokenized by the recipe's tokenizer (pipeline/data),
+so requests have the real spread of lengths a length-bucketing batcher meets. A recipe
+without validation data gets its random feeds at the opt shape (said so in `source`).
+
+Generation recipes: prompts from the validation split's rows when it is text, else the
+workload's own seeded prompts at batch 1 (pipeline.generation.workload), each asking for the
+workload's `new_tokens`.
+
+Bodies follow docs/serving.md: {"inputs": {name: nested list of one sample, batch dim 1}}
+and {"prompt_ids": [...], "max_new_tokens": n, "stream": true}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.recipe import Recipe
+
+
+def is_generation(recipe: Recipe) -> bool:
+    return recipe.workload.kind == "generation"
+
+
+def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:
+    """Samples (name -> array [1, ...]: one row, the batch dim kept, trimmed to its real
+    length) and where they came from. A recipe whose first dim is fixed sends whole feeds."""
+    from pipeline import data
+
+    split = data.split(recipe, "validation")
+    if split is None:
+        feeds = data.feeds(recipe, "export", 8)
+        source = "random feeds at the opt shape (the recipe has no validation data)"
+        masks = None
+    else:
+        feeds, masks = split.feeds, split.masks
+        source = f"validation split: {split.provenance.get('source')}"
+    per_row = bool(recipe.inputs[0].shape) and not isinstance(recipe.inputs[0].shape[0], int)
+    rows = []
+    for f, feed in enumerate(feeds):
+        mask = feed.get("attention_mask")
+        if mask is None and masks is not None:
+            mask = masks[f]
+        batch = next(iter(feed.values())).shape[0] if per_row else 1
+        for i in range(batch):
+            row = {name: np.asarray(a[i:i + 1] if per_row else a) for name, a in feed.items()}
+            if mask is not None and per_row:
+                length = max(2, int(np.asarray(mask[i]).sum()))
+                full = np.asarray(mask).shape[1]
+                row = {k: (v[:, :length] if v.ndim >= 2 and v.shape[1] == full else v)
+                       for k, v in row.items()}
+            rows.append(row)
+    return rows, source
+
+
+def bodies(recipe: Recipe) -> tuple[list[dict], dict]:
+    """(request bodies, {source, requests, lengths: [min, max]})."""
+    if is_generation(recipe):
+        return _generation_bodies(recipe)
+    rows, source = _rows(recipe)
+    out = [{"inputs": {k: v.tolist() for k, v in row.items()}} for row in rows]
+    first = [next(iter(row.values())) for row in rows]
+    lengths = [a.shape[1] if a.ndim >= 2 else 1 for a in first]  # [1, T]: T
+    return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)]}
+
+
+def _generation_bodies(recipe: Recipe) -> tuple[list[dict], dict]:
+    spec = recipe.workload
+    longest = max(spec.prompt_lengths)
+    from pipeline import data
+
+    split = data.split(recipe, "validation")
+    if split is not None and split.masks is not None:  # text: real prompts
+        rows, source = _rows(recipe)
+        prompts = [row["input_ids"][0, :longest].tolist() for row in rows]
+    else:
+        from pipeline.generation.validate import workload_requests
+
+        prompts = [r.turns[0][0][0].tolist() for r in workload_requests(recipe)
+                   if r.kind == "point" and r.batch == 1]
+        source = (f"the workload's seeded prompts (lengths {spec.prompt_lengths}, seed "
+                  f"{spec.seed}): the recipe has no validation text")
+    out = [{"prompt_ids": p, "max_new_tokens": spec.new_tokens, "stream": True} for p in prompts]
+    lengths = [len(p) for p in prompts]
+    return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)],
+                 "new_tokens": spec.new_tokens}

@@ -1,0 +1,83 @@
+"""PNGs of a load test (matplotlib, Agg: no display): the knee (latency against offered
+load, with each percentile's 95% interval, the SLO bound and each point's verdict, achieved
+rate beside it) and the soak (p99 and server memory per window)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _q(points: list[dict], name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """value, lo, hi arrays (nan where unknown; hi nan = unbounded)."""
+    def get(p, k):
+        v = p["latency_ms"][name][k]
+        return np.nan if v is None else v
+    return tuple(np.asarray([get(p, k) for p in points], dtype=float) for k in ("value", "lo", "hi"))
+
+
+def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None = None) -> Path:
+    plt = _plt()
+    pts = sorted(points, key=lambda p: p["offered_rate"])
+    x = np.asarray([p["offered_rate"] for p in pts])
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    finite = False
+    for name, style in (("p50", "o-"), ("p99", "s-")):
+        v, lo, hi = _q(pts, name)
+        finite = finite or bool(np.isfinite(v).any())
+        shown = np.where(np.isfinite(v), v, np.nan)
+        err = np.vstack([np.clip(shown - lo, 0, None), np.clip(hi - shown, 0, None)])
+        ax.errorbar(x, shown, yerr=np.nan_to_num(err), fmt=style, capsize=3, label=f"{name} (95% CI)")
+    if bound_ms:
+        ax.axhline(bound_ms, color="red", linestyle="--", linewidth=1, label=f"SLO {bound_ms:g} ms")
+    for xi, p in zip(x, pts):
+        if p.get("passed") is not None:
+            ax.annotate("pass" if p["passed"] else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
+                        ha="center", fontsize=7, color="green" if p["passed"] else "red")
+    ax.set(xlabel="offered rate (requests/s)", ylabel="latency from scheduled send (ms)",
+           title="latency vs offered load (failed requests count as infinite)")
+    if finite:  # a point where every request failed has no latency to draw
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax_r.plot(x, x, color="grey", linestyle=":", label="achieved = offered")
+    ax_r.plot(x, [p["achieved_rate"] for p in pts], "o-", label="achieved")
+    ax_r.plot(x, [p["goodput"] for p in pts], "^-", label="goodput (within SLO)")
+    ax_r.set(xlabel="offered rate (requests/s)", ylabel="requests/s", title="throughput")
+    ax_r.grid(alpha=0.3)
+    ax_r.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def soak_png(path: Path, windows: list[dict], title: str) -> Path:
+    plt = _plt()
+    mid = np.asarray([(w["start_s"] + w["end_s"]) / 2 for w in windows])
+    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+    p99 = [np.nan if w["p99_ms"]["value"] is None else w["p99_ms"]["value"] for w in windows]
+    ax.plot(mid, p99, "o-", label="p99 latency (ms)")
+    ax.set(xlabel="time (s)", ylabel="p99 (ms)")
+    ax.grid(alpha=0.3)
+    ax_m = ax.twinx()
+    rss = [np.nan if w["rss_mib"] is None else w["rss_mib"] for w in windows]
+    ax_m.plot(mid, rss, "s--", color="tab:orange", label="server RSS (MiB)")
+    ax_m.set_ylabel("server RSS (MiB)")
+    fig.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,73 @@
+"""Soak: one long open-loop point cut into time windows, reporting drift (p99 and server
+memory per window) and a leak verdict.
+
+The verdict regresses the server's memory (the mean RSS of each window) on time: a least-
+squares slope in MiB per hour with a 95% t-interval over the windows. Windows, not raw
+samples: samples half a second apart are strongly correlated, and a regression over them
+would claim a far narrower interval than the data hold. "leak" only when the whole interval
+lies above the threshold (a steady growth the run resolves), "no leak" when the whole
+interval lies below it, else "inconclusive" (run longer). The latency p99 gets the same
+slope (ms per hour) as drift, without a verdict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.loadgen.client import Outcome
+from pipeline.loadgen.summary import quantile
+
+LEAK_MIB_PER_HOUR = 10.0
+MIN_WINDOWS = 4
+
+
+def slope(t_s: np.ndarray, y: np.ndarray) -> dict | None:
+    """Least-squares slope of y on t per hour, 95% t-interval; None under 3 points."""
+    from scipy import stats
+
+    t_s, y = np.asarray(t_s, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    keep = np.isfinite(t_s) & np.isfinite(y)
+    t_s, y = t_s[keep], y[keep]
+    if t_s.size < 3 or np.ptp(t_s) == 0:
+        return None
+    fit = stats.linregress(t_s / 3600.0, y)
+    half = stats.t.ppf(0.975, t_s.size - 2) * fit.stderr
+    return {"per_hour": float(fit.slope), "ci95": [float(fit.slope - half), float(fit.slope + half)],
+            "points": int(t_s.size)}
+
+
+def windows(outcomes: list[Outcome], samples: list[tuple[float, float, float]], *, start: float,
+            end: float, count: int, sampler_offset: float = 0.0) -> list[dict]:
+    """`count` equal windows of [start, end) by scheduled time: requests, p99 (interval),
+    failures, and the server's mean CPU and RSS (samples: (t, cpu %, rss MiB), their t
+    shifted by sampler_offset onto the client's clock)."""
+    edges = np.linspace(start, end, count + 1)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        mine = [o for o in outcomes if lo <= o.due < hi]
+        lat = [o.latency * 1e3 for o in mine]
+        res = [s for s in samples if lo <= s[0] - sampler_offset < hi]
+        out.append({"start_s": float(lo), "end_s": float(hi), "requests": len(mine),
+                    "failures": sum(o.status != "ok" for o in mine),
+                    "p99_ms": quantile(lat, 0.99),
+                    "rss_mib": float(np.mean([s[2] for s in res])) if res else None,
+                    "cpu_pct": float(np.mean([s[1] for s in res])) if res else None})
+    return out
+
+
+def verdict(wins: list[dict], threshold: float = LEAK_MIB_PER_HOUR) -> dict:
+    mid = np.asarray([(w["start_s"] + w["end_s"]) / 2 for w in wins])
+    rss = np.asarray([np.nan if w["rss_mib"] is None else w["rss_mib"] for w in wins])
+    p99 = np.asarray([np.nan if w["p99_ms"]["value"] is None else w["p99_ms"]["value"] for w in wins])
+    memory, latency = slope(mid, rss), slope(mid, p99)
+    if memory is None or len(wins) < MIN_WINDOWS:
+        leak = "inconclusive"
+        why = f"fewer than {MIN_WINDOWS} windows with memory samples"
+    elif memory["ci95"][0] > threshold:
+        leak, why = "leak", f"memory grows faster than {threshold:g} MiB/h over the whole 95% interval"
+    elif memory["ci95"][1] < threshold:
+        leak, why = "no leak", f"memory growth below {threshold:g} MiB/h over the whole 95% interval"
+    else:
+        leak, why = "inconclusive", f"the 95% interval of the memory slope straddles {threshold:g} MiB/h; run longer"
+    return {"memory_slope_mib_per_hour": memory, "p99_slope_ms_per_hour": latency,
+            "threshold_mib_per_hour": threshold, "leak": leak, "why": why}

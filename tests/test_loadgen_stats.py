@@ -1,0 +1,197 @@
+"""The load generator's arithmetic, with no server and no clock: arrival schedules, MLPerf's
+early-stopping rule, percentile intervals, the capacity search against a simulated queue of
+known capacity, the soak's leak verdict. Everything here is seeded and deterministic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeline.loadgen import capacity, early_stopping, schedule, soak, summary
+from pipeline.loadgen.client import Outcome
+from pipeline.loadgen.slo import parse
+
+
+# ------------------------------------------------------------------ schedules
+@pytest.mark.parametrize("kind,cv", [("poisson", 1.0), ("gamma", 2.0), ("gamma", 0.5), ("constant", 0.0)])
+def test_arrivals_have_the_asked_rate_and_burstiness(kind, cv):
+    rate, duration = 200.0, 500.0  # 100,000 expected arrivals
+    times = schedule.arrivals(kind, rate, duration, seed=3, cv=cv or 1.0)
+    gaps = np.diff(times)
+    n = times.size
+    # mean rate within 4 standard errors of a Poisson-like count (CV^2 n for a renewal process)
+    assert abs(n - rate * duration) < 4 * math.sqrt(rate * duration) * max(cv, 0.1) + 2
+    observed_cv = gaps.std() / gaps.mean()
+    if kind == "constant":
+        assert np.allclose(gaps, 1 / rate)
+    else:
+        assert observed_cv == pytest.approx(cv, rel=0.05)
+    assert times[0] > 0 and times[-1] < duration and np.all(gaps >= 0)
+
+
+def test_schedule_is_a_function_of_its_seed():
+    a = schedule.arrivals("gamma", 30.0, 20.0, seed=7, cv=3.0)
+    b = schedule.arrivals("gamma", 30.0, 20.0, seed=7, cv=3.0)
+    c = schedule.arrivals("gamma", 30.0, 20.0, seed=8, cv=3.0)
+    np.testing.assert_array_equal(a, b)
+    assert a.size != c.size or not np.array_equal(a, c)
+    # common random numbers: the same seed at twice the rate is the same draw, twice as dense
+    slow = schedule.gaps("poisson", 10.0, 50, seed=1)
+    fast = schedule.gaps("poisson", 20.0, 50, seed=1)
+    np.testing.assert_allclose(slow, 2 * fast)
+
+
+def test_bad_schedule_arguments_are_refused():
+    with pytest.raises(ValueError, match="rate"):
+        schedule.arrivals("poisson", 0.0, 1.0, 0)
+    with pytest.raises(ValueError, match="burstiness"):
+        schedule.arrivals("gamma", 1.0, 1.0, 0, cv=0.0)
+
+
+# ------------------------------------------------------------------ early stopping
+def _loadgen_odds(h: int, t: int, p: float) -> float:
+    """LoadGen's own computation (loadgen/early_stopping.cc), ported line for line:
+    BetaRegularized[p, h, 1 + t] via its Gaussian hypergeometric series."""
+    def lbeta(x, y):
+        return math.lgamma(x) + math.lgamma(y) - math.lgamma(x + y)
+
+    def hyp2f1_a1(b, c, x):
+        term = result = 1.0
+        i = 0
+        while abs(term) > 1.0 / (1 << 33):
+            term *= (b + i) * x / (c + i)
+            result += term
+            i += 1
+        return result
+
+    a, b, x = h, 1 + t, p
+    return math.exp(a * math.log(x) + (b - 1) * math.log(1 - x) - lbeta(a, b)) / a * \
+        hyp2f1_a1(1 - b, 1 + a, x / (x - 1))
+
+
+@pytest.mark.parametrize("over", [0, 1, 2, 5, 20])
+def test_early_stopping_matches_loadgen(over):
+    h = early_stopping.min_passing(over)
+    # the smallest passing h: LoadGen's odds at h are <= 1 - c, at h - 1 above it
+    assert _loadgen_odds(h, over, 0.99) <= 0.01 < _loadgen_odds(h - 1, over, 0.99)
+    assert early_stopping.holds(h + over, over)
+    assert not early_stopping.holds(h + over - 1, over)
+    assert early_stopping.more_needed(h + over - 10, over) == 10
+
+
+def test_early_stopping_known_values():
+    # no request over the bound: h = ceil(log(1 - c) / log(p)) = ceil(log 0.01 / log 0.99)
+    assert early_stopping.min_requests() == 459 == math.ceil(math.log(0.01) / math.log(0.99))
+    # the rule is stricter than the sample p99: 1% over the bound never passes
+    assert not early_stopping.holds(10_000, 100)
+    # more requests over the bound need more requests within it, by more than 99 each
+    needed = [early_stopping.min_passing(t) for t in range(6)]
+    assert all(b - a > 99 for a, b in zip(needed, needed[1:]))
+
+
+# ------------------------------------------------------------------ percentile intervals
+def test_percentile_intervals_cover_the_true_quantile():
+    rng = np.random.default_rng(0)
+    true_p90 = -math.log(0.1)  # exponential(1)
+    hits = 0
+    for _ in range(400):
+        q = summary.quantile(rng.exponential(1.0, 300), 0.90)
+        hits += q["lo"] <= true_p90 <= q["hi"]
+    assert 0.92 <= hits / 400  # a 95% interval (binomial sd of the share: 1.1%)
+
+
+def test_failed_requests_count_as_infinitely_late():
+    q = summary.quantile([1.0] * 98 + [math.inf] * 2, 0.99)
+    assert q["value"] is None  # the p99 is a failed request: no finite latency
+    q = summary.quantile([1.0] * 999 + [math.inf], 0.999)
+    assert q["value"] == 1.0 and q["hi"] is None  # 1 in 1000: too few to bound p99.9 above
+
+
+# ------------------------------------------------------------------ capacity
+def _mm1(rate: float, mu: float, n: int, seed: int) -> list[Outcome]:
+    """An M/M/1 FIFO queue (Lindley's recursion), as completed requests."""
+    rng = np.random.default_rng(seed)
+    due = np.cumsum(rng.exponential(1 / rate, n))
+    service = np.random.default_rng(seed + 1).exponential(1 / mu, n)
+    out, free_at = [], 0.0
+    for t, s in zip(due, service):
+        free_at = max(free_at, t) + s
+        out.append(Outcome(due=float(t), sent=float(t), done=free_at, status="ok"))
+    return out
+
+
+def test_capacity_search_finds_a_simulated_queue_capacity():
+    mu, bound_ms = 100.0, 100.0
+    # M/M/1 sojourn time is exponential with rate mu - lambda: p99 = ln(100) / (mu - lambda)
+    true_capacity = mu - math.log(100) / (bound_ms / 1e3)  # 53.95 requests/s
+    terms = parse("p99=100ms")
+    n = 20_000
+
+    def measure(rate):
+        outs = _mm1(rate, mu, n, seed=11)
+        window = outs[-1].due + 1e-9
+        return summary.summarize(outs, warmup=0.0, window=window, offered_rate=rate, terms=terms)
+
+    found = capacity.search(measure, start=10.0, max_points=12, tolerance=0.02)
+    again = capacity.search(measure, start=10.0, max_points=12, tolerance=0.02)
+    assert found["capacity"] == again["capacity"]  # deterministic
+    assert found["converged"], found["why"]
+    # the rule demands the p99 hold at 99% confidence, so it stops a little below the truth
+    assert 0.9 * true_capacity <= found["capacity"] <= true_capacity
+    assert found["bracket"][1] > found["capacity"]
+    assert len(found["points"]) <= 12
+
+
+def test_capacity_search_reports_an_unbounded_or_empty_search():
+    always = capacity.search(lambda r: {"offered_rate": r, "passed": True}, 1.0, max_points=4)
+    assert always["capacity"] == 8.0 and always["bracket"][1] is None and not always["converged"]
+    never = capacity.search(lambda r: {"offered_rate": r, "passed": False}, 1.0, max_points=4)
+    assert never["capacity"] is None and "no rate" in never["why"]
+
+
+def test_a_point_under_the_bound_fails_with_too_few_requests_or_any_errors():
+    terms = parse("p99=50ms")
+    fast = [Outcome(due=i * 0.01, sent=i * 0.01, done=i * 0.01 + 0.001, status="ok") for i in range(400)]
+    point = summary.summarize(fast, warmup=0, window=4.0, offered_rate=100, terms=terms)
+    assert point["slo"][0]["sample_percentile_ms"] < 50 and not point["passed"]  # 400 < 459
+    assert point["slo"][0]["more_needed"] == 59
+    more = fast + [Outcome(due=4 + i * 0.01, sent=4 + i * 0.01, done=4 + i * 0.01 + 0.001, status="ok")
+                   for i in range(100)]
+    assert summary.summarize(more, warmup=0, window=5.0, offered_rate=100, terms=terms)["passed"]
+    more[3].status = "rejected"
+    point = summary.summarize(more, warmup=0, window=5.0, offered_rate=100, terms=terms)
+    assert point["rejected"] == 1 and not point["passed"]
+
+
+# ------------------------------------------------------------------ soak
+def _windows(slope_mib_per_s: float, noise: float) -> list[dict]:
+    rng = np.random.default_rng(5)
+    out = []
+    for i in range(10):
+        t = i * 60.0
+        out.append({"start_s": t, "end_s": t + 60, "rss_mib": 500 + slope_mib_per_s * (t + 30)
+                    + rng.normal(0, noise), "p99_ms": {"value": 20.0}})
+    return out
+
+
+def test_leak_verdict_needs_the_whole_interval_past_the_threshold():
+    assert soak.verdict(_windows(100 / 3600, 0.2))["leak"] == "leak"  # 100 MiB/h
+    assert soak.verdict(_windows(0.0, 0.2))["leak"] == "no leak"
+    assert soak.verdict(_windows(10 / 3600, 30.0))["leak"] == "inconclusive"  # noise hides it
+    assert soak.verdict(_windows(100 / 3600, 0.2)[:3])["leak"] == "inconclusive"
+
+
+def test_every_point_holds_its_minimum_requests_and_duration():
+    from pipeline.loadgen.client import Target
+    from pipeline.loadgen.loadtest import LoadTest, Settings
+
+    for rate in (3.0, 20.0, 400.0):
+        test = LoadTest(Target("http://unused"), [{}], Settings(duration=1.0, warmup=0.5,
+                                                                 min_requests=50, seed=4))
+        times, window = test.schedule(rate)
+        measured = times[times >= 0.5]
+        assert measured.size >= 50 and window >= 1.0
+        assert times[-1] < 0.5 + window
+        np.testing.assert_array_equal(times, test.schedule(rate)[0])  # seeded
