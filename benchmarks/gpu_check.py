@@ -33,15 +33,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import backends, deps, models
+from pipeline import backends, deps
 from pipeline import recipe as recipe_mod
 from pipeline.bench import stats, timing
-from pipeline.metrics import compare
+from pipeline.metrics.accuracy import compare
+from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec
-from pipeline.run import Run
+from pipeline.run.execute import Run
 from pipeline.stages import build
 from pipeline.stages.validate import gates
-from pipeline.store import write_atomic
+from pipeline.store.recipe_folder import write_atomic
 
 SHAPES = ((1, 16), (8, 512))
 PROTOCOL = LatencySpec(warmup=50, iterations=300, min_seconds=1.0, block=25)

@@ -29,15 +29,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks import minilm_sentences as sentences  # noqa: E402
 from benchmarks.peer_int8 import OUT, THREADS, PeerRunner, peer_models  # noqa: E402
-from pipeline import backends, models  # noqa: E402
+from pipeline import backends  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
 from pipeline.backends import onnxruntime as ort_backend  # noqa: E402
 from pipeline.bench import stats, timing  # noqa: E402
+from pipeline.metrics.budget import row_cosines  # noqa: E402
+from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec  # noqa: E402
 from pipeline.recipe.precision import PrecisionSpec  # noqa: E402
 from pipeline.stages import precision as precision_stage  # noqa: E402
 from pipeline.stages.validate import baseline_runner  # noqa: E402
-from pipeline.tune_metrics import row_cosines  # noqa: E402
 
 GRAPH = Path("engines/minilm/optimized.onnx")
 DYNAMIC = {"mode": "int8", "scheme": "dynamic", "op_types": ["MatMul", "Attention"]}

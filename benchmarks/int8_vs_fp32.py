@@ -27,9 +27,9 @@ from pipeline import backends, deps
 from pipeline import recipe as recipe_mod
 from pipeline.bench import stats, timing
 from pipeline.recipe import LatencySpec
-from pipeline.run import Run
+from pipeline.run.execute import Run
 from pipeline.stages.validate import timing_feed
-from pipeline.store import now
+from pipeline.store.recipe_folder import now
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

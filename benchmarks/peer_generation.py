@@ -121,11 +121,11 @@ def main() -> None:
     from pipeline import deps
     from pipeline.bench import stats
     from pipeline.generation import genai_config, runners
-    from pipeline.generation import metrics as gm
     from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.generation.workload import Request, measure
+    from pipeline.metrics import generation as gm
     from pipeline.recipe.workload import WorkloadSpec
-    from pipeline.store import now
+    from pipeline.store.recipe_folder import now
 
     d, layers, heads, kv, _, vocab = SIZES[args.size]
     eos = 2

@@ -44,11 +44,11 @@ from benchmarks import minilm_sentences as sentences  # noqa: E402
 from pipeline import backends, deps  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
 from pipeline.bench import stats, timing  # noqa: E402
+from pipeline.metrics.budget import row_cosines  # noqa: E402
 from pipeline.precision import isa  # noqa: E402
 from pipeline.recipe import LatencySpec  # noqa: E402
-from pipeline.run import Run  # noqa: E402
-from pipeline.store import now  # noqa: E402
-from pipeline.tune_metrics import row_cosines  # noqa: E402
+from pipeline.run.execute import Run  # noqa: E402
+from pipeline.store.recipe_folder import now  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 THREADS = 2
@@ -121,7 +121,7 @@ def peer_models(folder: Path) -> dict[str, Path]:
 def runners(recipes: list, folder: Path):
     import torch
 
-    from pipeline import models
+    from pipeline.model import sources as models
     from pipeline.stages.validate import baseline_runner
 
     torch.set_num_threads(THREADS)

@@ -85,9 +85,9 @@ def cli():
 
 
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
-    from pipeline import folders
-    from pipeline.run import Run, check_gates
+    from pipeline.run.execute import Run, check_gates
     from pipeline.stages.report import table
+    from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     recipe = folders.load(recipe_ref, overrides, engines_dir)
@@ -140,7 +140,7 @@ _stage_command("report", "report", "Write report.json / report.md (running what 
 def verify_command(folder, files_only):
     """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
     sha256, and the tool versions and device it was built with against this machine."""
-    from pipeline import verify
+    from pipeline.commands import verify
 
     verify.run(folder, environment=not files_only)
 
@@ -165,7 +165,8 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
     from rich.markup import escape
 
-    from pipeline import deploy, folders
+    from pipeline.commands import deploy
+    from pipeline.store import folder_names as folders
     from pipeline.ui import out as stdout
 
     r = folders.load(recipe, overrides, engines_dir)
@@ -184,8 +185,8 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 
     Builds what is missing first; writes engines/RECIPE/bench.json and a latency PNG.
     """
-    from pipeline import folders
-    from pipeline.stages.bench import bench, tables
+    from pipeline.commands.bench import bench, tables
+    from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     main = folders.load(recipe, overrides, engines_dir)
@@ -210,9 +211,9 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
 def compare_command(recipes, overrides, force, engines_dir, verbose):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
-    from pipeline import folders
+    from pipeline.commands.compare import compare
     from pipeline.explain.render import tables
-    from pipeline.stages.compare import compare
+    from pipeline.store import folder_names as folders
     from pipeline.ui import Progress, console, out
 
     loaded = [folders.load(r, overrides, engines_dir) for r in recipes]
@@ -312,8 +313,8 @@ def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, max_ta
                  alphas, no_exclusions, within_only, out, engines_dir, verbose):
     """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
     from pipeline import recipe as recipe_mod
-    from pipeline import tune
-    from pipeline.tune_metrics import Budget
+    from pipeline.commands import tune
+    from pipeline.metrics.budget import Budget
     from pipeline.ui import console
     from pipeline.ui import out as stdout
 
@@ -346,7 +347,7 @@ def inspect_command(onnx_file, as_json):
     """Op histogram, inputs and outputs with shapes, and size of an ONNX file."""
     import json
 
-    from pipeline import onnx_info
+    from pipeline.model import onnx_info
     from pipeline.ui import out
 
     info = onnx_info.describe(onnx_file)

@@ -35,7 +35,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def set_folder(recipe: str, *args: str) -> str:
     """engines/<this>/: where `pipeline run RECIPE ARGS` writes (its --set values name it)."""
-    from pipeline.folders import overrides_digest
+    from pipeline.store.folder_names import overrides_digest
 
     values = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     return f"{recipe}@{overrides_digest(values)}" if values else recipe

@@ -69,7 +69,7 @@ def test_matrix_lists_every_recipe():
 
 def test_ci_names_come_from_the_manifest(built_standard):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.ci", "standard", "engines"],
+    proc = subprocess.run([sys.executable, "-m", "pipeline.commands.ci", "standard", "engines"],
                           cwd=built_standard.path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     values = dict(line.split("=", 1) for line in proc.stdout.splitlines())
@@ -84,7 +84,7 @@ def test_ci_names_come_from_the_manifest(built_standard):
 
 
 def test_ci_slug_keeps_artifact_names_legal():
-    from pipeline.ci import slug
+    from pipeline.commands.ci import slug
 
     assert slug("NVIDIA H200 NVL") == "nvidia-h200-nvl"
     assert slug("10.13.0.35") == "10.13.0.35"

@@ -186,7 +186,7 @@ def test_factory_beside_the_recipe_or_in_the_working_directory_imports_without_c
         (tmp_path / "recipes" / f"{module}.yaml").write_text(
             f"model: {{factory: '{module}:build'}}\ninputs: [{{name: input, dtype: float32, shape: [1, 4]}}]\n"
             "targets: [{kind: onnxruntime}]\n")
-        code = ("from pipeline.recipe import load; from pipeline import models; "
+        code = ("from pipeline.recipe import load; from pipeline.model import sources as models; "
                 f"print(models.load(load('recipes/{module}.yaml')).out_features)")
         proc = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, capture_output=True,
                               text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
@@ -196,7 +196,7 @@ def test_factory_beside_the_recipe_or_in_the_working_directory_imports_without_c
 
 def test_inputs_listed_out_of_forward_order_are_refused():
     """forward(query, key) with inputs [key, query]: ONNX would feed `key` to `query`."""
-    from pipeline import models
+    from pipeline.model import sources as models
 
     spec = {"dtype": "float32", "shape": [2, 3]}
     r = Recipe.model_validate({"model": {"factory": "tests.data_models:query_key"},

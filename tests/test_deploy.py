@@ -164,8 +164,8 @@ def test_deploy_refuses_an_engine_that_failed_a_gate(built_standard, tmp_path):
 
 
 def test_unbatched_recipe_gets_full_dims_and_no_batching(built_standard):
-    from pipeline import deploy
     from pipeline import recipe as recipe_mod
+    from pipeline.commands import deploy
 
     # a fixed batch of 2: Triton must not batch, every dim is in the config
     recipe = recipe_mod.load(built_standard.path / "recipes" / "standard.yaml", ["inputs.0.shape.0=2"])
@@ -180,8 +180,9 @@ def test_unbatched_recipe_gets_full_dims_and_no_batching(built_standard):
 def test_tensorrt_config_uses_the_plan_platform_gpu_and_cuda_graphs(built_standard):
     # No TensorRT engine can be built here; the config a .plan gets is checked up to that
     # boundary against the real schema, with the real recipe and the real exported graph.
-    from pipeline import backends, deploy
+    from pipeline import backends
     from pipeline import recipe as recipe_mod
+    from pipeline.commands import deploy
 
     recipe = recipe_mod.load(built_standard.path / "recipes" / "standard.yaml")
     max_batch, inputs, outputs = deploy.tensors(recipe, built_standard.engines / STANDARD / "model.onnx")

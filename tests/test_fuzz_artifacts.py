@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from pipeline.artifacts import Unusable, parse
 from pipeline.artifacts.recorded import manifest as parse_manifest
-from pipeline.run import failed_gates
+from pipeline.run.execute import failed_gates
 from pipeline.stages.report import rows
 from tests.conftest import FAST, STANDARD, Project
 

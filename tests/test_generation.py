@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.generation import metrics as gm
+from pipeline.metrics import generation as gm
 from pipeline.recipe import load
 from tests.conftest import Project
 
@@ -162,9 +162,9 @@ def test_runners_generate_the_same_tokens(built_gen: Project, tmp_path):
     """genai, the IOBinding loop and the PyTorch static cache on the built engine."""
     import onnxruntime_genai  # noqa: F401  (a real dependency: no skip)
 
-    from pipeline import models
     from pipeline.generation import genai_config, runners
     from pipeline.generation.workload import Request, generate
+    from pipeline.model import sources as models
 
     recipe = _recipe()
     engine = built_gen.folder / "onnxruntime.onnx"

@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipeline.store import Store
+from pipeline.store.recipe_folder import Store
 from tests.conftest import FAST, ROOT, STANDARD, Project, set_folder
 
 DETERMINISTIC = ("model.onnx", "onnxruntime.onnx", "baseline.npz")
@@ -152,8 +152,8 @@ def test_sigkill_at_three_points_then_rerun_matches_an_uninterrupted_run(built_s
 _CHILD = """
 import os, signal, sys
 from pathlib import Path
-from pipeline import store as store_mod
-from pipeline.store import Store
+from pipeline.store import recipe_folder as store_mod
+from pipeline.store.recipe_folder import Store
 
 root, point = Path(sys.argv[1]), sys.argv[2]
 s = Store(root, "r")

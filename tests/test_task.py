@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline import task_metrics as tm
 from pipeline.errors import StageFailed
+from pipeline.metrics import task as tm
 from pipeline.recipe import Recipe
 from tests.conftest import FAST
 
@@ -100,7 +100,8 @@ def _recipe(factory: str, inputs: list, outputs: list, exporter: str = "dynamo",
 
 
 def test_parity_and_baseline_use_an_instance_that_was_never_traced(tmp_path):
-    from pipeline import data, models
+    from pipeline import data
+    from pipeline.model import sources as models
     from pipeline.stages import export, validate
 
     r = _recipe("tests.data_models:changes_when_traced",

@@ -500,8 +500,8 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
 def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(built_standard):
     """ort_fusions writes com.microsoft ops that TensorRT's parser has no importer or plugin
     for; a build handed such a graph says so instead of failing inside the parser."""
-    from pipeline import onnx_info
     from pipeline.errors import StageFailed
+    from pipeline.model import onnx_info
 
     folder = built_standard.engines / STANDARD
     assert onnx_info.foreign_ops(folder / "model.onnx") == {}  # the export is plain ONNX
@@ -534,8 +534,8 @@ def test_onnx_runtime_ops_in_the_default_domain_are_foreign_too(tmp_path):
     there, no com.microsoft prefix); ONNX has no such op, TensorRT's parser neither."""
     import onnxruntime as ort
 
-    from pipeline import onnx_info
     from pipeline.errors import StageFailed
+    from pipeline.model import onnx_info
 
     simplified = _norm_graph("SimplifiedLayerNormalization", 17, tmp_path / "simplified.onnx", axis=-1)
     x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
@@ -558,8 +558,8 @@ def test_onnx_runtime_ops_in_the_default_domain_are_foreign_too(tmp_path):
 def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, monkeypatch):
     """The ONNX Runtime engine keeps the fused graph; the TensorRT target gets the same export,
     optimized without the ORT-only passes and quantized the same way, in files of its own."""
-    from pipeline import onnx_info
-    from pipeline.run import Run
+    from pipeline.model import onnx_info
+    from pipeline.run.execute import Run
     from tests.conftest import FAST
 
     monkeypatch.chdir(project.path)

@@ -46,7 +46,7 @@ def test_pt2_engine_runs_without_the_models_python_code(built_from_pytorch):
 
 def test_eager_runner_casts_to_the_requested_dtype():
     from pipeline.backends.torch import TorchRunner
-    from pipeline.metrics import cosine
+    from pipeline.metrics.accuracy import cosine
     from pipeline.zoo.glm import build
 
     feed = {"input_ids": np.random.default_rng(0).integers(0, 512, (2, 16))}
@@ -165,8 +165,8 @@ def test_gpu_check_rehearses_on_cpu(built_from_pytorch, tmp_path):
     the host with the tiny GLM: what a lent GPU's few minutes would otherwise exercise first.
     The engines are a copy of a finished run, so only validation and the study run here."""
     from pipeline import recipe as recipe_mod
-    from pipeline.folders import folder_name
     from pipeline.recipe import LatencySpec
+    from pipeline.store.folder_names import folder_name
 
     gpu_check = load_gpu_check()
     engines = tmp_path / "engines"

@@ -83,7 +83,7 @@ def test_a_rescued_choice_is_written_with_its_exclusions_pinned():
 
     import yaml
 
-    from pipeline.tune import recipe_text
+    from pipeline.commands.tune import recipe_text
 
     chosen = {"name": "dynamic per-channel + auto-exclude", "excluded": ["node_a", "node_b"],
               "precision": {"mode": "int8", "scheme": "dynamic",

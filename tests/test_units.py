@@ -9,7 +9,7 @@ from pipeline import data
 from pipeline import recipe as recipe_mod
 from pipeline.bench import protocol, stats, timing
 from pipeline.errors import IntegrityError, LockError
-from pipeline.store import Store
+from pipeline.store.recipe_folder import Store
 
 
 # ------------------------------------------------------------------ zoo
@@ -204,7 +204,7 @@ def test_lock_excludes_a_second_writer(tmp_path):
     store = Store(tmp_path, "r")
     with store.lock():
         code = (
-            "import sys; from pathlib import Path; from pipeline.store import Store\n"
+            "import sys; from pathlib import Path; from pipeline.store.recipe_folder import Store\n"
             f"s = Store(Path({str(tmp_path)!r}), 'r')\n"
             "try:\n    s.lock(wait=0.5).__enter__()\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
         )

@@ -146,7 +146,7 @@ def test_config_pbtxt_escapes_names_that_try_to_inject_fields():
                                            reason="Triton's schema comes with tritonclient[grpc]")
     from google.protobuf import text_format
 
-    from pipeline import deploy
+    from pipeline.commands import deploy
 
     crafted = 'logits" } parameters { key: "EXECUTION_ENV_PATH" value { string_value: "/tmp/x" } } output { name: "y'
     text = deploy.config_pbtxt("m", "onnxruntime", False, 0, [deploy.Tensor("ids", "TYPE_INT64", [-1], [4])],

@@ -60,7 +60,7 @@ class Manifest(Closed):
     recipe_sha256: Sha256 | None = None
     recipe_file: str | None = None
     recipe_overrides: list[str] | None = Field(
-        None, description="The --set values of a run into engines/<recipe>@<digest>/ (pipeline.folders).")
+        None, description="The --set values of a run into engines/<recipe>@<digest>/ (pipeline.store.folder_names).")
     updated: str | None = None
     versions: dict[str, str | None] = {}
     device: Device | None = None

@@ -46,9 +46,10 @@ def build(onnx_path: Path, target: AOTInductorTarget, recipe: Recipe, workdir: P
     """`onnx_path` is unused: AOTInductor compiles the PyTorch program directly."""
     import torch
 
-    from pipeline import data, models
+    from pipeline import data
     from pipeline.backends.torch import torch_dtype
-    from pipeline.shapes import dynamic_shapes
+    from pipeline.model import sources as models
+    from pipeline.model.shapes import dynamic_shapes
 
     where = device(target)
     model = models.load(recipe).to(device=where, dtype=torch_dtype(target.dtype))

@@ -23,10 +23,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps, onnx_info
+from pipeline import deps
 from pipeline.backends import tensorrt_layers
 from pipeline.backends.base import TritonModel
 from pipeline.errors import InputError, StageFailed
+from pipeline.model import onnx_info
 from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
 EXTENSION = ".plan"

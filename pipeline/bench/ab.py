@@ -25,7 +25,7 @@ from pipeline.artifacts.report import Versus
 from pipeline.bench import plots, protocol, sweep
 from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
-from pipeline.store import Artifact
+from pipeline.store.recipe_folder import Artifact
 
 BASELINE = "torch-eager"
 Opener = Callable[[], object]  # returns a Runner, not yet entered
@@ -127,7 +127,7 @@ def write(result: dict, samples: dict, folder: Path) -> tuple[Path, Path]:
     """bench.json (or bench-vs-OTHER.json) and its latency PNG, into the recipe's folder."""
     import os
 
-    from pipeline.store import write_atomic
+    from pipeline.store.recipe_folder import write_atomic
 
     stem = "bench" + (f"-vs-{result['vs']}" if result["vs"] else "")
     png, tmp = folder / f"{stem}.png", folder / f".{stem}.tmp.png"

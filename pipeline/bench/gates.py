@@ -64,8 +64,8 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
 def task_gate(recipe: Recipe, task: dict | None) -> dict:
     """expect.max_task_loss on the engine's task metric (validate.task), point estimate
     against the bound; relative bounds are shares of the PyTorch baseline's figure."""
+    from pipeline.metrics.task import loss
     from pipeline.recipe.schema import parse_task_loss
-    from pipeline.task_metrics import loss
 
     bound, relative = parse_task_loss(recipe.expect.max_task_loss)
     if not task:

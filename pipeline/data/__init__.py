@@ -52,7 +52,7 @@ def split(recipe: Recipe, name: str) -> SplitData | None:
 
 
 def _load(recipe: Recipe, name: str) -> SplitData:
-    from pipeline import models
+    from pipeline.model import sources as models
 
     source = source_for(recipe, name)
     loaded = source.load()

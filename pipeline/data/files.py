@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import npz_files, safe_files
+import pipeline.data.npz_files as npz_files
 from pipeline.errors import InputError
+from pipeline.store import safe_files
 from pipeline.text import first_line
 
 NPZ_HINT = ("write it with numpy.savez(path, <input name>=array, ...): one array per input, "

@@ -103,7 +103,7 @@ class LoaderSource(DataSource):
         return f"data.{self.split}.loader {self.spec.loader}"
 
     def load(self) -> SplitData:
-        from pipeline import user_code
+        from pipeline.model import user_code
 
         ref, where = self.spec.loader, self.where
         module_name, _, attr = ref.partition(":")

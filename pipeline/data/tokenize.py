@@ -65,7 +65,7 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None):
                               "set `tokenizer: bytes` (byte-level models) or a tokenizer folder")
         ref = spec.pretrained
     if _FUNCTION.match(ref):
-        from pipeline import user_code
+        from pipeline.model import user_code
 
         module_name, _, attr = ref.partition(":")
         try:

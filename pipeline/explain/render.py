@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
-from pipeline.store import write_atomic
+from pipeline.store.recipe_folder import write_atomic
 from pipeline.text import fmt, time_ratio_speedup
 
 # ------------------------------------------------------------------ tables as rows

@@ -22,15 +22,15 @@ import numpy as np
 
 from pipeline.bench import stats
 from pipeline.errors import RecipeError
-from pipeline.folders import folder_name
-from pipeline.generation import metrics as gm
 from pipeline.generation.runners import OrtLoopRunner
 from pipeline.generation.validate import eos_token, workload_requests
 from pipeline.generation.workload import measure
+from pipeline.metrics import generation as gm
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape
 from pipeline.stages.build import engine_name
-from pipeline.store import Store, now
+from pipeline.store.folder_names import folder_name
+from pipeline.store.recipe_folder import Store, now
 
 SCHEMA = 1
 KIND = "onnxruntime"

@@ -20,8 +20,8 @@ import io
 import time
 from pathlib import Path
 
-from pipeline import models
 from pipeline.errors import StageFailed
+from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.text import first_line
@@ -42,7 +42,7 @@ def kv_model(recipe: Recipe):
         return GLMWithPast(model).eval(), model
     from pipeline.generation.llama_cache import LlamaWithPast
 
-    lm = model.model  # the causal LM inside pipeline/hf.py's wrapper
+    lm = model.model  # the causal LM inside pipeline/model/hf.py's wrapper
     return LlamaWithPast(lm).eval(), lambda ids: lm(input_ids=ids, use_cache=False).logits
 
 

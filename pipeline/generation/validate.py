@@ -14,15 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import deps, models
-from pipeline import metrics as accuracy_metrics
+from pipeline import deps
 from pipeline.bench import monitor
 from pipeline.generation import genai_config, runners
-from pipeline.generation import metrics as gm
 from pipeline.generation.workload import can_run, generate, measure, requests
+from pipeline.metrics import accuracy as accuracy_metrics
+from pipeline.metrics import generation as gm
+from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape
-from pipeline.store import Artifact
+from pipeline.store.recipe_folder import Artifact
 
 BASELINE = "torch-static-cache"
 ACCURACY_PREFILL = 24

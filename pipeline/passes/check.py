@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline import metrics
+from pipeline.metrics import accuracy as metrics
 
 Feed = dict[str, np.ndarray]
 

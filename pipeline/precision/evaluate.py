@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import metrics
+from pipeline.metrics import accuracy as metrics
 from pipeline.passes import check
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline import paths
 from pipeline.errors import RecipeError
 from pipeline.recipe.messages import (
     Origin,
@@ -20,6 +19,7 @@ from pipeline.recipe.messages import (
     source_of,
 )
 from pipeline.recipe.schema import Recipe
+from pipeline.store import paths
 from pipeline.text import display_path
 
 

@@ -83,7 +83,7 @@ class ModelSpec(Strict):
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(
-        None, description="A Hugging Face transformers model (offline; see pipeline/hf.py).")
+        None, description="A Hugging Face transformers model (offline; see pipeline/model/hf.py).")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments of the model.")
     weights: Path | None = Field(
         None, strict=False,  # a YAML string

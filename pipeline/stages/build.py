@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pipeline import backends
 from pipeline.recipe import Recipe
-from pipeline.store import Artifact
+from pipeline.store.recipe_folder import Artifact
 
 NAME = "build"
 

@@ -20,10 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline import data, metrics, models
+from pipeline import data
 from pipeline.errors import PipelineError, RecipeError, StageFailed
+from pipeline.metrics import accuracy as metrics
+from pipeline.model import sources as models
+from pipeline.model.shapes import dynamic_axes, dynamic_shapes
 from pipeline.recipe import Recipe
-from pipeline.shapes import dynamic_axes, dynamic_shapes
 from pipeline.text import first_line
 from pipeline.ui import quiet_torch_onnx
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline import data, metrics, passes
+from pipeline import data, passes
 from pipeline.bench import stats, timing
 from pipeline.errors import RecipeError, StageFailed
+from pipeline.metrics import accuracy as metrics
 from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
 from pipeline.text import speedup

@@ -16,7 +16,7 @@ from rich.table import Table
 from pipeline import deps
 from pipeline.artifacts import SCHEMA, Report, dump
 from pipeline.recipe import Recipe
-from pipeline.store import now
+from pipeline.store.recipe_folder import now
 from pipeline.text import fmt, speedup, time_ratio_speedup
 
 

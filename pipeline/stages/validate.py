@@ -14,13 +14,15 @@ import json
 import zipfile
 from pathlib import Path
 
-from pipeline import backends, data, metrics, models
+from pipeline import backends, data
 from pipeline.artifacts import EngineResult, dump
 from pipeline.backends.torch import TorchRunner
 from pipeline.bench import plots, protocol, stats, sweep, timing
 from pipeline.errors import StageFailed
+from pipeline.metrics import accuracy as metrics
+from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.store import Artifact
+from pipeline.store.recipe_folder import Artifact
 
 BASELINE = "torch-eager"
 
@@ -145,7 +147,7 @@ def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> dict | N
     """validate.task: PyTorch and the engine scored on the same validation samples."""
     if recipe.validation.task is None:
         return None
-    from pipeline import task_metrics
+    from pipeline.metrics import task as task_metrics
 
     try:
         return task_metrics.score(recipe.validation.task, feeds, references, outputs,

@@ -14,12 +14,12 @@ import json
 from collections.abc import Callable
 
 from pipeline.bench import ab
-from pipeline.folders import folder_name
 from pipeline.recipe import Recipe
-from pipeline.stage_cache import StageCache
-from pipeline.stages import openers
+from pipeline.run import openers
+from pipeline.run.stage_cache import StageCache
 from pipeline.stages.build import engine_name
-from pipeline.store import Store
+from pipeline.store.folder_names import folder_name
+from pipeline.store.recipe_folder import Store
 
 
 def faster_than(cache: StageCache, others: dict[str, Recipe], engines: list[dict],

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipeline.errors import RecipeError
 from pipeline.recipe import Recipe
 from pipeline.recipe import load as load_recipe
-from pipeline.store import Store
+from pipeline.store.recipe_folder import Store
 
 _FOLDER = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<digest>[0-9a-f]{8})")
 

@@ -55,7 +55,7 @@ class Task:
 
     def score(self, feeds: list[dict], reference: list[dict], actual: list[dict]) -> dict:
         """{metric, baseline, engine, delta, ci95, loss}: the engine vs PyTorch on the task."""
-        from pipeline import task_metrics
+        from pipeline.metrics import task as task_metrics
 
         out = task_metrics.score(self.metric, feeds, reference, actual, self.output, self.labels, self.masks)
         return {**out, "loss": task_metrics.loss(out)}

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import code_digest, deps
+from pipeline import deps
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
-from pipeline.store import Artifact, Store, now
+from pipeline.run import code_digest
+from pipeline.store.recipe_folder import Artifact, Store, now
 from pipeline.text import first_line
 from pipeline.ui import Progress
 

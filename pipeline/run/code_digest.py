@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 PACKAGE = "pipeline"
-ROOT = Path(__file__).resolve().parent  # the pipeline package this process runs
+ROOT = Path(__file__).resolve().parent.parent  # the pipeline package this process runs
 
 # A string constant that names a pipeline module, optionally with ":attribute".
 _MODULE_REF = re.compile(rf"{PACKAGE}(\.[A-Za-z_][A-Za-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pipeline import backends
 from pipeline.recipe import Recipe
-from pipeline.stage_cache import GRAPH_STAGES, StageCache
-from pipeline.store import Artifact
+from pipeline.run.stage_cache import GRAPH_STAGES, StageCache
+from pipeline.store.recipe_folder import Artifact
 
 
 def needs_graph(targets: list, unavailable: dict[str, str]) -> bool:
@@ -55,7 +55,8 @@ class GraphChain:
         """The graph `target` builds from: the chain's own, unless the target's backend takes
         plain ONNX only and the chain wrote ONNX Runtime ops; then the plain chain's graph
         (built once per run, cached across runs like any stage)."""
-        from pipeline import onnx_info, passes
+        from pipeline import passes
+        from pipeline.model import onnx_info
 
         graph = self.graph
         if graph is None or not getattr(backends.get(target.kind), "PLAIN_ONNX", False):

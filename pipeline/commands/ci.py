@@ -1,4 +1,4 @@
-"""Names CI needs for a recipe's engines: `python -m pipeline.ci RECIPE [ENGINES_DIR]`.
+"""Names CI needs for a recipe's engines: `python -m pipeline.commands.ci RECIPE [ENGINES_DIR]`.
 
 Prints GitHub Actions step outputs (`key=value` lines, appended to $GITHUB_OUTPUT by the
 workflow): what the artifact and the TensorRT timing cache are called on this runner.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pipeline import deps
 from pipeline import recipe as recipe_mod
-from pipeline.store import MANIFEST, Store
+from pipeline.store.recipe_folder import MANIFEST, Store
 
 
 def slug(text: str) -> str:
@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
     from pipeline.errors import PipelineError
 
     if not 1 <= len(argv) <= 2:
-        print("usage: python -m pipeline.ci RECIPE [ENGINES_DIR]", file=sys.stderr)
+        print("usage: python -m pipeline.commands.ci RECIPE [ENGINES_DIR]", file=sys.stderr)
         return 2
     try:
         values = names(argv[0], Path(argv[1]) if len(argv) > 1 else Path("engines"))

@@ -70,7 +70,7 @@ def _samples(spec) -> int:
     if spec.text is not None:
         with open(path, "rb") as f:
             return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1
-    from pipeline import npz_files
+    import pipeline.data.npz_files as npz_files
 
     try:
         if Path(path).suffix.lower() == ".npy":  # memory-mapped: the header, no data read

@@ -45,11 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps, paths, safe_files
+from pipeline import deps
 from pipeline.artifacts import recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
 from pipeline.artifacts.manifest import Manifest
 from pipeline.errors import InputError, IntegrityError, LockError
+from pipeline.store import paths, safe_files
 from pipeline.text import first_line
 
 MANIFEST = "manifest.json"

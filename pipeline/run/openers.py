@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import backends, models
+from pipeline import backends
+from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 
 

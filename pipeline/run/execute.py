@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import chain, models, preflight
 from pipeline.errors import GateFailed, IntegrityError, RecipeError, StageFailed
-from pipeline.folders import folder_name
+from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.stage_cache import GRAPH_STAGES, Result, StageCache, build_keys
-from pipeline.store import Artifact, Store
+from pipeline.run import chain, preflight
+from pipeline.run.stage_cache import GRAPH_STAGES, Result, StageCache, build_keys
+from pipeline.store.folder_names import folder_name
+from pipeline.store.recipe_folder import Artifact, Store
 from pipeline.ui import Progress
 
 ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")

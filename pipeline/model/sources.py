@@ -1,7 +1,7 @@
 """The recipe's `model:` section -> a torch.nn.Module in eval mode.
 
 Sources: a built-in zoo model, any `package.module:function` factory, or a Hugging Face
-`transformers` model (pipeline/hf.py, offline). `check()` resolves
+`transformers` model (pipeline/model/hf.py, offline). `check()` resolves
 the source without building the model, so a factory that does not import fails before any
 stage runs.
 """
@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps, user_code
+from pipeline import deps
 from pipeline.errors import InputError, PipelineError, RecipeError
+from pipeline.model import user_code
 from pipeline.recipe import ModelSpec, Recipe
 from pipeline.text import first_line
 from pipeline.zoo import ZOO
@@ -71,7 +72,7 @@ def code_digest(recipe: Recipe) -> str | None:
     import hashlib
 
     if recipe.model.zoo is not None:
-        files = sorted(Path(__file__).parent.joinpath("zoo").glob("*.py"))
+        files = sorted(Path(__file__).parent.parent.joinpath("zoo").glob("*.py"))
     elif recipe.model.factory is not None:
         spec = user_code.find_spec(recipe.model.factory.partition(":")[0], recipe.source)
         if spec is None or not spec.origin or not Path(spec.origin).is_file():
@@ -92,7 +93,7 @@ def load(recipe: Recipe):
 
     spec = recipe.model.transformers
     if spec is not None:
-        from pipeline import hf
+        from pipeline.model import hf
 
         pretrained = pretrained_dir(spec.pretrained, _where(recipe)) if spec.pretrained else None
         model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
@@ -221,7 +222,7 @@ def _load_weights(model, path: Path, where: str) -> None:
 
 
 # ------------------------------------------------------------------ transformers (light checks)
-HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/hf.py accepts
+HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/model/hf.py accepts
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 

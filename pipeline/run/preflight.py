@@ -12,12 +12,13 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import backends, deps, models
+from pipeline import backends, deps
 from pipeline.errors import DependencyError, RecipeError
-from pipeline.limits import check_limits
+from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.stage_cache import GRAPH_STAGES
-from pipeline.store import Store
+from pipeline.run.limits import check_limits
+from pipeline.run.stage_cache import GRAPH_STAGES
+from pipeline.store.recipe_folder import Store
 
 
 @dataclass

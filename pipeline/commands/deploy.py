@@ -27,11 +27,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import backends, deps, paths, safe_files
+from pipeline import backends, deps
 from pipeline.errors import DependencyError, GateFailed, InputError, IntegrityError, RecipeError
-from pipeline.folders import folder_name
 from pipeline.recipe import Dim, Recipe
-from pipeline.store import Store, dumps, now, sha256_file
+from pipeline.store import paths, safe_files
+from pipeline.store.folder_names import folder_name
+from pipeline.store.recipe_folder import Store, dumps, now, sha256_file
 
 BATCH_NAMES = ("batch", "batch_size")
 

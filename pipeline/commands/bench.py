@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.table import Table
 
 from pipeline import backends
-from pipeline.folders import folder_name
 from pipeline.recipe import Recipe
-from pipeline.stages import openers
+from pipeline.run import openers
+from pipeline.store.folder_names import folder_name
 from pipeline.text import time_ratio_speedup
 
 
@@ -22,7 +22,7 @@ def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bo
                   only: tuple[str, ...] = ()) -> dict[str, Path]:
     """Build (or find cached) every target of `recipe` that can be built here (or those
     named in `only`); target id -> engine file."""
-    from pipeline.run import Run
+    from pipeline.run.execute import Run
     from pipeline.stages.build import engine_name
 
     run = Run(recipe, root, force=force, progress=progress, verbose=verbose, only=only)
@@ -34,7 +34,7 @@ def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bo
 def bench(recipe: Recipe, other: Recipe | None, root: Path, force: bool, progress,
           verbose: bool, only: tuple[str, ...] = ()) -> tuple[dict, Path]:
     from pipeline.bench import ab
-    from pipeline.store import Store
+    from pipeline.store.recipe_folder import Store
 
     engines = built_engines(recipe, root, force, progress, verbose, only)
     other_engines = built_engines(other, root, force, progress, verbose, only) if other else {}

@@ -29,11 +29,11 @@ from pipeline import backends, data
 from pipeline.bench import ab, protocol, stats, sweep
 from pipeline.errors import RecipeError
 from pipeline.explain import causes, layers, profile
-from pipeline.folders import folder_name
 from pipeline.recipe import Recipe
+from pipeline.run.openers import baseline_opener, engine_opener, timing_feed
 from pipeline.stages.build import engine_name
-from pipeline.stages.openers import baseline_opener, engine_opener, timing_feed
-from pipeline.store import Store, now
+from pipeline.store.folder_names import folder_name
+from pipeline.store.recipe_folder import Store, now
 
 SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
 
@@ -51,7 +51,7 @@ def _profiled(report: dict) -> dict | None:
 
 def _graph_before_precision(store: Store) -> tuple[Path, Path] | None:
     """(float graph, typed graph) when the recipe ran a precision stage, else None."""
-    from pipeline.run import GRAPH_STAGES
+    from pipeline.run.execute import GRAPH_STAGES
 
     stages = store.manifest["stages"]
     if "precision" not in stages:
@@ -95,7 +95,7 @@ def _effective(entry: dict, recipe: Recipe) -> dict | None:
 def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
     """Per recipe: parameters of its exported model (ONNX initializer elements) and its own
     opt shape (the dims it is tuned for)."""
-    from pipeline import onnx_info
+    from pipeline.model import onnx_info
 
     out = {}
     for r in recipes:
@@ -131,7 +131,7 @@ def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> dict[str,
 
 
 def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
-    from pipeline.run import Run
+    from pipeline.run.execute import Run
 
     reports = {}
     for r in recipes:

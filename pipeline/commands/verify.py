@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps, paths, safe_files
+from pipeline import deps
 from pipeline.errors import InputError, IntegrityError
-from pipeline.store import MANIFEST, Store, read_recorded_json, sha256_file
+from pipeline.store import paths, safe_files
+from pipeline.store.recipe_folder import MANIFEST, Store, read_recorded_json, sha256_file
 
 
 @dataclass

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from pipeline import tune_metrics
+from pipeline.metrics import budget as tune_metrics
 
 FP32 = "fp32"
 EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
@@ -94,8 +94,8 @@ class Search:
     # ---------------------------------------------------------------- one candidate
     def prepare(self) -> None:
         """The FP32 graph (the recipe's own stages, cached) and PyTorch's held-out outputs."""
-        from pipeline import models
-        from pipeline.run import Run
+        from pipeline.model import sources as models
+        from pipeline.run.execute import Run
         from pipeline.stages.validate import baseline_runner
 
         fp32 = self.recipe.model_copy(update={"precision": self.recipe.precision.model_copy(
@@ -111,7 +111,7 @@ class Search:
         from pipeline.precision import isa
         from pipeline.recipe.schema import sha256_json
         from pipeline.stages import precision as stage
-        from pipeline.store import sha256_file
+        from pipeline.store.recipe_folder import sha256_file
 
         recipe = self.candidate_recipe(c)
         return sha256_json({"precision": c.precision, "graph": sha256_file(self.graph),
