@@ -30,7 +30,15 @@ from pipeline.text import first_line
 from pipeline.ui import quiet_torch_onnx
 
 NAME = "export"
-SECTIONS = ("model", "inputs", "outputs", "export", "data")
+SECTIONS = ("model", "inputs", "outputs", "export")
+
+
+def spec(recipe: Recipe) -> dict:
+    """The cache key's recipe part: of the data section only the seed (the example and parity
+    feeds are random), so recipes that differ in their validation or calibration data share
+    one export (the stage cache copies it from a folder that recorded the same key)."""
+    return {**recipe.section(*SECTIONS), "data_seed": recipe.data.seed,
+            "workload_kind": recipe.workload.kind}
 
 
 def enabled(recipe: Recipe) -> bool:

@@ -22,11 +22,19 @@ from pipeline.recipe import LatencySpec, Recipe
 from pipeline.text import speedup
 
 NAME = "optimize"
-SECTIONS = ("optimize", "inputs", "outputs", "data")
+SECTIONS = ("optimize", "inputs", "outputs")
 CHECK_POINTS = ("min", "opt", "max")
 # Enough to see a fusion's effect beyond noise on small models without slowing every run.
 DEFAULT_LATENCY = LatencySpec(warmup=20, iterations=200, min_seconds=0.25, block=20)
 NO_MATCH = "no match: the pass found nothing to rewrite (graph unchanged)"
+
+
+def spec(recipe: Recipe) -> dict:
+    """The cache key's recipe part: the check and timing feeds are random from the data seed
+    (and take the generation forms for a generation workload); the rest of `data` is not
+    read here, so recipes that differ only there share one optimized graph."""
+    return {**recipe.section(*SECTIONS), "data_seed": recipe.data.seed,
+            "workload_kind": recipe.workload.kind}
 
 
 def enabled(recipe: Recipe) -> bool:
