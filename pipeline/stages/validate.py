@@ -157,6 +157,32 @@ def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> dict | N
                           "check data.validation against the task") from None
 
 
+def decode_floor(recipe: Recipe, engine: Path, generation: dict) -> dict:
+    """`generation.floor`: bytes per decode step over measured bandwidth (pipeline/bench/floor.py)
+    at each batch-1 point's mean decode context, for the engine (its stored weights) and the
+    PyTorch baseline (the exported FP32 graph's weights, beside the engine)."""
+    from pipeline.bench import floor
+    from pipeline.metrics.generation import kv_bytes_per_token
+    from pipeline.recipe.workload import decoder_shape
+
+    layers, kv_heads, head_dim = decoder_shape(recipe.model)[:3]
+    per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
+    spec = recipe.workload
+    contexts = {f"b1-p{p}": p + spec.new_tokens // 2 for p in spec.prompt_lengths}
+    if spec.long is not None:
+        contexts["long"] = spec.long.prompt + spec.long.new_tokens // 2
+    points = generation.get("points", {})
+    contexts = {k: v for k, v in contexts.items() if k in points}
+    tpot = {k: points[k]["tpot_ms"]["p50"] for k in contexts}
+    out = floor.decode_floor(engine, per_token, contexts, tpot)
+    exported = engine.parent / "model.onnx"
+    if exported.is_file():
+        theirs = generation.get("baseline", {}).get("points", {})
+        base_tpot = {k: theirs[k]["tpot_ms"]["p50"] for k in contexts if k in theirs}
+        out["baseline"] = floor.decode_floor(exported, per_token, contexts, base_tpot)
+    return out
+
+
 def _gate(name: str, passed: bool, detail: str) -> dict:
     return {"name": name, "passed": bool(passed), "detail": detail}
 
@@ -167,6 +193,8 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         from pipeline.generation import validate as generation
 
         result, files = generation.validate(recipe, target, engine, base, workdir)
+        if result["status"] == "built" and engine.path.suffix == ".onnx":
+            result["generation"]["floor"] = decode_floor(recipe, engine.path, result["generation"])
         if result["status"] == "built":
             result["gates"] = gates(recipe, result["accuracy"])
             result.update(precision_checks(recipe, target, engine, workdir, result["gates"]))
