@@ -23,7 +23,35 @@ from pipeline.errors import StageFailed
 from pipeline.precision import calibrate, nodes
 
 
+def checkpoint_file(recipe) -> Path:
+    """The GGUF file of `model.transformers.gguf` (a path or `module:function`)."""
+    from pipeline.errors import RecipeError
+
+    ref = getattr(recipe.model.transformers, "gguf", None) if recipe.model.transformers else None
+    if not ref:
+        raise RecipeError(f"{recipe.where}: precision.int4_source checkpoint needs a GGUF model "
+                          "(model.transformers.gguf)", "or use int4_source: requantize")
+    try:
+        from pipeline.model.gguf import resolve
+    except ImportError:  # a plain path where the GGUF model source is not installed
+        return Path(ref)
+    return resolve(ref, recipe.where)
+
+
 def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path, dict]:
+    if recipe.precision.int4_source == "checkpoint":
+        from pipeline.precision.checkpoint import from_checkpoint
+
+        model = onnx.load(str(src))
+        meta = from_checkpoint(model, checkpoint_file(recipe))
+        if not meta["quantized_nodes"]:
+            raise StageFailed(f"precision.int4_source checkpoint: no MatMul weight of the graph is a "
+                              f"block-quantized tensor of {meta['checkpoint']}",
+                              "is the model the checkpoint's? (or use int4_source: requantize)")
+        out = workdir / "typed.onnx"
+        onnx.save(model, str(out))
+        return out, {"form": "MatMulNBits from the checkpoint's own blocks (Q4_1: 4-bit, float zero "
+                     "points; Q8_0: 8-bit)", "block_size": 32, "weight_only": True, **meta}
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
@@ -46,6 +74,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     blocked = [n for n in typed.graph.node if n.op_type == "DequantizeLinear"]
     return out, {
         "form": "DequantizeLinear int4, block-wise (opset 21) -> MatMul",
+        "source": "requantize",
         "block_size": spec.block_size,
         "symmetric": True,
         "weight_only": True,
