@@ -111,3 +111,23 @@ def test_recipe_asks_for_int4_block_32():
                 {"mode": "int4", "block_size": 64, "int4_source": "checkpoint"}):
         with pytest.raises(ValidationError, match="block_size 32"):
             PrecisionSpec(**bad)
+
+
+def test_a_transposed_tied_head_becomes_a_quantizable_matmul():
+    """FusedMatMul(x, E, transB=1) (ort_fusions' form of a tied LM head) -> MatMul(x, E^T)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.precision.int4 import untranspose_weights
+
+    rng = np.random.default_rng(2)
+    emb = rng.standard_normal((40, K)).astype(np.float32)
+    node = helper.make_node("FusedMatMul", ["x", "emb"], ["y"], domain="com.microsoft", transB=1, alpha=1.0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(emb, "emb")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    want = _run(model, x)["y"]
+    assert untranspose_weights(model) == 1
+    assert [(n.op_type, n.domain) for n in model.graph.node] == [("MatMul", "")]
+    assert np.allclose(_run(model, x)["y"], want, atol=1e-5)
