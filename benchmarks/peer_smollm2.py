@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--builder", action="append", default=[], help="NAME=FOLDER of a builder output")
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--long", type=int, default=1024, help="tokens of the long prompt")
+    parser.add_argument("--points", default="short,long", help="which prompts to time")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work", type=Path, default=Path("/tmp/peer-smollm2"))
@@ -109,7 +110,7 @@ def main() -> None:
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(args.hf)).eval()
     c = hf.config
     eos = int(c.eos_token_id if isinstance(c.eos_token_id, int) else c.eos_token_id[0])
-    ids = prompts(args.hf, args.long)
+    ids = {k: v for k, v in prompts(args.hf, args.long).items() if k in args.points.split(",")}
     context = max(p.shape[1] for p in ids.values()) + NEW + 8
     cfg = genai_config.config(layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
                               heads=c.num_attention_heads, head_dim=c.hidden_size // c.num_attention_heads,
