@@ -105,7 +105,7 @@ def shape_study(recipe, engine_path: Path | None, aoti_target, *, device: str = 
                 "latency_ms": stats.summary(b),
                 "speedup_vs_eager_fp16": stats.speedup(eager, b, noise=protocol.noise_threshold),
                 "accuracy_vs_eager_fp32": accuracy[r.name],
-                "gates": gates(recipe, accuracy[r.name]),
+                "gates": [g.model_dump() for g in gates(recipe, accuracy[r.name])],
             }
         print(f"  {batch}x{seq}: " + ", ".join(
             f"{n} {v['latency_ms']['p50']:.3f} ms" for n, v in row["runners"].items()), flush=True)

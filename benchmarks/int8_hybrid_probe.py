@@ -37,8 +37,8 @@ from pipeline.metrics.budget import row_cosines  # noqa: E402
 from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec  # noqa: E402
 from pipeline.recipe.precision import PrecisionSpec  # noqa: E402
+from pipeline.run.openers import baseline_runner  # noqa: E402
 from pipeline.stages import precision as precision_stage  # noqa: E402
-from pipeline.stages.validate import baseline_runner  # noqa: E402
 
 GRAPH = Path("engines/minilm/optimized.onnx")
 DYNAMIC = {"mode": "int8", "scheme": "dynamic", "op_types": ["MatMul", "Attention"]}
@@ -59,7 +59,7 @@ def hybrid(recipe, precision: dict, blockwise: list[str], block: int, work: Path
 
     (work / "precision").mkdir(parents=True)
     spec = recipe.model_copy(update={"precision": PrecisionSpec(**{**precision, "exclude": blockwise})})
-    outputs, _ = precision_stage.run(spec, SimpleNamespace(path=GRAPH), work / "precision")
+    outputs = precision_stage.run(spec, SimpleNamespace(path=GRAPH), work / "precision").files
     quantizer = MatMulNBitsQuantizer(
         onnx.load(str(outputs["typed.onnx"])), bits=8, block_size=block, is_symmetric=True,
         accuracy_level=4, quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",),

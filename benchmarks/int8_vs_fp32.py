@@ -28,7 +28,7 @@ from pipeline import recipe as recipe_mod
 from pipeline.bench import stats, timing
 from pipeline.recipe import LatencySpec
 from pipeline.run.execute import Run
-from pipeline.stages.validate import timing_feed
+from pipeline.run.openers import timing_feed
 from pipeline.store.recipe_folder import now
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -122,7 +122,7 @@ def runners(recipes: list, folder: Path):
     import torch
 
     from pipeline.model import sources as models
-    from pipeline.stages.validate import baseline_runner
+    from pipeline.run.openers import baseline_runner
 
     torch.set_num_threads(THREADS)
     with contextlib.ExitStack() as stack:

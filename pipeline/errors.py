@@ -13,6 +13,12 @@ class PipelineError(Exception):
 
     exit_code = 1
 
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs):
+        """`class RecipeError(PipelineError, exit_code=2)`: each kind names its exit code."""
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
+
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.message = message
@@ -24,43 +30,29 @@ class PipelineError(Exception):
         return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-class RecipeError(PipelineError):
+class RecipeError(PipelineError, exit_code=2):
     """The recipe (or a --set override) is malformed or inconsistent."""
 
-    exit_code = 2
 
-
-class InputError(PipelineError):
+class InputError(PipelineError, exit_code=2):
     """A file the user pointed at (data, weights, ONNX) is missing or unusable."""
 
-    exit_code = 2
 
-
-class DependencyError(PipelineError):
+class DependencyError(PipelineError, exit_code=2):
     """A required target needs a package or device this machine does not have."""
 
-    exit_code = 2
 
-
-class GateFailed(PipelineError):
+class GateFailed(PipelineError, exit_code=3):
     """An engine missed a gate (accuracy, speed) the recipe demands."""
 
-    exit_code = 3
 
-
-class StageFailed(PipelineError):
+class StageFailed(PipelineError, exit_code=4):
     """A stage could not produce its artifact (export crashed, parity broke, build failed)."""
 
-    exit_code = 4
 
-
-class IntegrityError(PipelineError):
+class IntegrityError(PipelineError, exit_code=5):
     """An artifact no longer matches the sha256 recorded in its manifest."""
 
-    exit_code = 5
 
-
-class LockError(PipelineError):
+class LockError(PipelineError, exit_code=6):
     """Another run holds the lock on this recipe's output folder."""
-
-    exit_code = 6

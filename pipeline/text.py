@@ -1,8 +1,28 @@
-"""Small text helpers every message uses: a path as the user sees it, an exception in one line."""
+"""Small text helpers every message uses: a path as the user sees it, an exception in one line,
+text from a file made safe for a terminal."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+# C0 controls, DEL and C1 controls: ESC starts terminal commands (`ESC[2J` clears the screen),
+# so text that came from a file (a report's `reason`, a target name) never reaches a
+# terminal with them raw.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: object) -> str:
+    """`text` with every control character written as its escape (`\\x1b`), newlines included."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def escape(text: object) -> str:
+    """`printable(text)`, with rich's markup escaped too: for any text from a file that a
+    rich console prints."""
+    from rich.markup import escape as markup_escape
+
+    return markup_escape(printable(text))
 
 
 def display_path(path: Path) -> str:

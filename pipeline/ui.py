@@ -7,7 +7,8 @@ import sys
 from collections.abc import Iterator
 
 from rich.console import Console
-from rich.markup import escape
+
+from pipeline.text import escape  # markup and control characters
 
 console = Console(stderr=True, highlight=False)
 # stdout: tables and results; wide enough for the summary table when piped to a file or CI log
@@ -40,24 +41,3 @@ class Progress:
 
     def note(self, message: str) -> None:
         console.print(f"  {message}")
-
-
-@contextlib.contextmanager
-def quiet_torch_onnx(verbose: bool) -> Iterator[None]:
-    """The ONNX exporters' warnings and torch.onnx's log, kept for -v only."""
-    import logging
-    import warnings
-
-    if verbose:
-        yield
-        return
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
-

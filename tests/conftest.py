@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,31 @@ class Result:
         return [line for line in self.err.splitlines() if line.startswith("Error:")]
 
 
+def load_factor() -> float:
+    """How much busier than one runnable process per core the machine is now (>= 1): the
+    1-minute load average over the cores this process may use."""
+    cores = len(os.sched_getaffinity(0)) or 1
+    return max(1.0, os.getloadavg()[0] / cores)
+
+
+def scaled(seconds: float) -> float:
+    """A timeout for waiting on another process, stretched by the machine's load: a test
+    waits for an event, and a busy machine (other xdist workers, other jobs) only delays it."""
+    return seconds * load_factor()
+
+
+def wait_exit(proc: subprocess.Popen, seconds: float) -> int:
+    """proc.wait(), giving up only after `seconds` scaled by the load as it is while waiting
+    (re-read every second, so a load that rises during the wait stretches it)."""
+    start = time.monotonic()
+    while True:
+        try:
+            return proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - start > scaled(seconds):
+                raise
+
+
 class Project:
     """A scratch working directory holding a copy of recipes/ and data/; engines go to ./engines."""
 
@@ -85,7 +111,7 @@ class Project:
             flags, args = list(args[:2]), args[2:]
         proc = subprocess.run(
             [sys.executable, *flags, "-m", "pipeline", *args], cwd=self.path, env=full_env,
-            capture_output=True, text=True, timeout=timeout,
+            capture_output=True, text=True, timeout=scaled(timeout),
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
 

@@ -45,7 +45,7 @@ def one_error(result, code: int = 5) -> str:
 def test_what_a_run_writes_is_exactly_what_the_models_read(built_standard):
     folder = built_standard.engines / STANDARD
     report = read(folder, "report.json")
-    assert report["schema"] == 2
+    assert report["schema"] == 3
     assert parse("report.json", report) == report  # no key added, dropped or changed
     assert parse("validate-onnxruntime.json", read(folder, "validate-onnxruntime.json")) \
         == read(folder, "validate-onnxruntime.json")
@@ -62,14 +62,47 @@ def test_a_schema_1_report_is_migrated(built_standard):
     for e in old["engines"]:
         del e["kind"]  # the earliest reports had none
     migrated = parse("report.json", old)
-    assert migrated["schema"] == 2
+    assert migrated["schema"] == 3
     assert [e["kind"] for e in migrated["engines"]] == [e["kind"] for e in report["engines"]]
     del old["schema"]  # before `schema` existed: schema 1
-    assert parse("report.json", old)["schema"] == 2
+    assert parse("report.json", old)["schema"] == 3
+
+
+OLD_REPORTS = Path(__file__).parent / "old_reports"
+
+
+def keys(obj) -> set[str]:
+    """Every key of every mapping in a JSON document."""
+    if isinstance(obj, dict):
+        return set(obj).union(*(keys(v) for v in obj.values()))
+    return set().union(*(keys(v) for v in obj)) if isinstance(obj, list) else set()
+
+
+def test_a_schema_2_report_reads_with_effective_precision_split_by_runtime():
+    """A real schema-2 report (standard-int8, written by the pipeline before the split): its
+    ONNX Runtime FLOP shares read as `ort_flop_shares`; a TensorRT entry's layer shares as
+    `tensorrt_layer_shares`; no `effective_precision` key is left."""
+    old = json.loads((OLD_REPORTS / "report-schema2-standard-int8.json").read_text())
+    assert old["schema"] == 2 and "integer_share" in old["engines"][0]["effective_precision"]
+    layers = {"detailed": True, "layers": 5, "reformat_layers": 1,
+              "layer_share": {"int8": 0.8, "fp32": 0.2}, "time_share": None, "time_ms": None,
+              "untimed_layers": []}
+    trt = {**old["engines"][0], "target": "tensorrt", "kind": "tensorrt", "effective_precision": layers}
+    old["engines"] = [old["engines"][0], trt]
+    migrated = parse("report.json", old)
+    assert migrated["schema"] == 3
+    ort, trt = migrated["engines"]
+    assert ort["ort_flop_shares"] == old["engines"][0]["effective_precision"]
+    assert trt["tensorrt_layer_shares"] == layers
+    assert "tensorrt_layer_shares" not in ort and "ort_flop_shares" not in trt
+    assert "effective_precision" not in keys(migrated)
+    # a validate-<target>.json of schema 2 reads the same way
+    assert parse("validate-tensorrt.json", trt | {"effective_precision": layers})["tensorrt_layer_shares"] == layers
+    assert markdown(migrated)  # and renders
 
 
 @pytest.mark.parametrize("change, words", [
-    (lambda r: r.update(schema=3), "a schema-3 report, newer than this pipeline reads"),
+    (lambda r: r.update(schema=4), "a schema-4 report, newer than this pipeline reads"),
     (lambda r: (r.update(schema=1), r["engines"][0]["speedup_vs_baseline"].pop("verdict")),
      "a schema-1 report from an older pipeline that does not migrate"),
 ])

@@ -86,9 +86,9 @@ def test_a_set_run_writes_its_own_folder_and_leaves_the_plain_one(standard_copy)
 
 def test_computing_every_key_imports_no_torch_and_cli_is_in_no_stage():
     code = ("import sys; from pipeline.run import stage_cache as c, code_digest as d\n"
-            "[c.code(k) for k in c.STAGE_MODULES]\n"
+            "[c.code(k) for k in c.STAGES]\n"
             "assert 'torch' not in sys.modules and 'onnx' not in sys.modules, 'imported'\n"
-            "every = set().union(*(d.closure((m,)) for m in c.STAGE_MODULES.values()))\n"
+            "every = set().union(*(d.closure((s.module,)) for s in c.STAGES.values()))\n"
             "assert 'pipeline.cli' not in every and 'pipeline.run.execute' not in every\n"
             "assert 'pipeline.stages.optimize' not in d.closure(('pipeline.stages.export',))\n"
             "assert 'pipeline.backends.tensorrt' in d.closure(('pipeline.stages.build',))\n")

@@ -34,7 +34,7 @@ def test_run_writes_the_report_contract(built_standard):
     report = json.loads((folder / "report.json").read_text())
     for key in ("schema", "recipe", "recipe_sha256", "created", "device", "versions", "baseline", "engines"):
         assert key in report, key
-    assert report["schema"] == 2 and report["recipe"] == "standard"
+    assert report["schema"] == 3 and report["recipe"] == "standard"
     assert report["versions"]["torch"] and report["versions"]["onnxruntime"]
     assert report["baseline"]["runner"] == "torch-eager"
     assert report["baseline"]["latency_ms"]["p50"] > 0

@@ -111,8 +111,7 @@ def test_float_fallback_states_the_bar_it_used(compared, tmp_path):
     import onnx
 
     from pipeline import recipe as recipe_mod
-    from pipeline.commands import compare
-    from pipeline.explain import causes
+    from pipeline.explain import causes, compare
     from pipeline.precision import effective
 
     proj, data = compared
@@ -127,7 +126,7 @@ def test_float_fallback_states_the_bar_it_used(compared, tmp_path):
     eff = effective.measure(tmp_path / "level0.onnx", feed, tmp_path)
     recipe = recipe_mod.load(str(proj.path / "recipes" / f"{b}.yaml"))
     assert recipe.precision.require_effective_precision is None
-    fallback = compare._effective({"effective_precision": eff, "precision": "int4"}, recipe)
+    fallback = compare._effective({"ort_flop_shares": eff, "precision": "int4"}, recipe)
     assert fallback["share"] == 0.0 and fallback["required"] == compare.DEFAULT_EFFECTIVE_BAR
     deltas = data["time_explained"]["versus"][b]["deltas"]
     ops = causes.op_histogram(tmp_path / "level0.onnx")
@@ -142,8 +141,7 @@ def test_different_models_are_said_up_front_and_ranked_first(compared):
     """A bigger model, or one tuned for another shape, is not a variant: compare says so and
     does not offer precision causes as the explanation."""
     from pipeline import recipe as recipe_mod
-    from pipeline.commands import compare
-    from pipeline.explain import causes, render
+    from pipeline.explain import causes, compare, render
 
     proj, data = compared
     a, b = INVERSION

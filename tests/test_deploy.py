@@ -195,7 +195,7 @@ def test_tensorrt_config_uses_the_plan_platform_gpu_and_cuda_graphs(built_standa
     (spec,) = config.optimization.cuda.graph_spec
     assert spec.batch_size == 2 and list(spec.input["input_ids"].dim) == [64]  # the opt point
     assert backends.get("tensorrt").TRITON.model_file == "model.plan"
-    assert deploy._kind({"path": "engines/x/tensorrt.plan"}) == "tensorrt"
+    assert deploy._kind(recipe, {"target": "tensorrt", "kind": "tensorrt"}) == "tensorrt"  # the recipe's
 
 
 def _parse_text(text: str):

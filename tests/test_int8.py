@@ -73,7 +73,8 @@ def test_int8_convolutions_run_integer_kernels_and_count(int8_project):
     result = int8_project.run("run", "cnn", *FAST)
     assert result.code == 0, result.err
     engine = _report(int8_project, "cnn")["engines"][0]
-    eff = engine["effective_precision"]
+    eff = engine["ort_flop_shares"]
+    assert "effective_precision" not in engine  # schema 3: named by the runtime that measured it
     # Both convolutions run as QLinearConv and their FLOPs count: 2 x 2*16*16*16*3*9 + 2 x
     # 2*32*16*16*16*9 at batch 2; the Gemm (10 outputs, too small to quantize) stays float.
     assert eff["by_op_mflops"]["QLinearConv"] == pytest.approx((2 * 2 * 256 * 16 * 27 + 2 * 2 * 256 * 32 * 144) / 1e6, rel=1e-3)
@@ -121,7 +122,7 @@ def test_a_float_conv_between_qdq_fails_the_effective_precision_gate(int8_projec
     kinds = {n["op"]: n["kind"] for n in eff["largest_non_integer"]}
     assert "fake_quantized" in kinds.values() and any("Conv" in op for op in kinds), kinds
     gate = effective.gate(eff, 0.9)
-    assert not gate["passed"] and "Conv" in gate["detail"], gate
+    assert not gate.passed and "Conv" in gate.detail, gate
     assert helper  # the graph above was edited with onnx's own protos
 
 
@@ -130,8 +131,8 @@ def test_dynamic_int8_needs_no_calibration_and_runs_integer(int8_project):
     assert result.code == 0, result.err
     report = _report(int8_project, "mlp")
     engine = report["engines"][0]
-    assert engine["effective_precision"]["by_op_mflops"].get("DynamicQuantizeMatMul", 0) > 0
-    assert engine["effective_precision"]["integer_share"] >= 0.9
+    assert engine["ort_flop_shares"]["by_op_mflops"].get("DynamicQuantizeMatMul", 0) > 0
+    assert engine["ort_flop_shares"]["integer_share"] >= 0.9
     precision = json.loads((int8_project.engines / set_folder("mlp", *FAST) / "manifest.json").read_text())
     meta = precision["stages"]["precision"]["meta"]
     assert meta["scheme"] == "dynamic" and meta["calibration"] is None and meta["quantized_nodes"] == 2

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from pipeline.store.recipe_folder import Store
-from tests.conftest import FAST, ROOT, STANDARD, Project, set_folder
+from tests.conftest import FAST, ROOT, STANDARD, Project, scaled, set_folder, wait_exit
 
 DETERMINISTIC = ("model.onnx", "onnxruntime.onnx", "baseline.npz")
 
@@ -92,10 +92,12 @@ def popen(project: Project, *args: str, env: dict | None = None, log: str) -> su
 
 
 def wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
+    """Poll `condition` until it holds; `timeout` is stretched by the machine's load as it is
+    while waiting (conftest.scaled)."""
+    start = time.monotonic()
     while not condition():
         assert proc is None or proc.poll() is None, f"the run ended (rc {proc.returncode}) first"
-        assert time.monotonic() < deadline, "timed out"
+        assert time.monotonic() - start < scaled(timeout), "timed out"
         time.sleep(0.01)
 
 
@@ -251,7 +253,7 @@ def test_two_runs_of_one_recipe_take_turns(built_standard, tmp_path):
     finally:
         fcntl.flock(held, fcntl.LOCK_UN)
         held.close()
-    codes = [p.wait(timeout=300) for p in runs]
+    codes = [wait_exit(p, 300) for p in runs]
     watcher.stop()
     errs = [p.read_text() for p in logs]
     assert codes == [0, 0], errs
@@ -316,7 +318,7 @@ def test_a_full_disk_is_one_error_line_and_changes_nothing(built_standard, tmp_p
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     proc = subprocess.run([sys.executable, "-m", "pipeline", "run", "standard", *overrides],
                           cwd=project.path, env=env,
-                          capture_output=True, text=True, preexec_fn=limit, timeout=300)
+                          capture_output=True, text=True, preexec_fn=limit, timeout=scaled(300))
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
     assert proc.returncode == 4, proc.stderr
     assert len(errors) == 1 and "File too large" in errors[0] and "Traceback" not in proc.stderr
@@ -334,7 +336,7 @@ def test_ctrl_c_says_what_is_kept_and_exits_130(standard_copy):
         proc = popen(project, "run", "standard", *FAST, log="run.log")
         wait_for(lambda: "waiting for pid" in (project.path / "run.log").read_text(), proc, timeout=120)
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
+        code = wait_exit(proc, 60)
     finally:
         fcntl.flock(held, fcntl.LOCK_UN)
         held.close()

@@ -39,7 +39,7 @@ def test_int8_run_reports_precision_calibration_and_effective_share(int8_flash):
     assert p["parity_vs_fp32_graph"]["cosine"] > 0.99
     engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")
     assert engine["precision"] == "int8"
-    eff = engine["effective_precision"]
+    eff = engine["ort_flop_shares"]
     m = eff["mflops"]
     # every quantized MatMul runs as an integer kernel with a float output (inputs quantized,
     # outputs not: no requantization), cpu_pairs.py makes ORT fuse them all
@@ -243,7 +243,7 @@ def test_int4_at_accuracy_level_0_counts_as_float_and_fails_the_gate(int4_engine
     assert eff["mflops"]["float"] > 0 and "MatMulNBits (accuracy_level 0)" in eff["by_op_mflops"]
     assert {n["kind"] for n in eff["largest_non_integer"] if n["op"].startswith("MatMulNBits")} == {"float"}
     gate = effective.gate(eff, 0.5)
-    assert not gate["passed"] and "MatMulNBits below accuracy_level 4" in gate["detail"]
+    assert not gate.passed and "MatMulNBits below accuracy_level 4" in gate.detail
     assert "accuracy_level 0: weights dequantized, products in fp32" in "\n".join(effective_markdown(eff))
 
 

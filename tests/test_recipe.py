@@ -37,7 +37,7 @@ def test_dims_and_profile_points(chdir_project):
 def test_set_overrides_parse_yaml_values(chdir_project):
     r = recipe_mod.load("standard", ["validate.threads=2", "targets.0.provider=cpu",
                                      "model.kwargs.ffn_prune=0.25", "outputs=[logits]"])
-    assert r.validation.threads == 2
+    assert r.validate_.threads == 2
     assert r.targets[0].provider == "cpu"
     assert r.model.kwargs["ffn_prune"] == 0.25
     assert r.outputs == ["logits"]
@@ -162,7 +162,7 @@ def test_duplicate_keys_name_file_line_and_key(chdir_project):
                         "  tolerance: &t {cosine_min: 0.9}\n  latency:\n    <<: {warmup: 5, block: 5}\n"
                         "    warmup: 7\nexpect: {faster_than: []}\n")
     r = recipe_mod.load("merge")
-    assert (r.validation.latency.warmup, r.validation.latency.block) == (7, 5)
+    assert (r.validate_.latency.warmup, r.validate_.latency.block) == (7, 5)
 
 
 def test_duplicate_keys_in_a_set_value(chdir_project):
@@ -173,9 +173,9 @@ def test_duplicate_keys_in_a_set_value(chdir_project):
 def test_exponent_floats_without_a_dot_are_floats(chdir_project):
     # YAML 1.1 (PyYAML) reads `1e-3` as a string; the schema's floats are strict
     chdir_project.write("recipes/exp.yaml", "extends: standard.yaml\nvalidate:\n  tolerance: {max_abs: 1e-3}\n")
-    assert recipe_mod.load("exp").validation.tolerance.max_abs == 0.001
+    assert recipe_mod.load("exp").validate_.tolerance.max_abs == 0.001
     r = recipe_mod.load("standard", ["export.parity.max_abs=5e-2", "validate.latency.min_seconds=2E0"])
-    assert (r.export.parity.max_abs, r.validation.latency.min_seconds) == (0.05, 2.0)
+    assert (r.export.parity.max_abs, r.validate_.latency.min_seconds) == (0.05, 2.0)
     assert recipe_mod.load("standard", ["description=e3"]).description == "e3"
 
 

@@ -65,8 +65,8 @@ def test_perplexity_loss_is_the_rise_and_relative_bounds_scale_with_the_baseline
     for bound, passed in ((0.4, False), (0.5, True), ("4%", False), ("5%", True)):
         r = Recipe.model_validate({**base, "expect": {"max_task_loss": bound}})
         gate = task_gate(r, task)
-        assert gate["passed"] is passed, gate["detail"]
-    assert not task_gate(r, None)["passed"]  # a set gate with nothing measured fails
+        assert gate.passed is passed, gate.detail
+    assert not task_gate(r, None).passed  # a set gate with nothing measured fails
 
 
 # ------------------------------------------------------------------ the LM family, end to end
@@ -106,9 +106,9 @@ def test_parity_and_baseline_use_an_instance_that_was_never_traced(tmp_path):
 
     r = _recipe("tests.data_models:changes_when_traced",
                 [{"name": "x", "dtype": "float32", "shape": [2, 4]}], ["y"], "torchscript")
-    _, meta = export.run(r, None, tmp_path)  # parity against the traced instance failed (max_abs 1)
+    meta = export.run(r, None, tmp_path).meta  # parity against the traced instance failed (max_abs 1)
     assert meta["parity"]["y"]["max_abs"] < 1e-5
-    _, base = validate.baseline(r.model_copy(update={"validate_": r.validate_.model_copy(update={
+    validate.baseline(r.model_copy(update={"validate_": r.validate_.model_copy(update={
         "latency": r.validate_.latency.model_copy(update={"warmup": 1, "iterations": 10, "min_seconds": 0})})}),
         tmp_path)
     feeds, outputs = data.load_feeds(tmp_path / "baseline.npz")
@@ -127,7 +127,8 @@ def test_torchscript_exports_a_transformers_bert_by_name(tmp_path):
                 [{"name": "input_ids", "dtype": "int64", "shape": shape, "range": [0, 64]},
                  {"name": "attention_mask", "dtype": "int64", "shape": shape, "range": [1, 2]}],
                 ["hidden", "pooled"], "torchscript")
-    files, meta = export.run(r, None, tmp_path)  # before: "got multiple values for argument 'use_cache'"
+    made = export.run(r, None, tmp_path)
+    files, meta = made.files, made.meta  # before: "got multiple values for argument 'use_cache'"
     assert files["model.onnx"].is_file() and meta["parity"]["hidden"]["max_abs"] < 1e-4
 
 
@@ -154,5 +155,5 @@ def test_a_set_top1_gate_runs_even_when_agreement_cannot_be_measured():
                                "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, 4], "range": [0, 9]}],
                                "validate": {"tolerance": {"top1_min": 0.9}}})
     acc = {"logits": {"cosine": 1.0, "max_abs": 0.0, "top1_agreement": None, "nonfinite": 0}}
-    (top1,) = [g for g in gates(r, acc) if g["name"] == "logits.top1_agreement"]
-    assert not top1["passed"] and "not measurable" in top1["detail"]
+    (top1,) = [g for g in gates(r, acc) if g.name == "logits.top1_agreement"]
+    assert not top1.passed and "not measurable" in top1.detail

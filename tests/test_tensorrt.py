@@ -357,21 +357,21 @@ def test_require_layer_precision_fails_an_int8_engine_that_runs_float():
     good = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True), TIMES)
     bad = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
     ok = tensorrt_layers.check_required(good, "int8", 0.5)
-    assert ok["passed"] and ok["detail"].startswith("80% of time at int8")
+    assert ok.passed and ok.detail.startswith("80% of time at int8")
     gate = tensorrt_layers.check_required(bad, "int8", 0.5)
-    assert not gate["passed"] and gate["name"] == "effective_precision.int8"
-    assert gate["detail"].startswith("5% of time at int8") and "1 reformat layers" in gate["detail"]
+    assert not gate.passed and gate.name == "effective_precision.int8"
+    assert gate.detail.startswith("5% of time at int8") and "1 reformat layers" in gate.detail
     # fp16 counts int8 as narrower; untimed engines are judged by layer count.
     untimed = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=True))
     assert untimed["time_share"] is None
-    assert tensorrt_layers.check_required(untimed, "fp16", 0.4)["detail"].startswith("40% of layers")
+    assert tensorrt_layers.check_required(untimed, "fp16", 0.4).detail.startswith("40% of layers")
 
 
 def test_names_only_inspector_cannot_prove_a_precision():
     s = tensorrt_layers.effective_precision({"Layers": ["a + b", "c"], "Bindings": []})
     assert s["detailed"] is False
     gate = tensorrt_layers.check_required(s, "int8", 0.5)
-    assert not gate["passed"] and "DETAILED" in gate["detail"]
+    assert not gate.passed and "DETAILED" in gate.detail
 
 
 def test_dtype_words():
@@ -405,15 +405,15 @@ def test_validation_extras_gate_from_the_target_only(project, monkeypatch, tmp_p
     engine = tmp_path / "tensorrt.plan"
     _, info = trt_backend.sidecars(engine)
     summary = tensorrt_layers.effective_precision(inspector_sample(int8_gemm=False), TIMES)
-    info.write_text(json.dumps({"built_with": H200, "effective_precision": summary}))
+    info.write_text(json.dumps({"built_with": H200, "tensorrt_layer_shares": summary}))
     runner = SimpleNamespace(details={"cuda_graphs": "on", "captures": 1})
     monkeypatch.chdir(project.path)
     recipe = recipe_mod.load("standard")
     target = recipe_mod.TensorRTTarget(require_layer_precision="int8")
     extras = trt_backend.validation_extras(engine, target, recipe, runner)
     assert extras["runtime"]["cuda_graphs"] == "on"
-    assert [g["passed"] for g in extras["gates"]] == [False]
-    assert "per_layer" not in extras["effective_precision"]
+    assert [g.passed for g in extras["gates"]] == [False]
+    assert "per_layer" not in extras["tensorrt_layer_shares"]
     # `precision.require_effective_precision` is a share of ONNX Runtime's integer FLOPs
     # (validate.py judges it on the onnxruntime target): no gate on a TensorRT engine.
     recipe = recipe_mod.load("standard", ["precision.mode=int8",
@@ -490,7 +490,7 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
     engine.update(runtime={"cuda_graphs": "fallback to plain enqueue (capture failed)",
                            "capture_failure": "RuntimeError: operation not permitted when stream is capturing",
                            "captures": 0, "replays": 0, "enqueues": 41},
-                  effective_precision={k: v for k, v in summary.items() if k != "per_layer"})
+                  tensorrt_layer_shares={k: v for k, v in summary.items() if k != "per_layer"})
     md = report_mod.markdown(report)
     assert "CUDA Graphs: fallback to plain enqueue (capture failed) (RuntimeError: operation not " \
            "permitted when stream is capturing); 0 captures, 0 replays, 41 plain enqueues." in md

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, ROOT, STANDARD, Project
+from tests.conftest import FAST, ROOT, STANDARD, Project, wait_exit
 
 CALIBRATE = ("export", "standard-int8", "--set", "data.calibration.file=cal.npz")
 
@@ -301,7 +301,7 @@ def test_two_checkouts_export_byte_identical_graphs(tmp_path):
         procs.append(subprocess.Popen([sys.executable, "-m", "pipeline", "export", "standard"],
                                       cwd=checkout, env=env, stderr=subprocess.PIPE, text=True))
     for proc in procs:
-        assert proc.wait(timeout=600) == 0, proc.stderr.read()
+        assert wait_exit(proc, 600) == 0, proc.stderr.read()
     graphs = [(c / "engines" / "standard" / "model.onnx").read_bytes() for c in checkouts]
     assert hashlib.sha256(graphs[0]).hexdigest() == hashlib.sha256(graphs[1]).hexdigest()
     assert b'File "pipeline/zoo/glm.py"' in graphs[0]  # the trace is kept, relative

@@ -3,6 +3,6 @@
 
 from pipeline.artifacts.manifest import Manifest
 from pipeline.artifacts.recorded import Unusable, dump, parse
-from pipeline.artifacts.report import SCHEMA, EngineResult, Report
+from pipeline.artifacts.report import SCHEMA, EngineResult, Gate, Report, Versus
 
-__all__ = ["Manifest", "Report", "EngineResult", "SCHEMA", "Unusable", "dump", "parse"]
+__all__ = ["Manifest", "Report", "EngineResult", "Gate", "Versus", "SCHEMA", "Unusable", "dump", "parse"]

@@ -4,11 +4,15 @@
 sees it (a plain dict of exactly the keys the file holds, every one of them checked), or
 raises Unusable naming what is wrong. `dump(model)` is the only way JSON is written.
 
-Schema versions of report.json: 2 is read as is; 1 (or no `schema`: the earliest reports)
-is migrated, since the two differ mechanically (schema 1 had the same keys, checked by
-hand; the earliest entries lack `kind`, which the engine file's suffix gives); a schema-1
-report that still does not fit is refused with `rerun with --force`, and so is a schema
-newer than this pipeline reads.
+Schema versions of report.json: 3 is read as is; older ones are migrated step by step,
+since each differs mechanically: 1 (or no `schema`: the earliest reports) had the same keys
+as 2, checked by hand, and its earliest entries lack `kind` (the engine file's suffix gives
+it); 2 kept both runtimes' effective precision under one key, `effective_precision`, which
+3 splits into `ort_flop_shares` (ONNX Runtime's FLOP shares) and `tensorrt_layer_shares`
+(TensorRT's layer/time shares), told apart here once, by the ORT record's `integer_share`.
+An old report that still does not fit is refused with `rerun with --force`, and so is a
+schema newer than this pipeline reads. A validate-<target>.json of schema 2 is migrated the
+same way.
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def parse(name: str, data: Any) -> Any:
         return dump(report(data))
     if model is None:
         return data
+    if model is EngineResult:
+        data = split_effective_precision(data)
     try:
         return dump(model.model_validate(data))
     except ValidationError as e:
@@ -84,24 +90,37 @@ def report(data: dict) -> Report:
                        f"(schema {REPORT_SCHEMA})", stale=True)
     if version < 1:
         raise Unusable(f"`schema` is {version}: no pipeline writes that")
-    if version == 1:
-        data = migrate_v1(data)
+    data = migrate(data, version)
     try:
         return Report.model_validate(data)
     except ValidationError as e:
-        if version == 1:
-            raise Unusable(f"a schema-1 report from an older pipeline that does not migrate to "
+        if version < REPORT_SCHEMA:
+            raise Unusable(f"a schema-{version} report from an older pipeline that does not migrate to "
                            f"schema {REPORT_SCHEMA} ({describe(e)})", stale=True) from None
         raise Unusable(f"not a report this pipeline wrote ({describe(e)})") from None
 
 
-def migrate_v1(data: dict) -> dict:
-    """Schema 1 -> 2: the same keys; entries written before `kind` existed get it from the
-    engine file's suffix (else from the target id, which defaults to the kind)."""
-    out = {**data, "schema": REPORT_SCHEMA}
-    engines = data.get("engines")
-    if isinstance(engines, list):
-        out["engines"] = [_with_kind(e) for e in engines]
+def migrate(data: dict, version: int) -> dict:
+    """A schema-`version` report brought to REPORT_SCHEMA, one schema at a time; each step
+    changes every engine entry and nothing else (ENTRY_MIGRATIONS)."""
+    for step in range(version, REPORT_SCHEMA):
+        engines = data.get("engines")
+        data = {**data, "schema": step + 1}
+        if isinstance(engines, list):
+            data["engines"] = [ENTRY_MIGRATIONS[step](e) for e in engines]
+    return data
+
+
+def split_effective_precision(entry: Any) -> Any:
+    """An engine entry's schema-2 `effective_precision` under its schema-3 name: ONNX
+    Runtime's FLOP shares carry `integer_share`, TensorRT's layer shares never do."""
+    if not isinstance(entry, dict) or "effective_precision" not in entry:
+        return entry
+    out = {k: v for k, v in entry.items() if k != "effective_precision"}
+    shares = entry["effective_precision"]
+    if shares is not None:
+        onnxruntime = isinstance(shares, dict) and "integer_share" in shares
+        out["ort_flop_shares" if onnxruntime else "tensorrt_layer_shares"] = shares
     return out
 
 
@@ -111,6 +130,12 @@ def _with_kind(entry: Any) -> Any:
     path = entry.get("path")
     kind = SUFFIX_KIND.get(PurePath(path).suffix) if isinstance(path, str) else None
     return {**entry, "kind": kind or entry.get("target")}
+
+
+# schema N -> N + 1 of one engine entry: 1 -> 2 gives the earliest entries their `kind`
+# (the engine file's suffix, else the target id, which defaults to the kind); 2 -> 3 splits
+# `effective_precision` by the runtime that measured it
+ENTRY_MIGRATIONS = {1: _with_kind, 2: split_effective_precision}
 
 
 def manifest(data: Any) -> dict:

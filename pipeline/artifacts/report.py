@@ -1,4 +1,4 @@
-"""report.json (schema 2) and validate-<target>.json as pydantic models: the report contract.
+"""report.json (schema 3) and validate-<target>.json as pydantic models: the report contract.
 
     Report
       device, versions, export | optimize | precision (graph stages' meta), baseline, data
@@ -24,8 +24,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from pipeline.artifacts.base import Closed, Count, Device, FileName, Open, Sha256
+from pipeline.artifacts.verdicts import gate_problems, verdict_problem
 
-SCHEMA = 2  # 2: the models below are the contract (1: the same keys, checked by hand)
+SCHEMA = 3  # 3: effective precision split by runtime (ort_flop_shares, tensorrt_layer_shares);
+#           2: the models below are the contract; 1: the same keys, checked by hand
 
 Verdict = Literal["faster", "slower", "indistinguishable"]
 Interval = Annotated[list[float], Field(min_length=2, max_length=2, description="[low, high]")]
@@ -66,6 +68,13 @@ class Speedup(Closed):
     noise_threshold: float = Field(description="The band around 1 a verdict must clear.")
     blocks: Count | None = Field(None, description="Rounds timed (block pairs).")
 
+    @model_validator(mode="after")
+    def _verdict_follows(self) -> Speedup:
+        problem = verdict_problem(self.verdict, *self.ci95, self.noise_threshold, time_ratio=False)
+        if problem:
+            raise ValueError(problem)
+        return self
+
 
 class CudaGraphSpeedup(Speedup):
     """The engine against the eager model replayed as CUDA Graphs (GPU only)."""
@@ -84,6 +93,13 @@ class Comparison(Closed):
     verdict: Verdict
     noise_threshold: float
     blocks: Count
+
+    @model_validator(mode="after")
+    def _verdict_follows(self) -> Comparison:
+        problem = verdict_problem(self.verdict, *self.ci95, self.noise_threshold, time_ratio=True)
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 class OutputAccuracy(Closed):
@@ -222,9 +238,12 @@ class EngineResult(Closed):
     device: str | None = Field(None, description="Where engine and baseline ran (cpu | cuda).")
     speedup_vs_cudagraph: CudaGraphSpeedup | None = None
     runtime: dict[str, Any] | None = Field(None, description="Backend runtime details (TensorRT).")
-    effective_precision: dict[str, Any] | None = Field(
-        None, description="What the runtime ran in integer kernels (precision/effective.py, "
-        "backends/tensorrt_layers.py).")
+    ort_flop_shares: dict[str, Any] | None = Field(
+        None, description="ONNX Runtime: the share of matrix-multiply FLOPs its profiler saw run "
+        "in integer kernels, by kind and op (precision/effective.py).")
+    tensorrt_layer_shares: dict[str, Any] | None = Field(
+        None, description="TensorRT: the shares of layers (and of time, when timed) per precision "
+        "the engine inspector reports (backends/tensorrt_layers.py).")
     gates: list[Gate] = []
     versus: list[Versus] = []
     task: TaskMetric | None = None
@@ -238,6 +257,9 @@ class EngineResult(Closed):
                 raise ValueError(f"a built engine needs {', '.join(missing)}")
         elif not self.reason:
             raise ValueError(f"a {self.status} engine needs the `reason`")
+        problems = gate_problems(self)  # a NaN, or figures that fail, never pass
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -274,7 +296,8 @@ class Baseline(Closed):
 class Report(Closed):
     """report.json: the source of truth; report.md and the tables are rendered from it."""
 
-    schema_: Literal[2] = Field(alias="schema", description="2 since the models are the contract.")
+    schema_: Literal[3] = Field(alias="schema", description="3 since the effective precision is "
+                                "split by runtime (artifacts/recorded.py migrates 1 and 2).")
     recipe: str
     recipe_sha256: Sha256
     description: str = ""

@@ -255,6 +255,22 @@ def sidecars(engine: Path) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".inspector.json"), stem.with_name(stem.name + ".build.json")
 
 
+def _build_info(info_path: Path, key: str) -> dict:
+    """One section of <id>.build.json, read bounded (a planted file is refused in one line)."""
+    from pipeline.artifacts import json_file
+    from pipeline.errors import IntegrityError
+
+    try:
+        data = json_file.read(info_path)
+    except json_file.Unreadable as e:
+        raise IntegrityError(f"{info_path}: {e.problem}", "rebuild the engine with `pipeline run --force`") from None
+    section = data.get(key) if isinstance(data, dict) else None
+    if not isinstance(section, dict):
+        raise IntegrityError(f"{info_path}: no `{key}` object, not the build record the pipeline wrote",
+                             "rebuild the engine with `pipeline run --force`")
+    return section
+
+
 def check_parseable(onnx_path: Path) -> None:
     """StageFailed naming the ops TensorRT cannot parse, before any TensorRT work.
 
@@ -312,9 +328,9 @@ def build(onnx_path: Path, target: TensorRTTarget, recipe: Recipe, workdir: Path
     inspector_path, info_path = sidecars(engine_path)
     inspector_path.write_text(inspector_text)
     meta = build_meta(p, target, built_with, seconds, inspector_path.name)
-    info_path.write_text(json.dumps({**meta, "effective_precision": summary}, indent=2) + "\n")
+    info_path.write_text(json.dumps({**meta, "tensorrt_layer_shares": summary}, indent=2) + "\n")
     short = {k: v for k, v in summary.items() if k != "per_layer"}
-    return engine_path, {**meta, "effective_precision": short,
+    return engine_path, {**meta, "tensorrt_layer_shares": short,
                          "files": {inspector_path.name: inspector_path, info_path.name: info_path}}
 
 
@@ -328,7 +344,7 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
     from pipeline.backends.tensorrt_runner import TensorRTRunner
 
     _, info_path = sidecars(Path(engine_path))
-    built = json.loads(info_path.read_text())["built_with"] if info_path.is_file() else {}
+    built = _build_info(info_path, "built_with") if info_path.is_file() else {}
     check_compatible(Path(engine_path), built, here(), target.hardware_compatibility != "none")
     return TensorRTRunner(engine_path, cuda_graphs=target.cuda_graphs, name=target.id)
 
@@ -336,10 +352,10 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
 def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
     """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
     _, info_path = sidecars(Path(engine_path))
-    summary = json.loads(info_path.read_text())["effective_precision"] if info_path.is_file() else None
+    summary = _build_info(info_path, "tensorrt_layer_shares") if info_path.is_file() else None
     extras = {"runtime": dict(runner.details), "gates": []}
     if summary is not None:
-        extras["effective_precision"] = {k: v for k, v in summary.items() if k != "per_layer"}
+        extras["tensorrt_layer_shares"] = {k: v for k, v in summary.items() if k != "per_layer"}
     # The target's own precision name only: the `precision:` section's key of the same name is
     # a share of MatMul FLOPs that ONNX Runtime runs in integer kernels (validate.py judges it).
     if target.require_layer_precision:

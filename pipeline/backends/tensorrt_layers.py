@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import re
 
+from pipeline.artifacts.report import Gate
+
 # Precision categories, narrowest first; `other` is index/shape/bool work.
 CATEGORIES = ("fp4", "int4", "int8", "fp8", "fp16", "bf16", "fp32", "other")
 _BITS = {"fp4": 4, "int4": 4, "int8": 8, "fp8": 8, "fp16": 16, "bf16": 16, "fp32": 32}
@@ -117,7 +119,7 @@ def effective_precision(inspector: dict, layer_ms: dict[str, float] | None = Non
     }
 
 
-def check_required(summary: dict, required: str, min_share: float) -> dict:
+def check_required(summary: dict, required: str, min_share: float) -> Gate:
     """Gate: at least `min_share` of the engine's float/int8 work runs at `required` or narrower.
 
     Shares are by time when the engine was timed, else by layer count; index/shape work
@@ -125,9 +127,9 @@ def check_required(summary: dict, required: str, min_share: float) -> dict:
     """
     name = f"effective_precision.{required}"
     if not summary.get("detailed"):
-        return {"name": name, "passed": False,
-                "detail": "the inspector gave layer names only (build with profiling verbosity "
-                          "DETAILED) so the effective precision is unknown"}
+        return Gate(name=name, passed=False,
+                    detail="the inspector gave layer names only (build with profiling verbosity "
+                           "DETAILED) so the effective precision is unknown")
     basis = "time" if summary.get("time_share") else "layers"
     shares = summary["time_share"] if basis == "time" else summary["layer_share"]
     compute = sum(v for c, v in shares.items() if c != "other")
@@ -135,6 +137,6 @@ def check_required(summary: dict, required: str, min_share: float) -> dict:
     share = narrow / compute if compute else 0.0
     spread = ", ".join(f"{c} {v / compute:.0%}" for c, v in shares.items()
                        if c != "other" and v and compute)
-    return {"name": name, "passed": share >= min_share,
-            "detail": f"{share:.0%} of {basis} at {required} or narrower >= {min_share:.0%} "
-                      f"({spread or 'no compute layers'}; {summary['reformat_layers']} reformat layers)"}
+    return Gate(name=name, passed=bool(share >= min_share),
+                detail=f"{share:.0%} of {basis} at {required} or narrower >= {min_share:.0%} "
+                       f"({spread or 'no compute layers'}; {summary['reformat_layers']} reformat layers)")

@@ -20,7 +20,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.artifacts.recorded import dump
 from pipeline.artifacts.report import Versus
 from pipeline.bench import plots, protocol, sweep
 from pipeline.errors import RecipeError
@@ -68,8 +67,8 @@ def check_compatible(recipe: Recipe, other: Recipe, dims: list[dict[str, int]] |
 
 
 def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, other_target,
-           other_engine: Artifact, workdir: Path, feed, open_this: Opener,
-           open_other: Opener) -> tuple[dict[str, Path], dict]:
+           other_engine: Artifact, feed, open_this: Opener,
+           open_other: Opener) -> Versus:
     """This recipe's `target` engine (B) against `other`'s (A), at the opt shape, on `feed`."""
     check_compatible(recipe, other)
     a, b = f"{other.name}/{other_target.id}", f"{recipe.name}/{target.id}"
@@ -77,7 +76,7 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, _ = protocol.measure(runners, sweep.shapes(recipe, feed)[:1],
-                                     recipe.validation.latency, pairs=[(a, b)])
+                                     recipe.validate_.latency, pairs=[(a, b)])
     shape = result["shapes"][0]
     name = f"versus-{target.id}-{other.name}.json"
     out = {
@@ -90,9 +89,7 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
         "resources": result["resources"], "warnings": result["warnings"],
         "harness_overhead_us": result["harness_overhead_us"],
     }
-    path = workdir / name
-    path.write_text(json.dumps(dump(Versus.model_validate(out)), indent=2) + "\n")
-    return {name: path}, {"verdict": out["comparison"]["verdict"]}
+    return Versus.model_validate(out)
 
 
 def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
@@ -116,26 +113,23 @@ def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
         result, samples = protocol.measure(runners, sweep.shapes(recipe, feed),
-                                           recipe.validation.latency, pairs=pairs)
+                                           recipe.validate_.latency, pairs=pairs)
     result = {"recipe": recipe.name, "vs": other.name if other else None,
-              "protocol": recipe.validation.latency.model_dump(mode="json"),
+              "protocol": recipe.validate_.latency.model_dump(mode="json"),
               "cold_start_ms": cold, **result}
     return result, samples
 
 
 def write(result: dict, samples: dict, folder: Path) -> tuple[Path, Path]:
     """bench.json (or bench-vs-OTHER.json) and its latency PNG, into the recipe's folder."""
-    import os
-
-    from pipeline.store.recipe_folder import write_atomic
+    from pipeline.store.safe_files import write_atomic
 
     stem = "bench" + (f"-vs-{result['vs']}" if result["vs"] else "")
-    png, tmp = folder / f"{stem}.png", folder / f".{stem}.tmp.png"
+    png = folder / f"{stem}.png"
     result["plot"] = png.name
-    plots.latency_png(tmp, samples, f"pipeline bench {result['recipe']}"
+    plots.latency_png(png, samples, f"pipeline bench {result['recipe']}"  # atomic, exclusive temp
                       + (f" --vs {result['vs']}" if result["vs"] else "")
                       + f", {result['shapes'][0]['shape']}, interleaved")
-    os.replace(tmp, png)
     path = folder / f"{stem}.json"
     write_atomic(path, json.dumps(result, indent=2) + "\n")
     return path, png

@@ -1,39 +1,42 @@
 """The recipe's `expect:` gates, judged from measured results (never by measuring again).
 
-Each gate is {"name", "passed", "detail"}; the detail is the evidence a failure prints:
+Each gate is a Gate (name, passed, detail); the detail is the evidence a failure prints:
 the measured figure, its interval and the threshold. They are appended to the engine's
 accuracy gates, so `run.check_gates` exits 3 on any of them.
 """
 
 from __future__ import annotations
 
+from pipeline.artifacts import EngineResult, Gate
+from pipeline.artifacts.report import TaskMetric
 from pipeline.recipe import Recipe
 from pipeline.text import speedup, time_ratio_speedup
 
 
-def _gate(name: str, passed: bool, detail: str) -> dict:
-    return {"name": name, "passed": bool(passed), "detail": detail}
+def _gate(name: str, passed: bool, detail: str) -> Gate:
+    return Gate(name=name, passed=bool(passed), detail=detail)
 
 
-def expect(recipe: Recipe, engine: dict) -> list[dict]:
+def expect(recipe: Recipe, engine: EngineResult) -> list[Gate]:
     """The expect: gates of one built engine (its validate result, plus `versus` A/Bs)."""
     want = recipe.expect
     out = []
     if want.min_speedup is not None:
-        s = engine["speedup_vs_baseline"]
-        lo, hi = s["ci95"]
+        s = engine.speedup_vs_baseline
+        lo, hi = s.ci95
         out.append(_gate(
             "expect.min_speedup", lo >= want.min_speedup,
-            f"vs torch {speedup(s['ratio'], s['ci95'])} (95% CI) over {s['blocks']} block pairs; "
+            f"vs torch {speedup(s.ratio, s.ci95)} (95% CI) over {s.blocks} block pairs; "
             f"needs the whole speed-up interval >= {want.min_speedup:g}x"))
     if want.max_p99_ms is not None:
-        lat = engine["latency_ms"]
+        lat = engine.latency_ms
         out.append(_gate(
-            "expect.max_p99_ms", lat["p99"] <= want.max_p99_ms,
-            f"p99 {lat['p99']:.3f} ms (p50 {lat['p50']:.3f}, n={lat['n']}); needs <= {want.max_p99_ms:g} ms"))
+            "expect.max_p99_ms", lat.p99 <= want.max_p99_ms,
+            f"p99 {lat.p99:.3f} ms (p50 {lat.p50:.3f}, n={lat.n}); needs <= {want.max_p99_ms:g} ms"))
     if want.max_accuracy_loss is not None:
         for name in recipe.top1_outputs():
-            agree = (engine["accuracy"].get(name) or {}).get("top1_agreement")
+            measured = engine.accuracy.get(name)
+            agree = measured.top1_agreement if measured is not None else None
             loss = None if agree is None else 1 - agree
             out.append(_gate(
                 f"expect.max_accuracy_loss.{name}",
@@ -41,27 +44,26 @@ def expect(recipe: Recipe, engine: dict) -> list[dict]:
                 f"top-1 disagreement with PyTorch {'—' if loss is None else f'{loss:.4f}'}; "
                 f"needs <= {want.max_accuracy_loss:g}"))
     if want.max_task_loss is not None:
-        out.append(task_gate(recipe, engine.get("task")))
-    versus = {v["other"]: v for v in engine.get("versus") or []}
+        out.append(task_gate(recipe, engine.task))
+    versus = {v.other: v for v in engine.versus}
     for ref in want.faster_than:
         v = versus.get(ref)
         if v is None:
             out.append(_gate(f"expect.faster_than.{ref}", False, "not measured"))
-        elif v.get("reason"):
-            out.append(_gate(f"expect.faster_than.{ref}", False, v["reason"]))
+        elif v.reason:
+            out.append(_gate(f"expect.faster_than.{ref}", False, v.reason))
         else:
-            c = v["comparison"]
-            lo, hi = c["ci95"]
+            c = v.comparison
             out.append(_gate(
-                f"expect.faster_than.{ref}", c["verdict"] == "faster",
-                f"vs {ref}'s {v['target']}: {time_ratio_speedup(c['time_ratio'], c['ci95'])} (95% CI; "
-                f"{c['verdict']}; p50 {v['this_ms']['p50']:.3f} vs {v['other_ms']['p50']:.3f} ms, "
-                f"interleaved, {c['blocks']} block pairs); needs the whole interval faster than "
-                f"1 + noise threshold {c['noise_threshold']:g}"))
+                f"expect.faster_than.{ref}", c.verdict == "faster",
+                f"vs {ref}'s {v.target}: {time_ratio_speedup(c.time_ratio, c.ci95)} (95% CI; "
+                f"{c.verdict}; p50 {v.this_ms.p50:.3f} vs {v.other_ms.p50:.3f} ms, "
+                f"interleaved, {c.blocks} block pairs); needs the whole interval faster than "
+                f"1 + noise threshold {c.noise_threshold:g}"))
     return out
 
 
-def task_gate(recipe: Recipe, task: dict | None) -> dict:
+def task_gate(recipe: Recipe, task: TaskMetric | dict | None) -> Gate:
     """expect.max_task_loss on the engine's task metric (validate.task), point estimate
     against the bound; relative bounds are shares of the PyTorch baseline's figure."""
     from pipeline.metrics.task import loss
@@ -70,6 +72,8 @@ def task_gate(recipe: Recipe, task: dict | None) -> dict:
     bound, relative = parse_task_loss(recipe.expect.max_task_loss)
     if not task:
         return _gate("expect.max_task_loss", False, "no task metric was measured")
+    if isinstance(task, TaskMetric):
+        task = task.model_dump()
     lost = loss(task)
     allowed = bound * abs(task["baseline"]) if relative else bound
     lo, hi = task["ci95"]

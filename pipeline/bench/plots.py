@@ -11,9 +11,12 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.store import safe_files
+
 
 def latency_png(path: Path, samples: dict[str, np.ndarray], title: str) -> Path:
-    """samples: runner name -> latencies in ns. Writes `path` and returns it."""
+    """samples: runner name -> latencies in ns. Writes `path` (atomically, through an
+    exclusive temporary file: safe_files) and returns it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,6 +46,8 @@ def latency_png(path: Path, samples: dict[str, np.ndarray], title: str) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        safe_files.write_atomic_with(path, lambda f: fig.savefig(f, format="png"))
+    finally:
+        plt.close(fig)
     return path

@@ -41,7 +41,7 @@ def shapes(recipe: Recipe, opt_feed: data.Feed) -> list[tuple[str, dict, data.Fe
     """(label, dims, feed) per shape; the first is the opt point with `opt_feed`."""
     opt = opt_dims(recipe)
     out = [(f"opt ({label(opt)})", opt, opt_feed)]
-    sweep = recipe.validation.latency.sweep
+    sweep = recipe.validate_.latency.sweep
     if not sweep:
         return out
     for i, sizes in enumerate(itertools.product(*sweep.values())):

@@ -1,305 +1,50 @@
-"""compare: several recipes side by side, with verdicts and explanations.
+"""`pipeline compare A B [...]`: several recipes side by side, by their workload.
 
-    pipeline compare standard flash-int8 [...]
-
-0. The first recipe's timing feed must fit every other recipe's inputs (exit 2 otherwise).
-1. Each recipe is run up to its report (cached stages are reused). Up front: each model's
-   parameters and opt shape; where a recipe's model is not the first's (parameters 2x
-   apart, another opt shape), compare says so and ranks that first among the causes.
-2. Speed: every engine the recipes share (by target id), and each recipe's PyTorch baseline,
-   timed interleaved in one process at the first recipe's opt shape; each other recipe is
-   compared with the first (B time / A time, 95% interval over the interleaved rounds, verdict).
-3. Where the time went: ONNX Runtime per-node profiles of each recipe's first engine that is
-   an ONNX graph (its backend's ENGINE_IS_ONNX: onnxruntime),
-   grouped into categories; the per-category delta to the first recipe, and tags naming the
-   likely causes (explain.causes). The profiled totals are stated beside the measured p50s:
-   the profiler adds a cost per node, so it inflates graphs of many small nodes.
-4. Where the error came from: for a recipe with a precision stage, intermediate tensors of
-   its typed graph against the float graph it was made from (explain.layers).
-
-Writes engines/compare/<A>-vs-<B>.../compare.{json,md,html} and PNG plots.
+0. At least two recipes, none named twice, all of one workload; then the workload's own
+   check before anything is built (the forward pass: the first recipe's timing feed fits
+   every other one; generation: the same script of requests).
+1. Each recipe is run up to its report (cached stages are reused).
+2. The workload's comparer times and explains them (workloads.comparer: explain/compare.py
+   for the forward pass, generation/compare.py) and writes engines/compare/<A>-vs-<B>.../.
 """
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
-from pipeline import backends, data
-from pipeline.bench import ab, protocol, stats, sweep
+from pipeline import workloads
 from pipeline.errors import RecipeError
-from pipeline.explain import causes, layers, profile
 from pipeline.recipe import Recipe
-from pipeline.run.openers import baseline_opener, engine_opener, timing_feed
-from pipeline.stages.build import engine_name
-from pipeline.store.folder_names import folder_name
-from pipeline.store.recipe_folder import Store, now
-
-SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
+from pipeline.store import safe_files
 
 
-def _built(report: dict) -> dict[str, dict]:
-    return {e["target"]: e for e in report["engines"] if e["status"] == "built"}
-
-
-def _profiled(report: dict) -> dict | None:
-    """The recipe's engine ONNX Runtime's profiler can read: the first built one whose
-    backend's engine is an ONNX graph."""
-    return next((e for e in _built(report).values()
-                 if getattr(backends.lookup(e.get("kind")), "ENGINE_IS_ONNX", False)), None)
-
-
-def _graph_before_precision(store: Store) -> tuple[Path, Path] | None:
-    """(float graph, typed graph) when the recipe ran a precision stage, else None."""
-    from pipeline.run.execute import GRAPH_STAGES
-
-    stages = store.manifest["stages"]
-    if "precision" not in stages:
-        return None
-    earlier = [s for s in GRAPH_STAGES[: GRAPH_STAGES.index("precision")] if s in stages]
-    before = stages[earlier[-1]]["outputs"][0]
-    return store.dir / before, store.dir / stages["precision"]["outputs"][0]
-
-
-# The effective-precision bar of the "float fallback" tag when the recipe sets none.
-DEFAULT_EFFECTIVE_BAR = 0.9
-# Parameter counts further apart than this make A and B different models, not variants.
-MODEL_SIZE_RATIO = 2.0
-
-
-def _effective(entry: dict, recipe: Recipe) -> dict | None:
-    """Effective precision of B's engine against the bar the "float fallback" tag uses: the
-    recipe's require_effective_precision on the share its gate judges (attention products
-    included), else DEFAULT_EFFECTIVE_BAR on the projections' share (attention products are
-    never quantized, so they are no fallback), each saying which it is."""
-    eff = entry.get("effective_precision")
-    spec = getattr(recipe, "precision", None)
-    if not eff or "integer_share" not in eff:
-        return None
-    required = getattr(spec, "require_effective_precision", None)
-    if required is not None:
-        return {"share": eff["integer_share"], "required": required,
-                "scope": "matrix-multiply FLOPs (attention products included)"
-                         if "attention" in eff["mflops"] else "MatMul/Gemm FLOPs",
-                "bar": "the recipe's precision.require_effective_precision",
-                "precision": entry.get("precision")}
-    m = eff["mflops"]
-    projections = m["integer"] + m["fake_quantized"] + m["float"]
-    return {"share": m["integer"] / projections if projections else 0.0,
-            "required": DEFAULT_EFFECTIVE_BAR,
-            "scope": "projection MatMul/Gemm FLOPs (attention products excluded)",
-            "bar": f"compare's default bar: `{recipe.name}` sets no precision.require_effective_precision",
-            "precision": entry.get("precision")}
-
-
-def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
-    """Per recipe: parameters of its exported model (ONNX initializer elements) and its own
-    opt shape (the dims it is tuned for)."""
-    from pipeline.model import onnx_info
-
-    out = {}
-    for r in recipes:
-        store = Store(root, folder_name(r))
-        export = store.manifest["stages"].get("export")
-        params = None
-        if export:
-            params = onnx_info.describe(store.dir / export["outputs"][0])["parameters"]
-        out[r.name] = {"parameters": params, "opt_dims": sweep.opt_dims(r),
-                       "description": r.description}
-    return out
-
-
-def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> dict[str, str]:
-    """recipe -> why it is not the same model as the first one at the timed shape (only
-    recipes that differ): parameters MODEL_SIZE_RATIO or more apart, or another opt shape."""
-    first = recipes[0].name
-    a = info[first]
-    out = {}
-    for r in recipes[1:]:
-        b = info[r.name]
-        why = []
-        pa, pb = a["parameters"], b["parameters"]
-        if pa and pb and max(pa, pb) / min(pa, pb) >= MODEL_SIZE_RATIO:
-            why.append(f"`{r.name}`'s model has {pb / pa:.1f}x the parameters of `{first}`'s "
-                       f"({pb:,} vs {pa:,}, initializer elements of the exported ONNX)")
-        if b["opt_dims"] != a["opt_dims"]:
-            why.append(f"both are timed at `{first}`'s opt shape ({sweep.label(a['opt_dims'])}); "
-                       f"`{r.name}` is tuned for {sweep.label(b['opt_dims'])}")
-        if why:
-            out[r.name] = "; ".join(why)
-    return out
-
-
-def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
-    from pipeline.run.execute import Run
-
-    reports = {}
-    for r in recipes:
-        outcome = Run(r, root, force=force, progress=progress, verbose=verbose).execute("report")
-        reports[r.name] = outcome.report
-    return reports
-
-
-def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tuple[dict, dict, list[str]]:
-    """Interleaved timing of the shared engines and the baselines; (result, samples, shared)."""
-    first = recipes[0]
-    for other in recipes[1:]:
-        ab.check_compatible(first, other)
-    shared = [t for t in _built(reports[first.name])
-              if all(t in _built(reports[r.name]) for r in recipes[1:])]
-    openers, pairs = {}, []
-    for r in recipes:
-        targets = {t.id: t for t in r.targets}
-        openers[f"{r.name}/{ab.BASELINE}"] = baseline_opener(r)
-        store = Store(root, folder_name(r))
-        for tid in shared:
-            # the file timed must be the file validated: its sha256 is checked again here
-            path = store.verify(engine_name(targets[tid])).path
-            openers[f"{r.name}/{tid}"] = engine_opener(r, targets[tid], path)
-    for other in recipes[1:]:
-        for tid in [ab.BASELINE, *shared]:
-            pairs.append((f"{first.name}/{tid}", f"{other.name}/{tid}"))
-    feed = timing_feed(first)
-    with contextlib.ExitStack() as stack:
-        runners, cold = protocol.open_all(stack, openers, feed)
-        result, samples = protocol.measure(runners, sweep.shapes(first, feed)[:1],
-                                           first.validation.latency, pairs=pairs)
-    result["cold_start_ms"] = cold
-    return result, samples, shared
-
-
-def _measured(timed: dict, a: str, b: str) -> dict | None:
-    """The interleaved timing's p50s and ratio of runners a and b (no profiler attached)."""
-    shape = timed["shapes"][0]
-    c = next((c for c in shape["comparisons"] if c["a"] == a and c["b"] == b), None)
-    lat = shape["latency_ms"]
-    if c is None or a not in lat or b not in lat:
-        return None
-    return {"a_p50_ms": lat[a]["p50"], "b_p50_ms": lat[b]["p50"], "time_ratio": c["time_ratio"],
-            "ci95": c["ci95"], "verdict": c["verdict"]}
-
-
-def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
-                 differ: dict[str, str] | None = None) -> dict:
-    """Profiles of each recipe's ONNX-graph engine (taking turns); deltas and tags vs the
-    first recipe, beside the interleaved timing of the same engines (`timed`). `differ`:
-    recipe -> why its model is not the first's (model_differences)."""
-    from pipeline.precision import effective
-
-    first = recipes[0]
-    entries = {r.name: _profiled(reports[r.name]) for r in recipes}
-    entries = {k: v for k, v in entries.items() if v is not None}
-    kinds = sorted({e["kind"] for e in entries.values()})
-    out = {"engine_kind": ", ".join(kinds) or None, "profiles": {}, "versus": {}}
-    if not entries:
-        return out
-    fp8 = {k: {"session.disable_quant_qdq": "1"} for k, e in entries.items() if e.get("precision") == "fp8"}
-    profiles = profile.profile_sessions({k: Path(e["path"]) for k, e in entries.items()},
-                                        timing_feed(first), threads=first.validation.threads,
-                                        session_config=fp8)
-    ops = {k: causes.op_histogram(Path(e["path"])) for k, e in entries.items()}
-    nbits = {k: effective.accuracy_levels(Path(e["path"])) for k, e in entries.items()}
-    for name, p in profiles.items():
-        out["profiles"][name] = {"total_us": p["total_us"], "categories": p["categories"],
-                                 "top_nodes": p["nodes"][:10], "method": p["method"]}
-    if first.name not in profiles:
-        return out
-    for r in recipes[1:]:
-        if r.name not in profiles:
-            continue
-        deltas = causes.category_deltas(profiles[first.name], profiles[r.name])
-        measured = _measured(timed, f"{first.name}/{entries[first.name]['target']}",
-                             f"{r.name}/{entries[r.name]['target']}")
-        out["versus"][r.name] = {
-            "verdict": (measured or {}).get("verdict"),
-            "deltas": deltas,
-            "profiled_total_us": {"a": profiles[first.name]["total_us"], "b": profiles[r.name]["total_us"]},
-            "measured": measured,
-            "models_differ": (differ or {}).get(r.name),
-            "tags": causes.tags(deltas, ops[first.name], ops[r.name], _effective(entries[r.name], r),
-                                nbits_b=nbits[r.name], models_differ=(differ or {}).get(r.name)),
-        }
-    return out
-
-
-def explain_error(recipes: list[Recipe], root: Path) -> dict:
-    out = {}
-    for r in recipes:
-        store = Store(root, folder_name(r))
-        graphs = _graph_before_precision(store)
-        if graphs is None:
-            continue
-        feeds, _ = data.load_feeds(store.dir / "baseline.npz")
-        out[r.name] = layers.layer_errors(*graphs, feeds[:2])
-        out[r.name]["float_graph"], out[r.name]["typed_graph"] = graphs[0].name, graphs[1].name
-        out[r.name]["tensors"] = out[r.name]["tensors"][-40:]  # the report keeps the tail only
-    return out
-
-
-def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, root: Path) -> list[dict]:
-    rows = []
-    opt = timed["shapes"][0]
-    for r in recipes:
-        manifest = Store(root, folder_name(r)).manifest
-        for e in reports[r.name]["engines"]:
-            key = f"{r.name}/{e['target']}"
-            acc = e.get("accuracy") or {}
-            rows.append({
-                "recipe": r.name, "target": e["target"], "status": e["status"],
-                "reason": e.get("reason"), "precision": e.get("precision"),
-                "cosine": min((m["cosine"] for m in acc.values()), default=None),
-                "top1": min((m["top1_agreement"] for m in acc.values()
-                             if m.get("top1_agreement") is not None), default=None),
-                "p50_ms": (opt["latency_ms"].get(key) or {}).get("p50"),
-                "p99_ms": (opt["latency_ms"].get(key) or {}).get("p99"),
-                "throughput_per_s": (opt["latency_ms"].get(key) or {}).get("throughput_per_s"),
-                "peak_rss_mb": ((e.get("resources") or {}).get("peak_rss_mb")),
-                "engine_mb": e["bytes"] / 2**20 if e.get("bytes") else None,
-                "build_s": (manifest["stages"].get(f"build:{e['target']}") or {}).get("seconds"),
-            })
-    return rows
-
-
-def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> tuple[dict, Path]:
+def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> workloads.Compared:
     if len(recipes) < 2:
         raise RecipeError("compare needs at least two recipes (e.g. `pipeline compare standard flash`)")
     names = [r.name for r in recipes]
     if len(set(names)) != len(names):
         raise RecipeError(f"compare: a recipe is named twice ({', '.join(names)})")
-    if recipes[0].workload.kind == "generation":  # time per task, per phase (pipeline/generation)
-        from pipeline.generation import compare as generation
+    # The output folder is checked before any work (a link in its place is exit 5), and made
+    # the same way when the results are written (workloads.base.compare_folder).
+    safe_files.folder(root, "compare", "-vs-".join(r.name for r in recipes), create=False)
+    first = recipes[0]
+    for other in recipes[1:]:
+        if workloads.of(other) is not workloads.of(first):
+            raise RecipeError(f"compare: `{first.name}` runs workload {first.workload.kind}, "
+                              f"`{other.name}` runs {other.workload.kind}",
+                              "compare recipes of one workload with each other")
+    comparer = workloads.comparer(first)
+    comparer.check_comparable(recipes)
+    return comparer.compare(recipes, run_all(recipes, root, force, progress, verbose), root, progress)
 
-        generation.check_same_workload(recipes)
-        return generation.compare(recipes, run_all(recipes, root, force, progress, verbose), root, progress)
-    for other in recipes[1:]:  # before anything is built: one feed is timed on every engine
-        ab.check_compatible(recipes[0], other)
-    reports = run_all(recipes, root, force, progress, verbose)
-    info = models(recipes, root)
-    differ = model_differences(recipes, info)
-    with progress.stage("compare: timing"):
-        timed, samples, shared = measure(recipes, reports, root)
-    with progress.stage("compare: profiles"):
-        time_explained = explain_time(recipes, reports, timed, differ)
-    with progress.stage("compare: layer errors"):
-        error_explained = explain_error(recipes, root)
-    folder = Path(root) / "compare" / "-vs-".join(names)
-    folder.mkdir(parents=True, exist_ok=True)
-    result = {
-        "schema": SCHEMA, "created": now(), "recipes": names, "shared_targets": shared,
-        "reference": names[0],
-        "models": info, "models_differ": differ,
-        "engines": side_by_side(recipes, reports, timed, root),
-        "timing": timed, "time_explained": time_explained, "error_explained": error_explained,
-        "method": {
-            "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
-                      f"interleaved in blocks of {recipes[0].validation.latency.block} at "
-                      f"{timed['shapes'][0]['shape']}; B vs A as a speed-up, A time / B time (JSON "
-                      "time_ratio: B time / A time): "
-                      + stats.ratio_method(recipes[0].validation.latency.noise_threshold),
-            "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),
-        },
-    }
-    from pipeline.explain import render
 
-    render.write_all(result, samples, folder)
-    return result, folder
+def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
+    """Each recipe run up to its report: {recipe name: report.json's content}."""
+    from pipeline.artifacts import dump
+    from pipeline.run.execute import Run
+
+    reports = {}
+    for r in recipes:
+        outcome = Run(r, root, force=force, progress=progress, verbose=verbose).execute("report")
+        reports[r.name] = dump(outcome.report)  # what report.json holds: the comparers read that
+    return reports

@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import backends, deps
+from pipeline.artifacts import engine_format
 from pipeline.errors import DependencyError, GateFailed, InputError, IntegrityError, RecipeError
 from pipeline.recipe import Dim, Recipe
+from pipeline.run import gate_recheck
 from pipeline.store import paths, safe_files
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, dumps, now, sha256_file
@@ -69,6 +71,7 @@ class Engine:
 # ------------------------------------------------------------------------- selection
 def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed: bool) -> list[Engine]:
     """The engines to deploy, each checked against the manifest before anything is written."""
+    store.check_folder()  # a link in the folder's place is refused, never read through
     report_path = store.dir / "report.json"
     if not report_path.is_file():
         raise InputError(f"{report_path}: not found; nothing was built and validated there",
@@ -88,8 +91,9 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
                               f"(targets: {', '.join(e['target'] for e in entries)})")
     chosen = [e for e in entries if not wanted or e["target"] in wanted or e.get("kind") in wanted]
     out, refused = [], []
+    gate_recheck.refuse_failing(recipe, report_path, chosen)  # gates recomputed, not taken on trust
     for e in chosen:
-        kind = _kind(e)
+        kind = _kind(recipe, e)
         if e["status"] != "built":
             refused.append(f"target `{e['target']}` was {e['status']} ({e.get('reason')})")
         elif backends.lookup(kind) is None:
@@ -104,8 +108,7 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
     if refused and (wanted or not out):
         raise InputError("cannot deploy: " + "; ".join(refused))
     if refused:
-        from rich.markup import escape
-
+        from pipeline.text import escape  # markup and control characters
         from pipeline.ui import console
 
         for why in refused:
@@ -129,10 +132,10 @@ def _check_targets(recipe: Recipe, store: Store, entries: list[dict]) -> None:
                 f"rebuild with `pipeline run {recipe.name} --force`")
 
 
-def _kind(entry: dict) -> str:
-    """The engine kind: the report's, else from the engine file's suffix."""
-    return (entry.get("kind") or backends.kind_of_suffix(Path(entry.get("path") or "").suffix)
-            or "unknown")
+def _kind(recipe: Recipe, entry: dict) -> str:
+    """The engine kind: the recipe's target's (the recipe is code, the report is data; the
+    report's own `kind` was checked against it by gate_recheck)."""
+    return next(t.kind for t in recipe.targets if t.id == entry["target"])  # _check_targets ran
 
 
 def _triton(kind: str) -> backends.TritonModel | None:
@@ -144,7 +147,17 @@ def _triton(kind: str) -> backends.TritonModel | None:
 def _engine(store: Store, entry: dict, kind: str) -> Engine:
     stage = store.manifest["stages"].get(f"build:{entry['target']}") or {}
     name = (stage.get("outputs") or [Path(entry["path"]).name])[0]
+    reported = Path(str(entry.get("path") or ""))
+    if reported.name != name or ".." in reported.parts:  # what `verify` checks too
+        raise IntegrityError(f"{store.dir / 'report.json'}: target `{entry['target']}` reports its "
+                             f"engine as {str(entry.get('path'))!r}, not the file {name} the build "
+                             "recorded; the report was changed after the build",
+                             f"rebuild with `pipeline run {store.dir.name} --force`")
     artifact = store.verify(name)  # IntegrityError (exit 5) when the file changed
+    wrong_format = engine_format.mismatch(kind, artifact.path)  # its bytes, not the report's word
+    if wrong_format:
+        raise IntegrityError(f"{artifact.path}: {wrong_format}; the folder was changed after the build",
+                             f"rebuild with `pipeline run {store.dir.name} --force`")
     if artifact.sha256 != entry["sha256"]:
         raise IntegrityError(f"{artifact.path}: sha256 {artifact.sha256[:12]}… is not the engine "
                              f"the report validated ({entry['sha256'][:12]}…)", "rerun the recipe")

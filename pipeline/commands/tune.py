@@ -24,9 +24,10 @@ import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 from pipeline.metrics import budget as tune_metrics
+from pipeline.store import safe_files
+from pipeline.store.recipe_folder import Artifact
 
 FP32 = "fp32"
 EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
@@ -84,11 +85,12 @@ class Search:
         self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
             recipe, feeds, budget, progress, verbose)
         self.task, self.task_bound = task, task_bound  # task_bound: (bound, relative to PyTorch's)
-        self.target = next((t for t in recipe.targets if t.kind == "onnxruntime"), OnnxRuntimeTarget())
+        self.target = next((t for t in recipe.targets if isinstance(t, OnnxRuntimeTarget)), OnnxRuntimeTarget())
         self.engines_root = engines_root
-        self.graph: Path | None = None
+        self.graph: Artifact | None = None  # the FP32 graph: the chain's last before precision
         self.reference: list[dict] | None = None
-        self.folder = Path(engines_root) / recipe.name / "tune"
+        # a real folder, never a link (safe_files.folder): candidates are written and deleted here
+        self.folder = safe_files.folder(Path(engines_root), recipe.name, "tune")
         self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
 
     # ---------------------------------------------------------------- one candidate
@@ -96,13 +98,12 @@ class Search:
         """The FP32 graph (the recipe's own stages, cached) and PyTorch's held-out outputs."""
         from pipeline.model import sources as models
         from pipeline.run.execute import Run
-        from pipeline.stages.validate import baseline_runner
+        from pipeline.run.openers import baseline_runner
 
         fp32 = self.recipe.model_copy(update={"precision": self.recipe.precision.model_copy(
             update={"mode": "fp32"})})
-        store = Run(fp32, self.engines_root, progress=self.progress, verbose=self.verbose).execute(
-            "optimize").store
-        self.graph = next(p for p in (store.dir / "optimized.onnx", store.dir / "model.onnx") if p.is_file())
+        self.graph = Run(fp32, self.engines_root, progress=self.progress, verbose=self.verbose).execute(
+            "optimize").graph
         with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
             self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]
 
@@ -111,10 +112,9 @@ class Search:
         from pipeline.precision import isa
         from pipeline.recipe.schema import sha256_json
         from pipeline.stages import precision as stage
-        from pipeline.store.recipe_folder import sha256_file
 
         recipe = self.candidate_recipe(c)
-        return sha256_json({"precision": c.precision, "graph": sha256_file(self.graph),
+        return sha256_json({"precision": c.precision, "graph": self.graph.sha256,
                             "stage": stage.spec(recipe) if c.precision else None,
                             "feeds": tune_metrics.digest(self.feeds), "versions": deps.versions(),
                             "task": self.task and [self.task.metric, self.task.output,
@@ -130,33 +130,34 @@ class Search:
     def build(self, c: Candidate) -> Path:
         """The candidate's engine (and its accuracy in c.result), from the cache when there."""
         from pipeline import backends
-        from pipeline.backends import onnxruntime as ort_backend
         from pipeline.stages import precision as stage
 
-        folder = self.folder / self.key(c)
+        folder = safe_files.folder(self.folder, self.key(c), create=False)  # a link: exit 5
         done = folder / "result.json"
-        if done.is_file():
-            c.result = {**json.loads(done.read_text()), "engine": str(folder / "engine.onnx")}
+        cached = _cached_result(done)
+        if cached is not None:
+            c.result = {**cached, "engine": str(folder / "engine.onnx")}
             return folder / "engine.onnx"
         shutil.rmtree(folder, ignore_errors=True)
         work = folder / "work"
         work.mkdir(parents=True)
         recipe = self.candidate_recipe(c)
-        graph, meta = self.graph, {}
+        backend = backends.get(self.target.kind)
+        graph, meta = self.graph.path, {}
         if c.precision:
             (work / "precision").mkdir()
-            outputs, meta = stage.run(recipe, SimpleNamespace(path=self.graph), work / "precision")
-            graph = outputs["typed.onnx"]
-        engine, _ = ort_backend.build(graph, self.target, recipe, work)
+            made = stage.run(recipe, self.graph, work / "precision")
+            graph, meta = next(iter(made.files.values())), made.meta  # its first file: the next graph
+        engine, _ = backend.build(graph, self.target, recipe, work)
         engine = engine.rename(folder / "engine.onnx")
-        with backends.get("onnxruntime").open(engine, self.target, recipe) as runner:
+        with backend.open(engine, self.target, recipe) as runner:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
         c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds, self.task),
                     "excluded": [e["node"] for e in meta.get("excluded", [])],
                     "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes")}
         shutil.rmtree(work)
-        done.write_text(json.dumps(c.result, indent=1))
+        safe_files.write_atomic(done, json.dumps(c.result, indent=1))
         c.result["engine"] = str(engine)
         return engine
 
@@ -167,9 +168,9 @@ class Search:
         from pipeline import backends
         from pipeline.bench import stats, timing
 
-        spec = self.recipe.validation.latency
-        backend = backends.get("onnxruntime")
-        threads = self.recipe.validation.threads
+        spec = self.recipe.validate_.latency
+        backend = backends.get(self.target.kind)
+        threads = self.recipe.validate_.threads
         with backend.open(best_engine, self.target, self.recipe, threads=threads, spin=False) as a, \
                 backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
             blocks = timing.time_interleaved([a, b], feed, spec).blocks
@@ -229,6 +230,20 @@ class Search:
                             "back to the FP32 engine (an estimate, the pairs were timed apart)"}
 
 
+def _cached_result(done: Path) -> dict | None:
+    """A candidate's result.json from an earlier search, or None (redo it) when it is
+    missing or not what this search wrote: the folder may have been planted or damaged."""
+    from pipeline.artifacts import json_file
+
+    if not safe_files.is_regular(done):  # missing, or a link/FIFO planted in its place
+        return None
+    try:
+        data = json_file.read(done)
+    except json_file.Unreadable:
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _closest_over_budget(done: list[Candidate]) -> Candidate | None:
     """The candidate most worth rescuing with exclusions: over budget by the least (highest
     mean cosine), so the fewest nodes have to stay in float."""
@@ -251,7 +266,7 @@ def recipe_text(recipe, chosen: dict, table_lines: list[str], budget: dict | Non
             "extends": parent, "precision": precision}
     budget = budget or {}
     worst = budget.get("worst_cosine", {}).get("bound")
-    tolerance = recipe.validation.tolerance.cosine_min if hasattr(recipe, "validation") else None
+    tolerance = recipe.validate_.tolerance.cosine_min if hasattr(recipe, "validation") else None
     if worst is not None and tolerance is not None and tolerance > worst:
         body["validate"] = {"tolerance": {"cosine_min": worst}}
     if "task_loss" in budget:  # the absolute bound the search used (a relative one resolved)
@@ -355,20 +370,20 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder
-    (folder / "tune.json").write_text(json.dumps(result, indent=1))
+    safe_files.write_atomic(folder / "tune.json", json.dumps(result, indent=1))
     md = markdown_lines(result)
-    (folder / "tune.md").write_text(f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
+    safe_files.write_atomic(folder / "tune.md", f"# tune {recipe.name}\n\n" + "\n".join(md) + "\n")
     written = None
     if chosen["precision"]:
         written = out or Path(recipe.source).with_name(f"{recipe.name}-tuned.yaml")
-        written.write_text(recipe_text(recipe, chosen, md, result["budget"]))
+        safe_files.write_atomic(written, recipe_text(recipe, chosen, md, result["budget"]))
     return result, folder, written
 
 
 def _task(recipe, held_out) -> tune_metrics.Task | None:
     """The recipe's validate.task on the held-out split, when the split has what it needs
     (perplexity: token ids and masks; accuracy and embedding similarity: labels)."""
-    metric = recipe.validation.task
+    metric = recipe.validate_.task
     if metric is None or (metric != "perplexity" and held_out.labels is None):
         return None
     return tune_metrics.Task(metric, recipe.outputs[0], held_out.labels, held_out.masks)

@@ -10,7 +10,10 @@ Every mismatch is one line; any mismatch makes the command fail (IntegrityError,
 A file with the digest the manifest announced as `pending` was renamed in by a commit that
 was killed: it is named as an interrupted commit (rerun to finish it), not as tampering.
 Nothing is followed out of the folder: a symlink, FIFO or folder where a recorded file
-should be is a mismatch, and so is a report target that is not a plain name.
+should be is a mismatch, and so is a report target that is not a plain name, or an engine
+whose bytes are not of the kind the report records (artifacts/engine_format.py).
+With a public key (`--key`), the folder's signed provenance (store/provenance.py) is checked
+too: signed by that key, and every signed digest the file that is here now.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ def folders(path: Path) -> list[Path]:
     return found
 
 
-def verify(folder: Path, environment: bool = True) -> Verdict:
+def verify(folder: Path, environment: bool = True, public_key=None) -> Verdict:
     store = Store(folder.parent, folder.name)
     verdict = Verdict(folder)
     try:
@@ -65,7 +68,34 @@ def verify(folder: Path, environment: bool = True) -> Verdict:
     verdict.checks += _report(folder, manifest["files"])
     if environment:
         verdict.checks += _environment(manifest)
+    if public_key is not None:
+        verdict.checks.append(_signature(folder, manifest, public_key))
     return verdict
+
+
+def _signature(folder: Path, manifest: dict, public_key) -> Check:
+    """The folder's signed provenance (pipeline.store.provenance): signed by this key, and every
+    subject (manifest.json, each recorded file) the file that is here now."""
+    from pipeline.artifacts import json_file
+    from pipeline.store import provenance
+
+    what = provenance.ENVELOPE
+    if not (folder / what).exists() and not safe_files.kind(folder / what):
+        return Check(what, False, "missing: the folder is not signed (`pipeline sign`)")
+    try:
+        signed = provenance.subject_digests(
+            provenance.open_envelope(json_file.read(folder / what), public_key))
+    except (json_file.Unreadable, provenance.ProvenanceError) as e:
+        return Check(what, False, str(e).replace("\n", " "))
+    here = {"manifest.json": sha256_file(folder / MANIFEST),
+            **{name: entry["sha256"] for name, entry in manifest["files"].items()}}
+    differ = sorted(n for n in signed.keys() | here.keys() if signed.get(n) != here.get(n))
+    if differ:
+        return Check(what, False, f"signed, but {', '.join(differ[:5])} "
+                     f"{'differ' if len(differ) > 1 else 'differs'} from what was signed "
+                     f"(changed or rebuilt after signing)")
+    return Check(what, True, f"signed by key {provenance.keyid(public_key)[:16]}…, "
+                 f"{len(signed)} subjects match")
 
 
 def _files(folder: Path, files: dict, pending: dict) -> list[Check]:
@@ -120,11 +150,24 @@ def _report(folder: Path, files: dict) -> list[Check]:
         name = Path(e["path"]).name
         recorded = (files.get(name) or {}).get("sha256")
         ok = recorded == e.get("sha256")
+        wrong_format = ok and _format_problem(e["kind"], folder / name)
+        if wrong_format:  # the report's kind names the Triton platform deploy would use
+            checks.append(Check(f"report.json:{e['target']}", False, wrong_format))
+            continue
         checks.append(Check(f"report.json:{e['target']}", ok,
                             f"engine {name} sha256 matches the manifest" if ok else
                             f"reports engine {name} with sha256 {str(e.get('sha256'))[:16]}…, "
                             f"the manifest records {str(recorded)[:16]}…"))
     return checks
+
+
+def _format_problem(kind: str, path: Path) -> str | None:
+    from pipeline.artifacts import engine_format
+
+    try:
+        return engine_format.mismatch(kind, path)
+    except (OSError, safe_files.NotRegular):
+        return None  # the file's own check names it
 
 
 def _environment(manifest: dict) -> list[Check]:
@@ -139,11 +182,20 @@ def _environment(manifest: dict) -> list[Check]:
     return checks
 
 
-def run(path: Path, environment: bool = True) -> list[Verdict]:
-    """Verify, print one line per check, and raise IntegrityError naming every mismatch."""
+def run(path: Path, environment: bool = True, key: Path | str | None = None) -> list[Verdict]:
+    """Verify, print one line per check, and raise IntegrityError naming every mismatch;
+    with `key` (a public key), the folder's signed provenance too."""
     from pipeline.ui import out
 
-    verdicts = [verify(folder, environment) for folder in folders(path)]
+    public = None
+    if key is not None:
+        from pipeline.store import provenance
+
+        try:
+            public = provenance.load_public(key)
+        except provenance.ProvenanceError as e:
+            raise InputError(str(e), "pass the PEM public key `pipeline keygen` wrote (KEY.pub)") from None
+    verdicts = [verify(folder, environment, public) for folder in folders(path)]
     for v in verdicts:
         out.print(f"[bold]{v.folder}[/]")
         for c in v.checks:

@@ -4,7 +4,10 @@
     file     an .npz of feeds           loader   `module:function` returning feeds
     text     .txt / .jsonl + tokenizer  arrays   .npy / .npz samples (images), with labels
 
-Each split (validation, calibration, export) loads once per process. Real data is checked
+Each split (validation, calibration) loads once per process and content: the cache is keyed
+by the recipe's digest, its file and the data files' sha256, and holds frozen copies (tuples);
+every caller gets its own lists, so nothing one run does to its feeds is seen by the next
+(the arrays are shared: nothing writes into them, and torch warns on read-only ones). Real data is checked
 (data/checks.py) before any stage runs; no validation feed may equal a calibration feed, so
 accuracy is measured on inputs the engine was not calibrated on (random validation feeds are
 redrawn; real ones are refused). Every split carries its provenance {source, sha256,
@@ -13,6 +16,8 @@ samples} into the report.
 
 from __future__ import annotations
 
+import dataclasses
+import types
 from typing import Literal
 
 from pipeline.data.checks import check_feeds
@@ -22,6 +27,7 @@ from pipeline.data.feeds import (
     fingerprint,
     load_all,
     load_feeds,
+    load_tokens,
     numpy_dtype,
     padded_to_longest,
     save_feeds,
@@ -34,10 +40,10 @@ from pipeline.recipe import Recipe
 Split = Literal["validation", "calibration", "export"]
 
 __all__ = ["Feed", "SplitData", "Point", "Split", "DataSource", "check_feeds", "numpy_dtype",
-           "random_feed", "save_feeds", "load_feeds", "load_all", "feeds", "split",
+           "random_feed", "save_feeds", "load_feeds", "load_all", "load_tokens", "feeds", "split",
            "calibration_feeds", "padded_to_longest", "provenance", "key", "source_for"]
 
-_LOADED: dict[tuple, SplitData] = {}
+_LOADED: dict[tuple, SplitData] = {}  # key -> the split as loaded, its lists frozen as tuples
 
 
 def split(recipe: Recipe, name: str) -> SplitData | None:
@@ -47,8 +53,13 @@ def split(recipe: Recipe, name: str) -> SplitData | None:
     # the files' contents too: a file rewritten between two loads in one process is reread
     cache_key = (recipe.digest, str(recipe.source), name, str(key(recipe, "validation", "calibration")))
     if cache_key not in _LOADED:
-        _LOADED[cache_key] = _load(recipe, name)
-    return _LOADED[cache_key]
+        loaded = _load(recipe, name)
+        _LOADED[cache_key] = dataclasses.replace(
+            loaded, feeds=tuple(loaded.feeds), masks=None if loaded.masks is None else tuple(loaded.masks),
+            provenance=types.MappingProxyType(dict(loaded.provenance)))
+    frozen = _LOADED[cache_key]
+    return dataclasses.replace(frozen, feeds=list(frozen.feeds), provenance=dict(frozen.provenance),
+                               masks=None if frozen.masks is None else list(frozen.masks))
 
 
 def _load(recipe: Recipe, name: str) -> SplitData:
@@ -129,7 +140,7 @@ def preflight(recipe: Recipe) -> None:
     """Before any stage runs: the validation data loads, passes its checks, and holds what
     validate.task scores."""
     validation = split(recipe, "validation")
-    task = recipe.validation.task
+    task = recipe.validate_.task
     if task is not None and validation.kind not in TASK_ROWS[task]:
         raise InputError(f"data.validation {validation.provenance['source']}: validate.task "
                          f"{task} needs {TASK_HINT[task]}")

@@ -3,13 +3,15 @@
 baseline.npz holds everything an engine is judged on, so every validate stage reads the
 same samples: `in/<i>/<name>` (feeds), `out/<i>/<name>` (PyTorch outputs), and for task
 metrics `labels` ([samples]: class ids, or gold scores of sentence pairs) and
-`mask/<i>` ([B, T] per feed, 1 = a real token, 0 = padding).
+`mask/<i>` ([B, T] per feed, 1 = a real token, 0 = padding); the generation workload adds
+the baseline's greedy tokens per request as `tokens/<label>` ([B, new tokens]).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -64,8 +66,10 @@ def feeds_sha256(feeds: list[Feed]) -> str:
 
 
 def save_feeds(path, feeds_: list[Feed], outputs: list[Feed] | None = None,
-               labels: np.ndarray | None = None, masks: list[np.ndarray] | None = None) -> None:
-    """Feeds, reference outputs, labels and token masks as one .npz (layout above)."""
+               labels: np.ndarray | None = None, masks: list[np.ndarray] | None = None,
+               tokens: dict[str, np.ndarray] | None = None) -> None:
+    """Feeds, reference outputs, labels, token masks and generated tokens as one .npz
+    (layout above)."""
     arrays = {f"in/{i}/{k}": v for i, f in enumerate(feeds_) for k, v in f.items()}
     for i, o in enumerate(outputs or []):
         arrays.update({f"out/{i}/{k}": v for k, v in o.items()})
@@ -73,6 +77,7 @@ def save_feeds(path, feeds_: list[Feed], outputs: list[Feed] | None = None,
         arrays["labels"] = np.asarray(labels)
     for i, m in enumerate(masks or []):
         arrays[f"mask/{i}"] = m
+    arrays.update({f"tokens/{label}": t for label, t in (tokens or {}).items()})
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
@@ -84,22 +89,63 @@ def load_feeds(path) -> tuple[list[Feed], list[Feed]]:
 
 
 def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
-    """(feeds, outputs, labels or None, masks or None) from a save_feeds file."""
+    """(feeds, outputs, labels or None, masks or None) from a save_feeds file; a file that is
+    not one (damaged, or planted with its digest rewritten) is IntegrityError, one line."""
+    import zipfile
+
+    from pipeline.errors import IntegrityError
+    from pipeline.text import first_line
+
+    try:
+        return _load_all(path)
+    except (ValueError, KeyError, IndexError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise IntegrityError(f"{path}: not the baseline file this pipeline wrote ({first_line(e, 120)})",
+                             f"rebuild with `pipeline run {Path(path).parent.name} --force`") from None
+
+
+def _load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.ndarray] | None]:
+    """save_feeds stores its arrays uncompressed (np.savez), so together they never claim more
+    bytes than the file has: a file whose headers do (a planted "zip bomb" of zeros) is
+    refused from its headers, before anything is decompressed or allocated."""
+    import os
+
+    import pipeline.data.npz_files as npz_files
+    from pipeline.errors import IntegrityError
+
     groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}
     masks: dict[int, np.ndarray] = {}
     labels = None
-    with np.load(path, allow_pickle=False) as z:
-        for key in z.files:
-            if key == "labels":
-                labels = z[key]
-            elif key.startswith("mask/"):
-                masks[int(key.split("/", 1)[1])] = z[key]
-            else:
-                part, index, name = key.split("/", 2)
-                groups[part].setdefault(int(index), {})[name] = z[key]
+    try:
+        with npz_files.Npz(path) as z:
+            headers = z.headers()
+            claimed = sum(int(np.prod(h.shape)) * h.dtype.itemsize for h in headers.values())
+            size = os.fstat(z.fileno()).st_size
+            if claimed > size:
+                raise IntegrityError(
+                    f"{path}: its arrays claim {claimed:,} bytes, more than the file's {size:,}; the "
+                    "pipeline stores them uncompressed, so it did not write this file",
+                    f"rebuild with `pipeline run {Path(path).parent.name} --force`")
+            for key in headers:
+                if key == "labels":
+                    labels = z.read(key)
+                elif key.startswith("mask/"):
+                    masks[int(key.split("/", 1)[1])] = z.read(key)
+                elif key.startswith("tokens/"):
+                    continue  # load_tokens
+                else:
+                    part, index, name = key.split("/", 2)
+                    groups[part].setdefault(int(index), {})[name] = z.read(key)
+    except npz_files.NpzError as e:
+        raise ValueError(str(e)) from None
     return ([groups["in"][i] for i in sorted(groups["in"])],
             [groups["out"][i] for i in sorted(groups["out"])],
             labels, [masks[i] for i in sorted(masks)] if masks else None)
+
+
+def load_tokens(path) -> dict[str, np.ndarray]:
+    """The generated tokens a save_feeds file holds, by request label ({} when none)."""
+    with np.load(path, allow_pickle=False) as z:
+        return {key.split("/", 1)[1]: z[key] for key in z.files if key.startswith("tokens/")}
 
 
 def padded_to_longest(split: SplitData) -> list[Feed]:

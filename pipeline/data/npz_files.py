@@ -60,6 +60,9 @@ class Npz:
         self._zip.close()
         self._file.close()
 
+    def fileno(self) -> int:
+        return self._file.fileno()
+
     def headers(self) -> dict[str, Header]:
         """Array name (the member without `.npy`) -> its header, in the file's order."""
         for info in self._zip.infolist():

@@ -8,6 +8,7 @@ and arrays), and labels or token masks where the data has them.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -55,10 +56,12 @@ class _FileSource(DataSource):
         return f"data.{self.split}.{self.field} {display_path(self.path)}"
 
     def key(self) -> dict:
-        return {"sha256": files.sha256(self.path)} if self.path.is_file() else {}
+        # a FIFO or device in its place is refused here, at once (files._open)
+        return {"sha256": files.sha256(self.path, self.where)} if self.path.exists() else {}
 
     def provenance(self, samples: int) -> dict:
-        return {"source": display_path(self.path), "sha256": files.sha256(self.path), "samples": samples}
+        return {"source": display_path(self.path), "sha256": files.sha256(self.path, self.where),
+                "samples": samples}
 
 
 class NpzSource(_FileSource):
@@ -107,14 +110,16 @@ class LoaderSource(DataSource):
 
         ref, where = self.spec.loader, self.where
         module_name, _, attr = ref.partition(":")
-        try:
-            fn = getattr(user_code.import_module(module_name, self.recipe.source), attr)
-            result = list(fn())
-        except Exception as e:  # the user's code may fail in any way
-            raise InputError(f"{where}: failed ({first_line(e, with_type=True)})") from None
+        with user_code.exits_refused(where):  # a sys.exit() in it must not end the run as a success
+            try:
+                fn = getattr(user_code.import_module(module_name, self.recipe.source), attr)
+                # an iterable is read only as far as `samples` (a generator may never end)
+                result = list(itertools.islice(fn(), self.spec.samples))
+            except Exception as e:  # the user's code may fail in any way
+                raise InputError(f"{where}: failed ({first_line(e, with_type=True)})") from None
         if not result or not all(isinstance(f, dict) for f in result):
             raise InputError(f"{where}: must return a non-empty list of dicts input name -> array")
-        feeds = [{k: np.asarray(v) for k, v in f.items()} for f in result][: self.spec.samples]
+        feeds = [{k: np.asarray(v) for k, v in f.items()} for f in result]
         return SplitData(feeds, {"source": f"loader {ref}", "sha256": feeds_sha256(feeds),
                                  "samples": len(feeds)})
 

@@ -69,7 +69,10 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None):
 
         module_name, _, attr = ref.partition(":")
         try:
-            folder = Path(getattr(user_code.import_module(module_name, source), attr)())
+            with user_code.exits_refused(f"{where}: tokenizer `{ref}`"):
+                folder = Path(getattr(user_code.import_module(module_name, source), attr)())
+        except RecipeError:
+            raise
         except Exception as e:  # the user's function may fail in any way
             raise RecipeError(f"{where}: tokenizer `{ref}` did not give a folder "
                               f"({type(e).__name__}: {e})") from None

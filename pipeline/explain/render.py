@@ -13,7 +13,7 @@ from rich.table import Table
 
 from pipeline.bench import plots
 from pipeline.explain.profile import CATEGORY_ORDER
-from pipeline.store.recipe_folder import write_atomic
+from pipeline.store.safe_files import write_atomic, write_atomic_with
 from pipeline.text import fmt, time_ratio_speedup
 
 # ------------------------------------------------------------------ tables as rows
@@ -163,8 +163,10 @@ def categories_png(path: Path, result: dict) -> Path | None:
     # height, and with two recipes it covered the x label.
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        write_atomic_with(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight"))
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -256,7 +258,9 @@ def page(result: dict, pngs: dict[str, Path]) -> str:
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
 
 
-def write_all(result: dict, samples: dict, folder: Path) -> None:
+def write_all(result: dict, samples: dict, folder: Path) -> list[Path]:
+    """compare.json (`result`: the ForwardCompare's dump), .md and .html with the plots;
+    returns the files a person opens."""
     pngs = {"latency": plots.latency_png(folder / "latency.png", samples,
                                          "compare: " + " vs ".join(result["recipes"]))}
     cats = categories_png(folder / "categories.png", result)
@@ -265,3 +269,4 @@ def write_all(result: dict, samples: dict, folder: Path) -> None:
     write_atomic(folder / "compare.json", json.dumps(result, indent=2, default=str) + "\n")
     write_atomic(folder / "compare.md", markdown(result, {k: p.name for k, p in pngs.items()}))
     write_atomic(folder / "compare.html", page(result, pngs))
+    return [folder / "compare.md", folder / "compare.html"]

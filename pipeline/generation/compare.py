@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import backends
 from pipeline.bench import stats
 from pipeline.errors import RecipeError
 from pipeline.generation.runners import OrtLoopRunner
@@ -27,21 +28,21 @@ from pipeline.generation.validate import eos_token, workload_requests
 from pipeline.generation.workload import measure
 from pipeline.metrics import generation as gm
 from pipeline.recipe import Recipe
-from pipeline.recipe.workload import decoder_shape
+from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.stages.build import engine_name
+from pipeline.store import safe_files
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
+from pipeline.workloads.base import Compared, compare_folder, shared_targets
 
 SCHEMA = 1
-KIND = "onnxruntime"
 
 
-def check_same_workload(recipes: list[Recipe]) -> None:
+def check_comparable(recipes: list[Recipe]) -> None:
+    """Before anything is built (the command checked they are all generation recipes): the
+    same script of requests and the same vocabulary."""
     first = recipes[0]
     for other in recipes[1:]:
-        if other.workload.kind != "generation":
-            raise RecipeError(f"compare: `{first.name}` is a generation recipe, `{other.name}` is not",
-                              "compare generation recipes with generation recipes")
         mine = first.workload.model_dump(exclude={"rounds", "warmup"})
         theirs = other.workload.model_dump(exclude={"rounds", "warmup"})
         if mine != theirs:
@@ -61,7 +62,7 @@ def _profile_feeds(recipe: Recipe, context: int) -> dict[str, dict]:
     shape = decoder_shape(recipe.model)
     rng = np.random.default_rng([recipe.data.seed, 5])
     prompt = recipe.workload.task[0].prompt
-    names = [f"past_key_values.{i}.{kv}" for i in range(shape.layers) for kv in ("key", "value")]
+    names, _ = kv_names(shape.layers)
 
     def feed(t: int, p: int) -> dict:
         return {"input_ids": rng.integers(0, shape.vocab - 1, size=(1, t), dtype=np.int64),
@@ -72,25 +73,30 @@ def _profile_feeds(recipe: Recipe, context: int) -> dict[str, dict]:
     return {"prefill": feed(prompt, 0), "decode": feed(1, context)}
 
 
-def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progress) -> tuple[dict, Path]:
-    """reports: each recipe's report.json, built (check_same_workload ran before)."""
+def _loop_runs(entry: dict) -> bool:
+    """The IOBinding loop drives engines that are ONNX graphs (the backend says so)."""
+    return bool(getattr(backends.lookup(entry["kind"]), "ENGINE_IS_ONNX", False))
+
+
+def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progress) -> Compared:
+    """reports: each recipe's report.json, built (check_comparable ran before)."""
+    from pipeline.artifacts import dump
+    from pipeline.artifacts.compare import GenerationCompare
     from pipeline.explain import profile
 
     first, spec = recipes[0], recipes[0].workload
-    built = [{e["target"] for e in reports[r.name]["engines"] if e["status"] == "built" and e["kind"] == KIND}
-             for r in recipes]
-    shared = sorted(set.intersection(*built))
+    shared = shared_targets(recipes, reports, _loop_runs)
     if not shared:
-        raise RecipeError("compare: the recipes share no built onnxruntime engine")
+        raise RecipeError("compare: the recipes share no built engine that is an ONNX graph")
     task = next(r for r in workload_requests(first) if r.kind == "task")
-    noise = first.validation.latency.noise_threshold
+    noise = first.validate_.latency.noise_threshold
     engines, versus, profiles = {}, [], {}
     for tid in shared:
         paths, runners = {}, {}
         for r in recipes:
             target = next(t for t in r.targets if t.id == tid)
             paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
-            runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validation.threads)
+            runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validate_.threads)
         with progress.stage(f"compare: task on {tid}"):
             traces = measure(runners, task, spec)
         blocks = {k: _phase_blocks(v) for k, v in traces.items()}
@@ -104,11 +110,10 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         with progress.stage(f"compare: profiles of {tid}"):
             feeds = _profile_feeds(first, spec.context_max() - 1)
             profiles[tid] = {phase: {name: _categories(p) for name, p in profile.profile_sessions(
-                paths, feed, runs=20, warmup=3, threads=first.validation.threads).items()}
+                paths, feed, runs=20, warmup=3, threads=first.validate_.threads).items()}
                 for phase, feed in feeds.items()}
-    folder = Path(root) / "compare" / "-vs-".join(r.name for r in recipes)
-    folder.mkdir(parents=True, exist_ok=True)
-    result = {
+    folder = compare_folder(root, recipes)
+    result = GenerationCompare.model_validate({
         "schema": SCHEMA, "workload": "generation", "created": now(), "recipes": [r.name for r in recipes],
         "reference": first.name, "shared_targets": shared, "task": [t.model_dump() for t in spec.task],
         "engines": engines, "versus": versus, "profiles": profiles,
@@ -120,10 +125,11 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
                    "profiles": "ONNX Runtime profiler per node, sessions taking turns, median of 20 "
                                "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
                                "empty cache) and one decode feed (one token over the task's context)"},
-    }
-    (folder / "compare-generation.json").write_text(json.dumps(result, indent=2) + "\n")
-    (folder / "compare-generation.md").write_text(markdown(result))
-    return result, folder
+    })
+    written = dump(result)
+    safe_files.write_atomic(folder / "compare-generation.json", json.dumps(written, indent=2) + "\n")
+    safe_files.write_atomic(folder / "compare-generation.md", markdown(written))
+    return Compared(result, folder, printed=lines(written), files=[folder / "compare-generation.md"])
 
 
 def _categories(p: dict) -> dict:

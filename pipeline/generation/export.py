@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 
 from pipeline.errors import StageFailed
+from pipeline.logs import quiet_torch_onnx
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.text import first_line
-from pipeline.ui import quiet_torch_onnx
 
 PREFILL, DECODE = 6, 3  # parity: tokens of the prefill, then of the decode step
 # Opset 23: scaled_dot_product_attention exports as ONNX Attention (grouped-query heads

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import deps
+from pipeline import backends, data, deps
 from pipeline.bench import monitor
 from pipeline.generation import genai_config, runners
 from pipeline.generation.workload import can_run, generate, measure, requests
@@ -22,8 +22,9 @@ from pipeline.metrics import accuracy as accuracy_metrics
 from pipeline.metrics import generation as gm
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.recipe.workload import decoder_shape
+from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.store.recipe_folder import Artifact
+from pipeline.workloads.base import Measured
 
 BASELINE = "torch-static-cache"
 ACCURACY_PREFILL = 24
@@ -51,7 +52,7 @@ def _context(recipe: Recipe) -> int:
 
 def _torch_runner(recipe: Recipe) -> runners.TorchStaticRunner:
     decoder = runners.torch_decoder(recipe, models.load(recipe), _context(recipe))
-    return runners.TorchStaticRunner(decoder, eos_token(recipe), recipe.validation.threads)
+    return runners.TorchStaticRunner(decoder, eos_token(recipe), recipe.validate_.threads)
 
 
 def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
@@ -65,7 +66,7 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
     module, _ = kv_model(recipe)
     rng = np.random.default_rng([recipe.data.seed, 1])
     ids = rng.integers(0, shape.vocab, size=(1, ACCURACY_PREFILL + 1), dtype=np.int64)
-    names = [f"past_key_values.{i}.{kv}" for i in range(shape.layers) for kv in ("key", "value")]
+    names, presents = kv_names(shape.layers)
     feeds, outputs = [], []
     past = {n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for n in names}
     for lo, hi in ((0, ACCURACY_PREFILL), (ACCURACY_PREFILL, ACCURACY_PREFILL + 1)):
@@ -75,30 +76,8 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
         result = dict(zip(recipe.outputs, (o.numpy() for o in out)))
         feeds.append(feed)
         outputs.append(result)
-        past = {n: result[n.replace("past_key_values", "present")] for n in names}
+        past = {n: result[p] for n, p in zip(names, presents)}
     return feeds, outputs
-
-
-def _save(path: Path, feeds: list[dict], outputs: list[dict], tokens: dict[str, np.ndarray]) -> None:
-    arrays = {f"in/{i}/{k}": v for i, f in enumerate(feeds) for k, v in f.items()}
-    arrays.update({f"out/{i}/{k}": v for i, o in enumerate(outputs) for k, v in o.items()})
-    arrays.update({f"tokens/{label}": t for label, t in tokens.items()})
-    with open(path, "wb") as f:
-        np.savez(f, **arrays)
-
-
-def _load(path: Path) -> tuple[list[dict], list[dict], dict[str, np.ndarray]]:
-    groups: dict[str, dict] = {"in": {}, "out": {}, "tokens": {}}
-    with np.load(path, allow_pickle=False) as z:
-        for key in z.files:
-            part, rest = key.split("/", 1)
-            if part == "tokens":
-                groups["tokens"][rest] = z[key]
-            else:
-                index, name = rest.split("/", 1)
-                groups[part].setdefault(int(index), {})[name] = z[key]
-    return ([groups["in"][i] for i in sorted(groups["in"])],
-            [groups["out"][i] for i in sorted(groups["out"])], groups["tokens"])
 
 
 def _headline(figures: dict[str, dict]) -> dict:
@@ -116,11 +95,11 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         tokens[request.label] = traces[0].tokens
     feeds, outputs = accuracy_feeds(recipe)
     path = workdir / "baseline.npz"
-    _save(path, feeds, outputs, tokens)
+    data.save_feeds(path, feeds, outputs, tokens=tokens)
     head = _headline(figures)
     return {"baseline.npz": path}, {
         "runner": BASELINE, "precision": "fp32", "device": "cpu",
-        "threads": recipe.validation.threads, "feeds": len(feeds),
+        "threads": recipe.validate_.threads, "feeds": len(feeds),
         "latency_ms": head["tpot_ms"],  # the decode step at batch 1: what `latency` means here
         "latency_method": "time per output token (decode step) at batch 1, one generation alone "
                           "after the warm-up",
@@ -132,22 +111,21 @@ def _rss() -> int:
     return monitor._rss_bytes() or 0
 
 
-def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
-             workdir: Path) -> tuple[dict, dict[str, Path]]:
-    """The engine's entry (without gates: the validate stage adds them from `accuracy`, as
-    for every engine) and the files beside it (genai_config.json)."""
-    if target.kind != "onnxruntime":  # built (TensorRT: with its KV-cache profiles), not driven
-        return {"target": target.id, "kind": target.kind, "status": "skipped",
-                "reason": f"workload generation: no generation runner for {target.kind} engines yet "
-                          "(the engine was built; only ONNX Runtime engines are driven token by token)",
-                "path": str(engine.path), "sha256": engine.sha256, "bytes": engine.bytes}, {}
+def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, workdir: Path) -> Measured:
+    """The engine's measured fields (the validate stage builds the EngineResult and its
+    gates from them) and the file beside it (genai_config.json)."""
+    if not backends.get(target.kind).ENGINE_IS_ONNX:  # built (TensorRT: its KV-cache profiles), not driven
+        return Measured(skipped=f"workload generation: no generation runner for {target.kind} engines "
+                                "yet (the engine was built; only engines that are ONNX graphs are "
+                                "driven token by token)")
     spec, shape = recipe.workload, decoder_shape(recipe.model)
-    eos, noise = eos_token(recipe), recipe.validation.latency.noise_threshold
-    feeds, references, base_tokens = _load(base.path)
+    eos, noise = eos_token(recipe), recipe.validate_.latency.noise_threshold
+    feeds, references, _, _ = data.load_all(base.path)
+    base_tokens = data.load_tokens(base.path)
     cfg = genai_config.config(layers=shape.layers, kv_heads=shape.kv_heads, heads=shape.heads,
                               head_dim=shape.head_dim, hidden=shape.hidden, vocab=shape.vocab,
                               eos_token_id=eos, context_length=_context(recipe),
-                              threads=recipe.validation.threads)
+                              threads=recipe.validate_.threads)
     folder = genai_config.write_folder(workdir / "genai", engine.path, cfg)
 
     loads = {}
@@ -162,7 +140,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
         genai = None
         warnings.append("onnxruntime-genai is not installed (pip install onnxruntime-genai): "
                         "every request ran on the IOBinding loop")
-    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validation.threads)
+    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validate_.threads)
     loads["onnxruntime-iobinding"] = _rss() - before
 
     outputs = [_run_feed(loop.session, f, recipe.outputs) for f in feeds]
@@ -208,17 +186,15 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
                      "time_per_task_s": baseline_points["task"]["time_per_task_s"],
                      "points": baseline_points},
     }
-    result = {
-        "target": target.id, "kind": target.kind, "status": "built", "reason": None,
-        "path": str(engine.path), "sha256": engine.sha256, "bytes": engine.bytes,
-        "precision": recipe.precision.mode, "accuracy": accuracy,
+    fields = {
+        "accuracy": accuracy,
         "latency_ms": points[head]["tpot_ms"], "baseline_latency_ms": baseline_points[head]["tpot_ms"],
         "speedup_vs_baseline": points[head]["speedup_vs_baseline"]["tpot"],
         "latency_method": f"time per output token (decode step), batch 1, prompt {points[head]['prompt_tokens'][0]}: "
                           f"{spec.warmup} warm-up generation(s), then {spec.rounds} rounds, engine and "
                           "PyTorch (static KV cache) taking turns in one process, order alternating; "
                           "speedup: median of per-round ratios with a 95% sign-test interval",
-        "threads": recipe.validation.threads, "device": "cpu",
+        "threads": recipe.validate_.threads, "device": "cpu",
         "warnings": warnings, "generation": generation,
     }
     config = workdir / "genai_config.json"
@@ -226,7 +202,7 @@ def validate(recipe: Recipe, target, engine: Artifact, base: Artifact,
     for leftover in folder.iterdir():
         leftover.unlink()
     folder.rmdir()
-    return result, {config.name: config}
+    return Measured(fields=fields, files={config.name: config})
 
 
 def _run_feed(session, feed: dict, names: list[str]) -> dict:

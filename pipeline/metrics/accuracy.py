@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-Feed = dict[str, np.ndarray]
+from pipeline.data.feeds import Feed
 
 
 def compare(reference: list[Feed], actual: list[Feed], top1_outputs: list[str]) -> dict[str, dict]:

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-Feed = dict[str, np.ndarray]
+from pipeline.data.feeds import Feed
+
 HIGHER_IS_BETTER = {"perplexity": False, "accuracy": True, "embedding_similarity": True}
 ROUNDS = 2000
 

@@ -108,8 +108,9 @@ def _numel(dims) -> int:
 
 def render(info: dict):
     """Rich renderables: a header line, inputs/outputs, the op histogram."""
-    from rich.markup import escape
     from rich.table import Table
+
+    from pipeline.text import escape  # markup and control characters
 
     head = (f"{info['path']}: {info['bytes']:,} bytes, {info['nodes']} nodes, "
             f"{info['parameters']:,} parameters in {info['initializers']} initializers; "

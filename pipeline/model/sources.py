@@ -27,14 +27,15 @@ def _factory(spec: ModelSpec, where: str, source: Path | None = None) -> Callabl
     directory, then the environment (user_code), as `python -m` would."""
     target = ZOO[spec.zoo][1] if spec.zoo else spec.factory
     module_name, _, attr = target.partition(":")
-    try:
-        module = user_code.import_module(module_name, source)
-    except Exception as e:  # the user's module may fail in any way while importing
-        folders = " or ".join(user_code.search_path(source))
-        raise RecipeError(
-            f"{where}: model.factory: cannot import `{module_name}` ({type(e).__name__}: {e})",
-            f"put {module_name.replace('.', '/')}.py in {folders}, or install its package",
-        ) from None
+    with user_code.exits_refused(f"{where}: model.factory `{target}`"):
+        try:
+            module = user_code.import_module(module_name, source)
+        except Exception as e:  # the user's module may fail in any way while importing
+            folders = " or ".join(user_code.search_path(source))
+            raise RecipeError(
+                f"{where}: model.factory: cannot import `{module_name}` ({type(e).__name__}: {e})",
+                f"put {module_name.replace('.', '/')}.py in {folders}, or install its package",
+            ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RecipeError(f"{where}: model.factory: `{module_name}` has no function `{attr}`")
@@ -99,15 +100,16 @@ def load(recipe: Recipe):
         model = hf.build(spec, [i.name for i in recipe.inputs][:len(HF_INPUTS)], pretrained, _where(recipe))
     else:
         fn = _factory(recipe.model, _where(recipe), recipe.source)
-        try:
-            model = fn(**recipe.model.kwargs)
-        except PipelineError:
-            raise
-        except Exception as e:  # the user's factory (or its kwargs) is the recipe's to fix
-            raise RecipeError(
-                f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}` failed "
-                f"with model.kwargs {recipe.model.kwargs} ({first_line(e, with_type=True)})",
-                "rerun with --debug for the trace") from e
+        with user_code.exits_refused(f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}`"):
+            try:
+                model = fn(**recipe.model.kwargs)
+            except PipelineError:
+                raise
+            except Exception as e:  # the user's factory (or its kwargs) is the recipe's to fix
+                raise RecipeError(
+                    f"{_where(recipe)}: model.factory `{recipe.model.factory or recipe.model.zoo}` failed "
+                    f"with model.kwargs {recipe.model.kwargs} ({first_line(e, with_type=True)})",
+                    "rerun with --debug for the trace") from e
     if not isinstance(model, torch.nn.Module):
         raise RecipeError(
             f"{_where(recipe)}: model.factory returned {type(model).__name__}, not a torch.nn.Module"
@@ -133,7 +135,7 @@ def check_signature(recipe: Recipe, model) -> None:
         return  # forward(*args) names nothing
     named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [i.name for i in recipe.inputs]
-    if recipe.workload.kind == "generation":  # the KV-cache graph's inputs come from its wrapper;
+    if recipe.workload.kv_cache:  # the KV-cache graph's inputs come from its wrapper;
         names = names[:1]  # the model itself takes input_ids
     if names == named[:len(names)]:
         return
@@ -230,18 +232,22 @@ def pretrained_dir(ref: str, where: str) -> Path:
     """The local model directory `ref` names: a path, or `module:function` returning one."""
     if _FUNCTION.match(ref):
         module_name, _, attr = ref.partition(":")
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as e:  # the user's module may fail in any way while importing
-            raise RecipeError(f"{where}: model.transformers.pretrained: cannot import `{module_name}` "
-                              f"({type(e).__name__}: {e})",
-                              f"install the package that provides `{module_name}`") from None
+        with user_code.exits_refused(f"{where}: model.transformers.pretrained `{ref}`"):
+            try:
+                module = importlib.import_module(module_name)
+            except Exception as e:  # the user's module may fail in any way while importing
+                raise RecipeError(f"{where}: model.transformers.pretrained: cannot import `{module_name}` "
+                                  f"({type(e).__name__}: {e})",
+                                  f"install the package that provides `{module_name}`") from None
         fn = getattr(module, attr, None)
         if not callable(fn):
             raise RecipeError(f"{where}: model.transformers.pretrained: `{module_name}` has no "
                               f"function `{attr}`")
         try:
-            path = Path(fn())
+            with user_code.exits_refused(f"{where}: model.transformers.pretrained `{ref}`"):
+                path = Path(fn())
+        except PipelineError:
+            raise
         except Exception as e:  # a function of the wrong kind, or one that fails
             raise RecipeError(f"{where}: model.transformers.pretrained: `{ref}()` did not return a "
                               f"model directory ({first_line(e, with_type=True)})",
@@ -258,7 +264,7 @@ def _check_transformers(recipe: Recipe) -> None:
     where, spec = _where(recipe), recipe.model.transformers
     deps.require("transformers", "model.transformers")
     names = tuple(i.name for i in recipe.inputs)
-    if recipe.workload.kind == "generation":  # the KV-cache signature (recipe/workload.py)
+    if recipe.workload.kv_cache:  # the KV-cache signature (recipe/workload.py)
         names = names[:1]
     if names not in (HF_INPUTS[:1], HF_INPUTS):
         raise RecipeError(f"{where}: inputs: a transformers model takes [input_ids] or "

@@ -4,12 +4,19 @@ The `pipeline` console script does not have the current directory on sys.path (`
 pipeline` does), so a `models.py` next to the recipe was importable one way and not the
 other. Both the recipe's folder and the current directory are searched, in that order,
 ahead of the environment, for every user reference (model.factory, data loaders).
+
+User code runs inside the pipeline's process, so a `sys.exit(0)` in a loader (or at the top
+of its module) would end the whole run with status 0, no output and no engines, as if it
+had succeeded. `exits_refused(where)` turns SystemExit raised by user code into a one-line
+RecipeError naming the reference (exit 2); Ctrl-C stays an interrupt (exit 130).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -42,3 +49,17 @@ def find_spec(name: str, recipe_source: Path | None):
         return importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
+
+
+@contextlib.contextmanager
+def exits_refused(where: str) -> Iterator[None]:
+    """Run user code (an import, a factory, a loader) under this: its SystemExit becomes a
+    RecipeError naming `where`, never the pipeline's own exit."""
+    from pipeline.errors import RecipeError
+
+    try:
+        yield
+    except SystemExit as e:
+        raise RecipeError(f"{where}: the user code called sys.exit({e.code!r}) (raised SystemExit) "
+                          "instead of returning; the pipeline stops here, nothing was built from it",
+                          "return a value, or raise an exception that says what is wrong") from None

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.data.feeds import Feed
 from pipeline.metrics import accuracy as metrics
-
-Feed = dict[str, np.ndarray]
 
 
 @dataclass

@@ -35,6 +35,8 @@ import math
 from collections import Counter
 from pathlib import Path
 
+from pipeline.artifacts.report import Gate
+
 INTEGER = {"QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
            "QGemm", "MatMulBnb4", "QAttention", "DynamicQuantizeLSTM", "QLinearConv", "ConvInteger"}
 FLOAT = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulFloat8", "Conv", "FusedConv",
@@ -227,7 +229,7 @@ def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, 
     }
 
 
-def gate(result: dict, required: float) -> dict:
+def gate(result: dict, required: float) -> Gate:
     share = result["integer_share"]
     scope = "matrix-multiply FLOPs (convolutions and attention products included)"
     detail = f"{share:.3f} of {scope} in integer kernels >= {required:g}"
@@ -239,4 +241,4 @@ def gate(result: dict, required: float) -> dict:
                   "fake-quantized = Q/DQ around a float kernel (ORT found no integer kernel for "
                   "the group); float = excluded, not quantized, or MatMulNBits below "
                   "accuracy_level 4; attention = QK^T and PV inside fused attention")
-    return {"name": "effective_precision", "passed": share >= required, "detail": detail}
+    return Gate(name="effective_precision", passed=bool(share >= required), detail=detail)

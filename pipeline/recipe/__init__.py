@@ -6,6 +6,7 @@
     schema.py     the recipe and its other sections (Recipe)
     messages.py   the one-line messages a bad recipe gets (file or --set, key path, what is allowed)
     loader.py     YAML loading (no repeated keys), `extends:`, `--set a.b=c`, path confinement
+    code_keys.py  the keys that choose code (marked CHOOSES_CODE), which no engines folder may set
     plugins.py    target schemas of third-party backends, added to the union at runtime
 
 Imports point one way: base <- targets, precision <- schema <- messages <- loader;

@@ -16,6 +16,12 @@ MAX_ELEMENTS = 2**31 - 1  # per tensor: engines (TensorRT, ORT kernels) index wi
 SEED_MAX = 2**63 - 1
 
 
+# In a field's json_schema_extra: the field names code the pipeline imports and calls
+# (`module:function`); recipe/code_keys.py finds them, and no engines folder may set one.
+CHOOSES_CODE = "chooses_code"
+CODE = {CHOOSES_CODE: True}
+
+
 class Strict(BaseModel):
     """Base of every recipe section. `extra="forbid"`: a misspelt key is an error.
     `strict=True`: no silent coercion (`seed: true` is not 1, `samples: "8"` is not 8; an

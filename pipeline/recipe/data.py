@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.recipe.base import SEED_MAX, LocatedError, Strict
+from pipeline.recipe.base import CODE, SEED_MAX, LocatedError, Strict
 
 
 class SplitSpec(Strict):
@@ -28,7 +28,7 @@ class SplitSpec(Strict):
         "working directory.",
     )
     loader: str | None = Field(
-        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
         description="`package.module:function` returning a list of feeds (dicts name -> array); "
         "searched beside the recipe, in the working directory, then the environment.",
     )
@@ -38,7 +38,7 @@ class SplitSpec(Strict):
         "sentence2, score} rows. Padded per batch and truncated within the profile.",
     )
     tokenizer: str | None = Field(
-        None, description="For `text`: `bytes` (UTF-8 bytes as ids), a tokenizer folder, or "
+        None, json_schema_extra=CODE, description="For `text`: `bytes` (UTF-8 bytes as ids), a tokenizer folder, or "
         "`module:function` returning one. Default: the transformers model's own.")
     arrays: Path | None = Field(
         None, strict=False, description="Samples on the leading axis (e.g. images): an .npy for "

@@ -36,6 +36,9 @@ def list_recipes(folder: Path | None = None) -> list[Path]:
 def resolve_path(ref: str) -> Path:
     """RECIPE on the command line: a path to a YAML file, or a name under recipes/."""
     path = Path(ref)
+    if len(path.stem) > 200 or any(len(part) > 255 for part in path.parts) or "\0" in ref:
+        raise RecipeError(f"{ref[:80]}…: not a recipe name or file (a recipe's name becomes the "
+                          "folder engines/<name>/: at most 200 characters)")
     if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
         if not path.is_file():
             raise RecipeError(f"{ref}: no such recipe file")
@@ -81,10 +84,26 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
 LOADER_ONLY = tuple(n for n, f in Recipe.model_fields.items() if f.exclude)
 
 
+_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def _folder_fields(recipe: Recipe):
+    """The str fields that name a folder unless they name a function (`module:function`, code
+    the recipe chooses) or `bytes`: a tokenizer folder, a transformers directory."""
+    named = [(("data", split, "tokenizer"), getattr(getattr(recipe.data, split), "tokenizer", None))
+             for split in ("validation", "calibration") if getattr(recipe.data, split) is not None]
+    if recipe.model.transformers is not None:
+        named.append((("model", "transformers", "pretrained"), recipe.model.transformers.pretrained))
+    for loc, value in named:
+        if isinstance(value, str) and value != "bytes" and not _FUNCTION.fullmatch(value):
+            yield loc, value
+
+
 def _confine_paths(recipe: Recipe, path: Path, origin: Origin) -> None:
-    """Every file a recipe names (any Path field) stays in the project or a data folder."""
+    """Every file a recipe names (any Path field, and the folders of _folder_fields) stays in
+    the project or a data folder."""
     roots = paths.allowed_roots()
-    for loc, value in _path_fields(recipe, ()):
+    for loc, value in [*_path_fields(recipe, ()), *_folder_fields(recipe)]:
         problem = paths.escape(value, roots)
         if problem:
             source = source_of(loc, origin) or display_path(path)
@@ -255,6 +274,17 @@ def _deep_merge(base: dict, over: dict) -> None:
             _deep_merge(base[key], value)
         else:
             base[key] = value
+
+
+def parse_override_value(text: str) -> Any:
+    """The value of a `--set KEY=VALUE` as _apply_override reads it (YAML, else the text;
+    the text too for a tree _apply_override refuses)."""
+    try:
+        value = _parse_yaml(text, "--set")
+        _check_tree(value, "--set")  # no self-containing or exploding tree to walk
+        return value
+    except (yaml.YAMLError, RecipeError, RecursionError):
+        return text
 
 
 def _apply_override(raw: dict, origin: Origin, item: str) -> None:

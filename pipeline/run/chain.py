@@ -7,27 +7,26 @@
                                            contrib ops: the same stages without the ORT-only
                                            passes, from the same export (files *-plain.onnx)
 
-A graph stage is a module under pipeline/stages with NAME, SECTIONS (the recipe sections in
-its cache key), `enabled(recipe)`, `run(recipe, graph, workdir, verbose) -> ({file: path},
-meta)`, whose first output file is the next graph. Optional: `preflight(recipe)` (user errors,
-run before any stage works), `spec(recipe)` (the cache key's recipe part, when SECTIONS is not
-enough) and `summary(meta)`. Adding one is a module plus a line in stage_cache.GRAPH_STAGES.
+A graph stage is a module keeping the GraphStage contract (pipeline/stages/__init__.py):
+NAME, SECTIONS, enabled, preflight, spec, run (its first output file is the next graph) and
+summary. Adding one is a module plus its `Stage(..., graph=True)` record in
+run/stage_cache.py.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 from pipeline import backends
 from pipeline.recipe import Recipe
-from pipeline.run.stage_cache import GRAPH_STAGES, StageCache
+from pipeline.run.stage_cache import GRAPH_STAGES, StageCache, graph_stage
+from pipeline.stages import Produced
 from pipeline.store.recipe_folder import Artifact
 
 
 def needs_graph(targets: list, unavailable: dict[str, str]) -> bool:
     """Does any target that will be built here build from the ONNX graph?"""
-    return any(getattr(backends.get(t.kind), "NEEDS_ONNX", True)
+    return any(backends.get(t.kind).NEEDS_ONNX
                for t in targets if t.id not in unavailable)
 
 
@@ -59,7 +58,7 @@ class GraphChain:
         from pipeline.model import onnx_info
 
         graph = self.graph
-        if graph is None or not getattr(backends.get(target.kind), "PLAIN_ONNX", False):
+        if graph is None or not backends.get(target.kind).PLAIN_ONNX:
             return graph
         if not onnx_info.foreign_ops(graph.path):
             return graph
@@ -79,20 +78,22 @@ class GraphChain:
         """Run one graph stage (if the recipe enables it); returns the graph to go on with.
         A `flavor` runs it as a second chain: its own stage id and output file names."""
         recipe = recipe or self.recipe
-        module = importlib.import_module(f"pipeline.stages.{name}")
+        module = graph_stage(name)
         if not module.enabled(recipe):
             return graph
-        spec = module.spec(recipe) if hasattr(module, "spec") else recipe.section(*module.SECTIONS)
+        spec = module.spec(recipe)
         stage_id = f"{module.NAME}:{flavor}" if flavor else module.NAME
 
-        def produce(wd: Path):
-            files, meta = module.run(recipe, graph, wd, verbose=self.verbose)
+        def produce(wd: Path) -> Produced:
+            made = module.run(recipe, graph, wd, verbose=self.verbose)
             if flavor:  # typed.onnx -> typed-plain.onnx: both chains' files live side by side
-                files = {f"{Path(n).stem}-{flavor}{Path(n).suffix}": path for n, path in files.items()}
-            return files, meta
+                made.files = {f"{Path(n).stem}-{flavor}{Path(n).suffix}": path
+                              for n, path in made.files.items()}
+            return made
 
         result = self.cache.stage(stage_id, spec, [graph] if graph else [], produce)
         self.meta[stage_id] = result.meta
-        if hasattr(module, "summary") and not result.cached:
-            self.cache.progress.note(module.summary(result.meta))
+        line = None if result.cached else module.summary(result.meta)
+        if line:
+            self.cache.progress.note(line)
         return next(iter(result.outputs.values()))

@@ -14,16 +14,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import workloads
+from pipeline.artifacts import EngineResult, Report, dump
 from pipeline.errors import GateFailed, IntegrityError, RecipeError, StageFailed
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.run import chain, preflight
-from pipeline.run.stage_cache import GRAPH_STAGES, Result, StageCache, build_keys
+from pipeline.run import chain, gate_recheck, preflight
+from pipeline.run.stage_cache import GRAPH_STAGES, STOPS, Result, StageCache, build_keys
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Artifact, Store
 from pipeline.ui import Progress
 
-ORDER: tuple[str, ...] = (*GRAPH_STAGES, "build", "validate", "report")
+ORDER = STOPS  # where a run may stop: export, optimize, precision, build, validate, report
 
 
 @dataclass
@@ -31,8 +33,9 @@ class Outcome:
     """What a run produced: the report (when it got that far) and per-target states."""
 
     store: Store
-    report: dict | None = None
-    engines: list[dict] = field(default_factory=list)
+    report: Report | None = None
+    graph: Artifact | None = None  # the graph chain's last graph, when it ran
+    engines: list[EngineResult] = field(default_factory=list)
     work_done: bool = False
 
 
@@ -76,7 +79,7 @@ class Run:
                 self.progress.note("no target builds from ONNX: export, optimize and precision "
                                    "are not run")
             base = self._baseline() if validates else None
-            engines: list[dict] = []
+            engines: list[EngineResult] = []
             failures: list[str] = []
             for target in self.targets:
                 if target.id in skipped:
@@ -103,20 +106,27 @@ class Run:
 
     def _finish(self, outcome: Outcome) -> Outcome:
         outcome.work_done = self.cache.work_done
+        outcome.graph = self.chain.graph
         return outcome
 
-    def _kept(self) -> list[dict]:
+    def _kept(self) -> list[EngineResult]:
         """With --target, the last report's entries for the other targets (report.kept_entries)."""
         from pipeline.stages import report
 
         chosen = [t.id for t in self.targets]
-        previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
-                    and (self.store.dir / "report.json").is_file() else None)
+        try:
+            previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
+                        and (self.store.dir / "report.json").is_file() else None)
+        except IntegrityError as e:
+            if not self.force:
+                raise
+            self.progress.note(f"--force: the last report is not kept ({e.message})")
+            return []  # --force must clear a folder whatever its old report holds
         kept = report.kept_entries(self.recipe, chosen, previous)
         if kept is None:
             self.progress.note(f"the last report was made from another version of `{self.recipe.name}`: "
                                f"the new one holds only {', '.join(sorted(chosen))}")
-        return kept or []
+        return [EngineResult.model_validate(e) for e in kept or []]
 
     def _baseline(self) -> Result:
         from pipeline import data
@@ -144,7 +154,7 @@ class Run:
             device_keys=build_keys(target),
         ).outputs[build.engine_name(target)]
 
-    def _validate(self, target, engine: Artifact, base: Result) -> dict:
+    def _validate(self, target, engine: Artifact, base: Result) -> EngineResult:
         from pipeline.stages import validate
 
         # The file timed must be the file built: check its sha256 right before opening it.
@@ -156,9 +166,11 @@ class Run:
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
-        return self.store.read_json(result.outputs[f"validate-{target.id}.json"].name)
+        found = result.record(f"validate-{target.id}.json")
+        gate_recheck.refuse_failing(self.recipe, self.store.dir / f"validate-{target.id}.json", [found])  # a cached file too
+        return found
 
-    def _expect(self, engines: list[dict], faster_than: dict[str, Recipe]) -> None:
+    def _expect(self, engines: list[EngineResult], faster_than: dict[str, Recipe]) -> None:
         """expect: gates on every built engine; faster_than first times the A/Bs it needs."""
         from pipeline.bench import gates
         from pipeline.stages import versus
@@ -167,50 +179,51 @@ class Run:
             return Run(other, self.store.dir.parent, progress=self.progress,
                        verbose=self.verbose).execute("build").store
 
-        built = [e for e in engines if e["status"] == "built"]
+        built = [e for e in engines if e.status == "built"]
         versus.faster_than(self.cache, faster_than, built, build_other)
         for e in built:
-            e["gates"] = e["gates"] + gates.expect(self.recipe, e)
+            e.gates = e.gates + gates.expect(self.recipe, e)
 
-    def _report(self, base: Result | None, graph: Artifact | None, engines: list[dict],
-                others: list[dict] = ()) -> dict:
+    def _report(self, base: Result | None, graph: Artifact | None, engines: list[EngineResult],
+                others: list[EngineResult] = ()) -> Report:
         """`others`: entries kept from the last report for targets this run did not build."""
         from pipeline.stages import report
 
         inputs = ([graph] if graph else []) + ([base.one()] if base else [])
-        inputs += [self.store.artifact(f"validate-{e['target']}.json")
-                   for e in engines if e["status"] == "built"]
-        inputs += [self.store.artifact(v["file"]) for e in engines for v in e.get("versus", [])
-                   if "file" in v]
-        skipped = [e for e in engines if e["status"] != "built"]
-        by_id = {e["target"]: e for e in [*engines, *others]}
+        inputs += [self.store.artifact(f"validate-{e.target}.json") for e in engines if e.status == "built"]
+        inputs += [self.store.artifact(v.file) for e in engines for v in e.versus if v.file]
+        skipped = [dump(e) for e in engines if e.status != "built"]
+        by_id = {e.target: e for e in [*engines, *others]}
         every = [by_id[t.id] for t in self.recipe.targets if t.id in by_id]  # the recipe's order
         spec = {"recipe": self.recipe.digest, "not_built": skipped}
         if others:
-            spec["kept"] = list(others)
+            spec["kept"] = [dump(e) for e in others]
         result = self.cache.stage(
             "report", spec, inputs,
-            lambda wd: (report.write(report.assemble(
-                self.recipe, base.meta if base else None, self.chain.meta, every), wd), {}),
+            lambda wd: report.write(report.assemble(
+                self.recipe, base.meta if base else None, self.chain.meta, every), wd,
+                workloads.of(self.recipe)),
         )
-        return self.store.read_json(result.outputs["report.json"].name)
+        found = result.record("report.json")
+        gate_recheck.refuse_failing(self.recipe, self.store.dir / "report.json", found.engines)
+        return found
 
 
-def _not_built(target, status: str, reason: str) -> dict:
-    from pipeline.artifacts import EngineResult, dump
-
-    return dump(EngineResult(target=target.id, kind=target.kind, status=status, reason=reason,
-                             path=None, sha256=None, precision=None, accuracy=None,
-                             latency_ms=None, speedup_vs_baseline=None, gates=[]))
+def _not_built(target, status: str, reason: str) -> EngineResult:
+    return EngineResult(target=target.id, kind=target.kind, status=status, reason=reason,
+                        path=None, sha256=None, precision=None, accuracy=None,
+                        latency_ms=None, speedup_vs_baseline=None, gates=[])
 
 
-def failed_gates(report: dict) -> list[str]:
-    """`target: gate (detail)` for every failed gate in a report."""
-    return [f"{e['target']}: {g['name']} ({g['detail']})"
-            for e in report["engines"] for g in e.get("gates") or [] if not g["passed"]]
+def failed_gates(report: Report | dict) -> list[str]:
+    """`target: gate (detail)` for every failed gate in a report (a Report, or report.json
+    as recorded.parse returned it)."""
+    if isinstance(report, dict):
+        report = Report.model_validate(report)
+    return [f"{e.target}: {g.name} ({g.detail})" for e in report.engines for g in e.gates if not g.passed]
 
 
-def check_gates(report: dict) -> None:
+def check_gates(report: Report) -> None:
     failed = failed_gates(report)
     if failed:
         raise GateFailed(f"{len(failed)} gate(s) failed: " + "; ".join(failed))

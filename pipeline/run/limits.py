@@ -8,6 +8,8 @@ and refuses (RecipeError, exit 2) a recipe whose estimate is beyond a ceiling:
     memory   feeds held at once: validation and calibration samples at their split's
              largest point, inputs and as much again for outputs (the baseline keeps them)
              + one forward pass at the max point: its input bytes x ACTIVATIONS_PER_BYTE
+             + the attention scores (QKᵀ) at the max point: batch x heads x sequence² floats,
+               heads from the model's config (zoo GLM size, transformers num_attention_heads)
     time     per runner (the PyTorch baseline and each target) and timed shape: warm-up and
              timed requests, at least `min_seconds`; plus one request per sample per runner
              a request: SECONDS_PER_ELEMENT per input element, at least MIN_REQUEST_SECONDS
@@ -82,15 +84,58 @@ def _samples(spec) -> int:
         return 0
 
 
+def attention_heads(recipe) -> int | None:
+    """Query heads of the model, read from its config (never by building it): the zoo GLM's
+    size, or a transformers config's num_attention_heads / n_head; None when not known."""
+    spec = recipe.model
+    if spec.zoo == "glm":
+        from pipeline.zoo.glm_config import SIZES
+
+        return SIZES[spec.kwargs.get("size", "tiny")][2]
+    hf = spec.transformers
+    config = hf.config if hf is not None else None
+    if hf is not None and config is None and ":" not in hf.pretrained:
+        config = _config_json(Path(hf.pretrained) / "config.json")
+    for key in ("num_attention_heads", "n_head", "num_heads"):
+        heads = (config or {}).get(key)
+        if isinstance(heads, int) and not isinstance(heads, bool) and heads > 0:
+            return heads
+    return None
+
+
+def _config_json(path: Path) -> dict | None:
+    from pipeline.artifacts import json_file
+
+    try:
+        found = json_file.loads(path.read_bytes()) if path.is_file() else None
+    except (OSError, json_file.Unreadable):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def attention_bytes(recipe) -> float:
+    """The attention score tensor at the max shape, float32: batch x heads x sequence^2 (QKᵀ
+    and its softmax, materialized per layer by an unfused attention; layers run one after
+    another, so one layer's counts). The sequence is the second dim of the token input
+    ([batch, sequence], an integer tensor). 0 for a model without known heads."""
+    heads = attention_heads(recipe)
+    tokens = next((s for s in recipe.inputs if s.dtype in ("int64", "int32") and len(s.shape) == 2), None)
+    if not heads or tokens is None:
+        return 0.0
+    batch, sequence = tokens.dims("max")
+    return float(batch) * heads * float(sequence) ** 2 * ITEMSIZE["float32"]
+
+
 def estimate(recipe) -> Estimate:
     """Memory (bytes) and time (seconds) a full run of `recipe` needs, roughly."""
     splits = [s for s in (recipe.data.validation, recipe.data.calibration) if s is not None]
     counts = [_samples(s) for s in splits]
     held = sum(n * max(_bytes(recipe, p) for p in s.shapes) for n, s in zip(counts, splits))
     memory = {"feeds and reference outputs": 2.0 * held,
-              "one forward pass at the max shape": float(_bytes(recipe, "max") * ACTIVATIONS_PER_BYTE)}
+              "one forward pass at the max shape": float(_bytes(recipe, "max") * ACTIVATIONS_PER_BYTE),
+              "attention scores (QKᵀ) at the max shape": attention_bytes(recipe)}
 
-    latency = recipe.validation.latency
+    latency = recipe.validate_.latency
     runners = 1 + len(recipe.targets)
     shapes = math.prod(len(sizes) for sizes in latency.sweep.values()) + 1 if latency.sweep else 1
     per_shape = max(latency.min_seconds,

@@ -6,24 +6,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import backends
+from pipeline import backends, data
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 
 
 def engine_opener(recipe: Recipe, target, path: Path):
-    spec = recipe.validation.latency
-    return lambda: backends.get(target.kind).open(path, target, recipe, threads=recipe.validation.threads,
+    spec = recipe.validate_.latency
+    return lambda: backends.get(target.kind).open(path, target, recipe, threads=recipe.validate_.threads,
                                                   spin=spec.spin)
 
 
 def baseline_opener(recipe: Recipe):
-    from pipeline.stages.validate import baseline_device, baseline_runner
-
     return lambda: baseline_runner(recipe, models.load(recipe), baseline_device(recipe))
 
 
-def timing_feed(recipe: Recipe):
-    from pipeline.stages.validate import timing_feed as feed
+def baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=None, dtype: str = "fp32"):
+    """The eager PyTorch model as a Runner (`cls`: TorchRunner, or CudaGraphRunner on GPU)."""
+    if cls is None:
+        from pipeline.backends.torch import TorchRunner as cls
+    return cls(model, [i.name for i in recipe.inputs], recipe.outputs,
+               threads=recipe.validate_.threads, device=device, dtype=dtype)
 
-    return feed(recipe)
+
+def baseline_device(recipe: Recipe) -> str:
+    """Where the PyTorch baseline runs: validate.device, `auto` resolved on this machine."""
+    from pipeline import deps
+
+    choice = recipe.validate_.device
+    return ("cuda" if deps.gpus() else "cpu") if choice == "auto" else choice
+
+
+def timing_feed(recipe: Recipe) -> data.Feed:
+    """The feed every runner is timed on: the profile's opt point."""
+    return data.feeds(recipe, "export")[0]

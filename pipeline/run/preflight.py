@@ -8,7 +8,6 @@ folder's lock, that engines/<name>/ is not another recipe file's.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from pipeline.errors import DependencyError, RecipeError
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.run.limits import check_limits
-from pipeline.run.stage_cache import GRAPH_STAGES
+from pipeline.run.stage_cache import GRAPH_STAGES, graph_stage
 from pipeline.store.recipe_folder import Store
 
 
@@ -36,24 +35,22 @@ def before_work(recipe: Recipe, targets: list, validates: bool) -> Plan:
     check_limits(recipe)
     models.check(recipe)
     for name in GRAPH_STAGES:
-        module = importlib.import_module(f"pipeline.stages.{name}")
-        if hasattr(module, "preflight"):
-            module.preflight(recipe)
+        graph_stage(name).preflight(recipe)
     plan = Plan()
     if validates:
         from pipeline import data
 
         data.preflight(recipe)  # real validation data loads, fits and suits validate.task
-        baseline_device(recipe)
+        check_baseline_device(recipe)
         plan.faster_than = expect_recipes(recipe)
     plan.unavailable = unavailable_targets(targets)
     return plan
 
 
-def baseline_device(recipe: Recipe) -> None:
+def check_baseline_device(recipe: Recipe) -> None:
     """validate.device: cuda needs a GPU and a CUDA build of torch (found without
     importing torch: a CPU wheel's version ends in +cpu)."""
-    if recipe.validation.device != "cuda":
+    if recipe.validate_.device != "cuda":
         return
     torch_version = deps.version("torch") or ""
     why = ("this machine has no NVIDIA GPU (nvidia-smi found none)" if not deps.gpus() else

@@ -7,7 +7,7 @@ A stage's key hashes:
     transitively, plus the same for the stages before it (code_digest), so editing
     pipeline/stages/optimize.py reruns optimize and every stage after it, and editing
     pipeline/cli.py reruns none;
-  - the part of this machine's identity its result depends on (DEVICE_KEYS): a latency
+  - the part of this machine's identity its result depends on (Stage.device_keys): a latency
     measured on another CPU or GPU is never reused, a graph made on another machine is.
 
 When the key matches the manifest's record and the outputs still have their recorded sha256,
@@ -17,54 +17,77 @@ rather than use it.
 
 from __future__ import annotations
 
+import importlib
+import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipeline import deps
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.run import code_digest
-from pipeline.store.recipe_folder import Artifact, Store, now
+from pipeline.stages import GraphStage, Produced
+from pipeline.stages import graph_stage as check_graph_stage
+from pipeline.store.recipe_folder import Artifact, Interrupted, Store, now
 from pipeline.text import first_line
 from pipeline.ui import Progress
 
-Produce = Callable[[Path], tuple[dict[str, Path], dict]]
-
-GRAPH_STAGES: tuple[str, ...] = ("export", "optimize", "precision")
-
-# The module each kind of stage runs (a stage id is `kind` or `kind:target...`).
-STAGE_MODULES = {
-    "export": "pipeline.stages.export",
-    "optimize": "pipeline.stages.optimize",
-    "precision": "pipeline.stages.precision",
-    "baseline": "pipeline.stages.validate",
-    "build": "pipeline.stages.build",
-    "validate": "pipeline.stages.validate",
-    "versus": "pipeline.stages.versus",
-    "report": "pipeline.stages.report",
-}
-# The stages whose output a stage uses, directly or not: their code is in its key too, so a
-# stage whose code changed reruns with everything after it, even when its files come out
-# byte for byte the same.
-UPSTREAM = {
-    "export": (), "optimize": ("export",), "precision": ("export", "optimize"),
-    "baseline": (), "build": GRAPH_STAGES,
-    "validate": (*GRAPH_STAGES, "build", "baseline"),
-    "versus": (*GRAPH_STAGES, "build"),
-    "report": tuple(k for k in STAGE_MODULES if k != "report"),
-}
+Produce = Callable[[Path], Produced]
 
 # The device keys (deps.device()) a stage's result depends on. Graph stages write the same
 # graph on any machine; optimize also times the exported vs optimized graph (ORT on the CPU);
 # whatever times engines depends on all of it. A build's depends on its target (build_keys).
 ALL = (*deps.CPU_KEYS, *deps.GPU_KEYS)
-DEVICE_KEYS: dict[str, tuple[str, ...]] = {
-    "export": (), "optimize": deps.CPU_KEYS, "precision": (),
-    "baseline": ALL, "validate": ALL, "versus": ALL, "report": ALL,
-}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One kind of stage (a stage id is `kind` or `kind:target...`): everything its cache
+    key and the run need to know about it, in one record.
+
+    module       the module it runs (its code, and what it imports, is in the key)
+    upstream     the stages whose output it uses, directly or not: their code is in its key
+                 too, so a stage whose code changed reruns with everything after it, even
+                 when its files come out byte for byte the same
+    device_keys  the part of this machine's identity its result depends on; None: the
+                 target's (build_keys)
+    graph        a graph stage (stages.GraphStage: one ONNX graph to the next), run in this
+                 order by run/chain.py
+    stop         a command may stop after it (`pipeline export|...|report`)
+    """
+
+    kind: str
+    module: str
+    upstream: tuple[str, ...]
+    device_keys: tuple[str, ...] | None
+    graph: bool = False
+    stop: bool = True
+
+
+_GRAPH = ("export", "optimize", "precision")
+STAGES: dict[str, Stage] = {s.kind: s for s in (
+    Stage("export", "pipeline.stages.export", (), (), graph=True),
+    Stage("optimize", "pipeline.stages.optimize", ("export",), deps.CPU_KEYS, graph=True),
+    Stage("precision", "pipeline.stages.precision", ("export", "optimize"), (), graph=True),
+    Stage("baseline", "pipeline.stages.validate", (), ALL, stop=False),
+    Stage("build", "pipeline.stages.build", _GRAPH, None),
+    Stage("validate", "pipeline.stages.validate", (*_GRAPH, "build", "baseline"), ALL),
+    Stage("versus", "pipeline.stages.versus", (*_GRAPH, "build"), ALL, stop=False),
+    Stage("report", "pipeline.stages.report",
+          (*_GRAPH, "baseline", "build", "validate", "versus"), ALL),
+)}
+GRAPH_STAGES: tuple[str, ...] = tuple(k for k, s in STAGES.items() if s.graph)
+# where a run may stop, in order (run/execute.py's `until`)
+STOPS: tuple[str, ...] = tuple(k for k, s in STAGES.items() if s.stop)
+
+
+def graph_stage(kind: str) -> GraphStage:
+    """The module of graph stage `kind`, checked against the GraphStage contract."""
+    return check_graph_stage(importlib.import_module(STAGES[kind].module))
 
 
 def build_keys(target) -> tuple[str, ...]:
@@ -82,20 +105,32 @@ def build_keys(target) -> tuple[str, ...]:
 
 def code(kind: str) -> str:
     """The digest of the pipeline code a stage of this kind runs, its upstream's included."""
-    return code_digest.digest(tuple(STAGE_MODULES[k] for k in (*UPSTREAM[kind], kind)))
+    stage = STAGES[kind]
+    return code_digest.digest(tuple(STAGES[k].module for k in (*stage.upstream, kind)))
 
 
 @dataclass
 class Result:
-    """What one stage left in the store."""
+    """What one stage left in the store: its files, its meta, and its records as models (the
+    ones it made in this run, else read back from the verified files on first use)."""
 
     outputs: dict[str, Artifact]
     meta: dict
     cached: bool
+    store: Store | None = None
+    records: dict[str, Any] = field(default_factory=dict)
 
     def one(self) -> Artifact:
         (artifact,) = self.outputs.values()
         return artifact
+
+    def record(self, name: str) -> Any:
+        """The model of recorded file `name` (EngineResult, Versus, Report)."""
+        if name not in self.records:
+            from pipeline.artifacts.recorded import model_for
+
+            self.records[name] = model_for(name).model_validate(self.store.read_json(name))
+        return self.records[name]
 
 
 class StageCache:
@@ -112,7 +147,7 @@ class StageCache:
     def key(self, stage_id: str, spec: object, inputs: list[Artifact],
             device_keys: tuple[str, ...] | None = None) -> str:
         kind = stage_id.partition(":")[0]
-        keys = DEVICE_KEYS[kind] if device_keys is None else device_keys
+        keys = STAGES[kind].device_keys if device_keys is None else device_keys
         return sha256_json({
             "stage": stage_id, "spec": spec, "model_code": self.model_code, "code": code(kind),
             "inputs": {a.name: a.sha256 for a in inputs},
@@ -127,7 +162,7 @@ class StageCache:
             outputs = self._cached_outputs(record)
             if outputs is not None:
                 self.progress.cached(stage_id)
-                return Result(outputs, record["meta"], cached=True)
+                return Result(outputs, record["meta"], cached=True, store=self.store)
 
         workdir = self.store.workdir(stage_id)
         t0 = time.perf_counter()
@@ -136,7 +171,8 @@ class StageCache:
             produce = lambda wd: twin  # noqa: E731 - the twin's verified copies, its meta
         try:
             with self.progress.stage(stage_id):
-                produced, meta = produce(workdir)
+                made = produce(workdir)
+                produced = {**_dumped(made.records, workdir), **made.files}
         except BaseException as e:
             shutil.rmtree(workdir, ignore_errors=True)  # no half-written leftovers (full disk)
             if isinstance(e, Exception) and not isinstance(e, PipelineError):
@@ -147,7 +183,7 @@ class StageCache:
                                   "rerun with --debug for the trace") from e
             raise
         seconds = time.perf_counter() - t0
-        record = {"key": key, "outputs": list(produced), "meta": meta,
+        record = {"key": key, "outputs": list(produced), "meta": made.meta,
                   "seconds": round(seconds, 3), "finished": now()}
         outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
                                           recipe_sha256=self.recipe.digest,
@@ -155,9 +191,9 @@ class StageCache:
                                           recipe_overrides=list(self.recipe.overrides))
         self.work_done = True
         self.progress.done(stage_id, seconds)
-        return Result(outputs, meta, cached=False)
+        return Result(outputs, made.meta, cached=False, store=self.store, records=dict(made.records))
 
-    def _from_twin(self, stage_id: str, key: str, workdir: Path) -> tuple[dict, dict] | None:
+    def _from_twin(self, stage_id: str, key: str, workdir: Path) -> Produced | None:
         """Another folder of the engines root that recorded this very key: its outputs, verified
         against its own manifest and copied into `workdir`, with its meta. A key holds
         everything the stage depends on (its recipe part, inputs' digests, model code, code,
@@ -179,7 +215,7 @@ class StageCache:
             except (PipelineError, OSError, KeyError, TypeError, AttributeError):
                 continue
             self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files reused")
-            return produced, record["meta"]
+            return Produced(produced, record["meta"])
         return None
 
     def _cached_outputs(self, record: dict) -> dict[str, Artifact] | None:
@@ -188,7 +224,10 @@ class StageCache:
         for name in record["outputs"]:
             if not (self.store.dir / name).is_file():
                 return None
-            outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+            try:
+                outputs[name] = self.store.verify(name)  # raises IntegrityError if it changed
+            except Interrupted:  # only its pending digest: never a cache hit, the stage reruns
+                return None
         return outputs
 
     def forget_targets_not_in(self, recipe: Recipe) -> None:
@@ -210,3 +249,15 @@ def twin_folders(folder: Path, recipe_name: str) -> list[Path]:
     except OSError:
         return []
     return sorted(others, key=lambda p: (p.name.partition("@")[0] != recipe_name, p.name))
+
+
+def _dumped(records: dict[str, Any], workdir: Path) -> dict[str, Path]:
+    """Each record (a pydantic model) written as its JSON file, the only place a stage's
+    typed result becomes a file."""
+    from pipeline.artifacts import dump
+
+    out = {}
+    for name, model in records.items():
+        out[name] = workdir / name
+        out[name].write_text(json.dumps(dump(model), indent=2) + "\n")
+    return out

@@ -22,12 +22,13 @@ from pathlib import Path
 
 from pipeline import data
 from pipeline.errors import PipelineError, RecipeError, StageFailed
+from pipeline.logs import quiet_torch_onnx
 from pipeline.metrics import accuracy as metrics
 from pipeline.model import sources as models
 from pipeline.model.shapes import dynamic_axes, dynamic_shapes
 from pipeline.recipe import Recipe
+from pipeline.stages import Produced
 from pipeline.text import first_line
-from pipeline.ui import quiet_torch_onnx
 
 NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export")
@@ -45,18 +46,26 @@ def enabled(recipe: Recipe) -> bool:
     return True
 
 
-def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+def preflight(recipe: Recipe) -> None:
+    """No user error of its own to find early: the model source is checked by models.check."""
+
+
+def summary(meta: dict) -> None:
+    """Nothing to add to the stage's line."""
+
+
+def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     """The first graph stage: `graph` is None (there is none before export)."""
     import onnx
 
-    if recipe.workload.kind == "generation":  # a KV-cache graph (pipeline/generation/export.py)
+    if recipe.workload.kv_cache:  # a KV-cache graph (pipeline/generation/export.py)
         from pipeline.generation import export as kv_export
 
         files, meta = kv_export.run(recipe, workdir, verbose)
         proto = onnx.load(str(files["model.onnx"]))
         if portable_paths(proto):
             onnx.save(proto, str(files["model.onnx"]))
-        return files, meta
+        return Produced(files, meta)
     import torch
 
     model = models.load(recipe)
@@ -111,13 +120,13 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         raise StageFailed(
             f"export parity check failed to run the graph at the opt/max shapes: {first_line(e, with_type=True)}",
             "lower the inputs' max dims if memory ran out") from e
-    return {"model.onnx": out_path}, {
+    return Produced({"model.onnx": out_path}, {
         "exporter": recipe.export.exporter,
         "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
         "nodes": len(proto.graph.node),
         "export_seconds": seconds,
         "parity": parity,
-    }
+    })
 
 
 _SOURCE_FILE = re.compile(r'File "([^"]+)"')

@@ -19,6 +19,7 @@ from pipeline.errors import RecipeError, StageFailed
 from pipeline.metrics import accuracy as metrics
 from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
+from pipeline.stages import Produced
 from pipeline.text import speedup
 
 NAME = "optimize"
@@ -39,6 +40,10 @@ def spec(recipe: Recipe) -> dict:
 
 def enabled(recipe: Recipe) -> bool:
     return bool(recipe.optimize.passes)
+
+
+def preflight(recipe: Recipe) -> None:
+    """No user error of its own to find early: its passes and options are checked by the recipe schema."""
 
 
 def check_feeds(recipe: Recipe) -> dict[str, data.Feed]:
@@ -88,7 +93,7 @@ def _apply(name: str, model, options: dict):
     return model_out, info, None, time.perf_counter() - t0
 
 
-def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     import onnx
 
     spec = recipe.optimize
@@ -132,7 +137,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
     accepted = [r["name"] for r in records if r["status"] == "accepted"]
     ops_before, ops_after = passes.histogram(exported), passes.histogram(current)
     drift = metrics.compare(first_reference, reference, top1_outputs=[])  # final vs exported
-    return {"optimized.onnx": out_path}, {
+    return Produced({"optimized.onnx": out_path}, {
         "passes": records,
         "accepted": accepted,
         "rejected": [r["name"] for r in records if r["status"] == "rejected"],
@@ -145,7 +150,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
         "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in named.items()},
         "drift_vs_export": {k: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for k, m in drift.items()},
         "latency": _latency(recipe, exported, current) if accepted else None,
-    }
+    })
 
 
 def _latency(recipe: Recipe, exported, optimized) -> dict:
@@ -168,7 +173,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
 
 def summary(meta: dict) -> str:
     """One line for the terminal (rich markup): nodes, fusions and rejected passes."""
-    from rich.markup import escape
+    from pipeline.text import escape  # markup and control characters
 
     fused = ", ".join(f"{op} x{n}" for op, n in meta["fused"].items()) or "no fusions"
     line = f"{meta['nodes_before']} -> {meta['nodes_after']} nodes; {fused}"

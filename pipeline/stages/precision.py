@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline import data
 from pipeline.errors import PipelineError, StageFailed
 from pipeline.recipe import Recipe
+from pipeline.stages import Produced
 from pipeline.text import first_line
 
 NAME = "precision"
@@ -52,7 +53,11 @@ def spec(recipe: Recipe) -> dict:
     return key
 
 
-def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[dict[str, Path], dict]:
+def summary(meta: dict) -> None:
+    """Nothing to add to the stage's line (report.md holds what it did)."""
+
+
+def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     from pipeline import precision
     from pipeline.precision import evaluate
 
@@ -79,8 +84,8 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> tuple[di
     for leftover in workdir.iterdir():  # keep only the typed graph
         if leftover != out:
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
-    return {"typed.onnx": out}, {
+    return Produced({"typed.onnx": out}, {
         "mode": recipe.precision.mode, **meta,
         "parity_vs_fp32_graph": parity,
         "cpu_latency_meaningful": recipe.precision.mode not in precision.EMULATED_ON_CPU,
-    }
+    })

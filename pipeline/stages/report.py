@@ -7,21 +7,25 @@ a person reads is what CI and `compare` read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from rich.markup import escape
 from rich.table import Table
 
 from pipeline import deps
-from pipeline.artifacts import SCHEMA, Report, dump
+from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
 from pipeline.recipe import Recipe
+from pipeline.stages import Produced
 from pipeline.store.recipe_folder import now
-from pipeline.text import fmt, speedup, time_ratio_speedup
+from pipeline.text import (  # escape: markup and control characters
+    escape,
+    fmt,
+    speedup,
+    time_ratio_speedup,
+)
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
-             engines: list[dict]) -> Report:
+             engines: list[EngineResult]) -> Report:
     """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
     return Report.model_validate({
         "schema": SCHEMA,
@@ -57,32 +61,30 @@ def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> li
 BASELINE_DRIFT = 2.0
 
 
-def warnings(baseline: dict | None, engines: list[dict]) -> list[str]:
+def warnings(baseline: dict | None, engines: list[EngineResult]) -> list[str]:
     """What makes a figure in this report suspect, each naming where it applies."""
     out = []
     alone = ((baseline or {}).get("latency_ms") or {}).get("p50")
     for e in engines:
-        if e["status"] != "built":
+        if e.status != "built":
             continue
-        out += [f"{e['target']}: {w}" for w in e.get("warnings") or []]
-        out += [f"{e['target']} vs `{v['other_recipe']}`: {w}" for v in e.get("versus") or []
-                for w in v.get("warnings") or []]
-        together = (e.get("baseline_latency_ms") or {}).get("p50")
+        out += [f"{e.target}: {w}" for w in e.warnings]
+        out += [f"{e.target} vs `{v.other_recipe}`: {w}" for v in e.versus for w in v.warnings]
+        together = e.baseline_latency_ms.p50 if e.baseline_latency_ms else None
         if alone and together and max(alone / together, together / alone) > BASELINE_DRIFT:
-            out.append(f"{e['target']}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
+            out.append(f"{e.target}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
                        f"the engine but {alone:.3f} ms timed alone (baseline stage), more than "
                        f"{BASELINE_DRIFT:g}x apart: the machine changed between or during the two; "
                        f"rerun with --force on an idle machine")
     return out
 
 
-def write(model: Report, workdir: Path) -> dict[str, Path]:
-    report = dump(model)
-    json_path = workdir / "report.json"
-    json_path.write_text(json.dumps(report, indent=2) + "\n")
+def write(model: Report, workdir: Path, workload=None) -> Produced:
+    """report.md, rendered from what report.json will hold; the Report itself is a record
+    (dumped as report.json when the stage is committed)."""
     md_path = workdir / "report.md"
-    md_path.write_text(markdown(report))
-    return {"report.json": json_path, "report.md": md_path}
+    md_path.write_text(markdown(dump(model), workload))
+    return Produced({"report.md": md_path}, {}, {"report.json": model})
 
 
 # ------------------------------------------------------------------------ rendering
@@ -153,7 +155,7 @@ def _engine_notes(e: dict) -> list[str]:
         why = f" ({rt['capture_failure']})" if rt.get("capture_failure") else ""
         notes.append(f"CUDA Graphs: {rt.get('cuda_graphs')}{why}; {rt.get('captures', 0)} captures, "
                      f"{rt.get('replays', 0)} replays, {rt.get('enqueues', 0)} plain enqueues.")
-    eff = e.get("effective_precision") or {}
+    eff = e.get("tensorrt_layer_shares") or {}
     shares = eff.get("time_share") or eff.get("layer_share")
     if shares:
         basis = "time" if eff.get("time_share") else "layers"
@@ -163,7 +165,11 @@ def _engine_notes(e: dict) -> list[str]:
     return [n for line in notes for n in (line, "")]
 
 
-def markdown(report: dict) -> str:
+def markdown(report: dict, workload=None) -> str:
+    """report.md; `workload` (workloads.of(recipe), default: the forward pass) renders each
+    built engine's own section."""
+    if workload is None:
+        from pipeline.workloads import tensor as workload
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
     lines = [
@@ -228,16 +234,17 @@ def markdown(report: dict) -> str:
             lines += ["", f"**Latency not meaningful here:** {e['latency_note']}."]
         # ONNX Runtime's effective precision (FLOP shares); TensorRT's (layer/time shares)
         # is rendered by _engine_notes
-        if "integer_share" in (e.get("effective_precision") or {}):
+        if e.get("ort_flop_shares"):
             from pipeline.precision.report import effective_markdown
 
-            lines += effective_markdown(e["effective_precision"])
+            lines += effective_markdown(e["ort_flop_shares"])
         s = e["speedup_vs_baseline"]
         lines += ["", f"{e['target']} vs PyTorch: **{speedup(s['ratio'], s['ci95'])}** (95% CI; "
                   f"{s['verdict']}). How: {e['latency_method']}.", "",
                   *_engine_notes(e),
                   "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                        for g in e["gates"])]
+        lines += workload.engine_markdown(e)
         lines += _measurement(e)
     return "\n".join(lines) + "\n"
 
@@ -266,20 +273,8 @@ def _task_lines(task: dict | None) -> list[str]:
 
 
 def _measurement(e: dict) -> list[str]:
-    """Cold start, sweep, A/Bs against other recipes, resources, harness overhead, plot."""
+    """A/Bs against other recipes, resources, harness overhead, plot."""
     lines = []
-    cold, bcold = e.get("cold_start_ms"), e.get("baseline_cold_start_ms")
-    if cold and bcold:
-        lines += ["", f"Cold start (load + first request, one sample each, runtimes already "
-                  f"imported): {e['target']} {cold['load']:.1f} + {cold['first_request']:.1f} ms; "
-                  f"torch-eager {bcold['load']:.1f} + {bcold['first_request']:.1f} ms (warm p50 above)."]
-    if e.get("sweep"):
-        lines += ["", "| shape | engine p50 / p99 ms | torch p50 / p99 ms | engine vs torch [95% CI] |",
-                  "|---|---|---|---|"]
-        for s in e["sweep"]:
-            el, bl, sp = s["latency_ms"], s["baseline_latency_ms"], s["speedup_vs_baseline"]
-            lines.append(f"| {s['shape']} | {el['p50']:.3f} / {el['p99']:.3f} | {bl['p50']:.3f} / "
-                         f"{bl['p99']:.3f} | {speedup(sp['ratio'], sp['ci95'])} |")
     for v in e.get("versus") or []:
         if v.get("reason"):
             lines += ["", f"Versus `{v['other']}`: not measured ({v['reason']})."]

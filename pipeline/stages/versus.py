@@ -10,19 +10,20 @@ entry under `versus`; expect's gates judge it afterwards.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 
+from pipeline.artifacts import EngineResult, Versus
 from pipeline.bench import ab
 from pipeline.recipe import Recipe
 from pipeline.run import openers
 from pipeline.run.stage_cache import StageCache
+from pipeline.stages import Produced
 from pipeline.stages.build import engine_name
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store
 
 
-def faster_than(cache: StageCache, others: dict[str, Recipe], engines: list[dict],
+def faster_than(cache: StageCache, others: dict[str, Recipe], engines: list[EngineResult],
                 build_other: Callable[[Recipe], Store]) -> None:
     """`others`: ref as written in the recipe -> that recipe (loaded before any work);
     `engines`: this run's built entries, each given its `versus` list."""
@@ -31,15 +32,15 @@ def faster_than(cache: StageCache, others: dict[str, Recipe], engines: list[dict
         versus(cache, ref, other, build_other(other), engines)
 
 
-def versus(cache: StageCache, ref: str, other: Recipe, other_store: Store, engines: list[dict]) -> None:
+def versus(cache: StageCache, ref: str, other: Recipe, other_store: Store,
+           engines: list[EngineResult]) -> None:
     recipe, store = cache.recipe, cache.store
     for e in engines:
-        target = next(t for t in recipe.targets if t.id == e["target"])
+        target = next(t for t in recipe.targets if t.id == e.target)
         twin = next((t for t in other.targets if t.id == target.id), None)
         if twin is None or engine_name(twin) not in other_store.manifest["files"]:
-            e.setdefault("versus", []).append(
-                {"other": ref, "target": target.id,
-                 "reason": f"`{other.name}` has no built `{target.id}` engine to compare with"})
+            e.versus.append(Versus(other=ref, target=target.id, reason=f"`{other.name}` has no "
+                                   f"built `{target.id}` engine to compare with"))
             continue
         # both engine files are checked right before they are timed, as in validate
         mine = store.verify(engine_name(target))
@@ -49,8 +50,13 @@ def versus(cache: StageCache, ref: str, other: Recipe, other_store: Store, engin
             f"versus:{target.id}:{other.name}",
             {"target": target.model_dump(mode="json"), "other_target": twin.model_dump(mode="json"),
              **recipe.section("inputs", "validate")}, [mine, theirs],
-            lambda wd, t=target, w=twin, m=mine, o=theirs: ab.versus(
-                recipe, t, m, ref, other, w, o, wd, openers.timing_feed(recipe),
-                openers.engine_opener(recipe, t, m.path), openers.engine_opener(other, w, o.path)),
+            lambda wd, t=target, w=twin, m=mine, o=theirs: _measured(ab.versus(
+                recipe, t, m, ref, other, w, o, openers.timing_feed(recipe),
+                openers.engine_opener(recipe, t, m.path), openers.engine_opener(other, w, o.path))),
         )
-        e.setdefault("versus", []).append(json.loads(result.one().path.read_text()))
+        e.versus.append(result.record(result.one().name))
+
+
+def _measured(comparison: Versus) -> Produced:
+    """The A/B as its record (versus-<target>-<other>.json once committed)."""
+    return Produced(records={comparison.file: comparison}, meta={"verdict": comparison.comparison.verdict})

@@ -4,7 +4,8 @@ A plain recipe writes engines/<recipe>/. A run with `--set` overrides is another
 it: it writes engines/<recipe>@<8 hex digits of the overrides>/, so trying a value never
 replaces the validated entries of the plain recipe's report. The manifest records the
 overrides (`recipe_overrides`), so `pipeline deploy|compare|bench|run standard@1a2b3c4d`
-loads the recipe with the very overrides its folder was built with.
+loads the recipe with the very overrides its folder was built with. Those values are read
+from a folder, which is data: one that chooses code (recipe/code_keys.py) is refused, exit 5.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import hashlib
 import re
 from pathlib import Path
 
-from pipeline.errors import RecipeError
+from pipeline.errors import IntegrityError, RecipeError
 from pipeline.recipe import Recipe
 from pipeline.recipe import load as load_recipe
+from pipeline.recipe.code_keys import naming_code
 from pipeline.store.recipe_folder import Store
 
 _FOLDER = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<digest>[0-9a-f]{8})")
@@ -34,7 +36,7 @@ def folder_name(recipe: Recipe) -> str:
 def load(ref: str, overrides: tuple[str, ...] = (), engines_root: Path = Path("engines")) -> Recipe:
     """A recipe name or file, as recipe.load; or a folder name `<recipe>@<digest>`: that
     recipe with the overrides its folder's manifest records (then `overrides` apply after)."""
-    match = _FOLDER.fullmatch(ref)
+    match = _FOLDER.fullmatch(ref) if len(ref) <= 200 else None  # longer: no folder name (NAME)
     if match is None or Path(ref).suffix in (".yaml", ".yml"):
         return load_recipe(ref, overrides)
     store = Store(engines_root, ref)  # the manifest read through its model: a wrong one is exit 5
@@ -44,4 +46,10 @@ def load(ref: str, overrides: tuple[str, ...] = (), engines_root: Path = Path("e
                           f"it was built with",
                           f"run `pipeline run {match['name']} --set ...` first, or name the recipe "
                           "and its --set values")
+    code = naming_code(recorded)
+    if code:  # a folder is data: a planted manifest must not choose what gets imported
+        raise IntegrityError(
+            f"{store.dir / 'manifest.json'}: its recorded --set values choose code to import and "
+            f"run ({', '.join(code)}); values read from an engines folder never may",
+            f"if you trust them, pass them yourself: `pipeline run {match['name']} --set ...`")
     return load_recipe(match["name"], [*recorded, *overrides])

@@ -46,12 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import deps
-from pipeline.artifacts import recorded
+from pipeline.artifacts import json_file, recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
 from pipeline.artifacts.manifest import Manifest
 from pipeline.errors import InputError, IntegrityError, LockError
 from pipeline.store import paths, safe_files
-from pipeline.text import first_line
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
@@ -159,7 +158,7 @@ class Store:
         """The folder (created if need be) and its .lock file, open for writing; a folder or
         file this user may not write is named as such (not as a folder that is missing)."""
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            safe_files.folder(self.dir.parent, self.dir.name)  # made if missing; a link: exit 5
         except OSError as e:
             where = next((p for p in (self.dir, *self.dir.parents) if p.exists()), None)
             what = (f"cannot create the output folder ({e.strerror}"
@@ -180,8 +179,15 @@ class Store:
                              f"into it{' nor its .lock' if lock.exists() else ''} ({e.strerror})",
                              "fix its permissions or owner, or choose another --engines-dir") from None
 
+    def check_folder(self) -> None:
+        """The folder, when there, is a real folder inside its root, never a link: a link
+        would carry every read, write and delete of the run to where it points."""
+        if os.path.lexists(self.dir):
+            safe_files.folder(self.dir.parent, self.dir.name, create=False)
+
     def _sweep(self) -> None:
-        """Remove what a killed run left behind: .tmp/ and write_atomic's `.NAME.PID.tmp`."""
+        """Remove what a killed run left behind: .tmp/ and the temporary names of
+        safe_files.TEMP_GLOBS (write_atomic's `.NAME.PID.HEX.tmp`, bench's old `.bench.tmp.png`)."""
         if self.tmp.is_symlink() or self.tmp.is_file():  # never work (or delete) through a link
             self.tmp.unlink()
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -189,9 +195,7 @@ class Store:
             raise InputError(f"{self.tmp}: cannot remove what an earlier run left there (a file or "
                              "folder this user may not delete, e.g. owned by another user)",
                              "remove it as its owner, then rerun")
-        for stray in self.dir.glob(".*.tmp"):
-            if safe_files.is_regular(stray) or stray.is_symlink():  # a link itself, not its target
-                stray.unlink(missing_ok=True)
+        safe_files.sweep_temps(self.dir)  # every temp pattern; a link itself, not its target
 
     # ------------------------------------------------------------------ manifest
     @property
@@ -202,15 +206,13 @@ class Store:
 
     def read_manifest(self) -> dict:
         path = self.dir / MANIFEST
+        self.check_folder()
         if not os.path.lexists(path):
             return {"schema": SCHEMA, "files": {}, "stages": {}}
         try:
-            data = json.loads(safe_files.read_bytes(path))
-        except safe_files.NotRegular as e:
-            raise IntegrityError(f"{path}: unreadable manifest ({e.what}, not a regular file)",
-                                 self._manifest_hint()) from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise IntegrityError(f"{path}: unreadable manifest ({e})", self._manifest_hint()) from None
+            data = json_file.read(path)  # bounded: a planted file is refused, never a crash
+        except json_file.Unreadable as e:
+            raise IntegrityError(f"{path}: unreadable manifest ({e.problem})", self._manifest_hint()) from None
         try:
             return recorded.manifest(data)  # every key checked against artifacts.Manifest
         except recorded.Unusable as e:
@@ -305,17 +307,16 @@ class Store:
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
         pending = self.manifest.get("pending", {}).get(name)
-        if actual == pending:  # renamed in by a commit that was interrupted
-            artifact = Artifact(name, path, actual, path.stat().st_size)
-        elif actual != entry["sha256"]:
+        if actual == pending != entry["sha256"]:
+            raise _interrupted(path, self.dir)
+        if actual != entry["sha256"]:
             recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], pending) if d)
             raise IntegrityError(
                 f"{path}: sha256 {actual[:12]}… does not match the manifest's "
                 f"{recorded}; the file changed after it was built",
                 f"rebuild with `pipeline run {self.dir.name} --force`",
             )
-        else:
-            artifact = Artifact(name, path, actual, entry["bytes"])
+        artifact = Artifact(name, path, actual, entry["bytes"])
         data, problem = read_recorded_json(path)
         if problem is not None and problem.stale:  # another pipeline version's, not tampered
             raise IntegrityError(f"{path}: {problem}", f"rerun with --force: `pipeline run "
@@ -330,7 +331,24 @@ class Store:
         """Refuse the folder if any recorded file that still exists has changed."""
         for name in list(self.manifest["files"]):
             if os.path.lexists(self.dir / name):  # a symlink in its place is refused, not skipped
-                self.verify(name)
+                try:
+                    self.verify(name)
+                except Interrupted:  # its stage has no record (commit step 1): it reruns
+                    continue
+
+
+# ---------------------------------------------------------------- folders as untrusted input
+class Interrupted(IntegrityError):
+    """A file with only the digest the manifest announced as `pending`: a commit was stopped
+    between renaming it in and recording it. Such a file is never vouched for (a planted
+    `pending` entry would otherwise vouch for any file): its stage reruns, and commands that
+    read it (deploy) refuse it until a run has finished the commit."""
+
+
+def _interrupted(path: Path, folder: Path) -> Interrupted:
+    return Interrupted(f"{path}: an interrupted commit (the file has the digest announced as "
+                       "pending, not the one recorded), so nothing vouches for it",
+                       f"rerun `pipeline run {folder.name}` to finish it")
 
 
 def read_recorded_json(path: Path) -> tuple[Any, recorded.Unusable | None]:
@@ -341,11 +359,9 @@ def read_recorded_json(path: Path) -> tuple[Any, recorded.Unusable | None]:
     if path.suffix != ".json":
         return None, None
     try:
-        data = json.loads(safe_files.read_bytes(path))
-    except safe_files.NotRegular as e:
-        return None, recorded.Unusable(f"{e.what}, not a regular file")
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        return None, recorded.Unusable(f"not valid JSON ({first_line(e, 120)})")
+        data = json_file.read(path)
+    except json_file.Unreadable as e:
+        return None, recorded.Unusable(e.problem)
     try:
         return recorded.parse(path.name, data), None
     except recorded.Unusable as e:

@@ -1,6 +1,18 @@
 """Files in folders that may have been planted: read only regular files, never through a
 symlink, and create temporary files exclusively.
 
+One rule for every file the pipeline writes or deletes inside a folder (the store's, a
+compare or bench output, a deploy repository):
+  - the folder itself is a real folder, never a link (`folder()`: each name below the
+    root the user chose is checked with lstat, created if missing);
+  - new files are created `O_EXCL | O_NOFOLLOW` under random temporary names and renamed
+    into place (`write_atomic`, `write_atomic_with`), so a planted name is never written
+    through;
+  - no file with more than one link is written or truncated (`open_fd` for writing), since
+    a hard link planted in the folder would carry the write to a file outside it;
+  - temporary names left by a killed run, of every pattern the pipeline uses (TEMP_GLOBS),
+    are removed without following links (`sweep_temps`).
+
 An engines folder or a data file can come from anywhere (a CI artifact, a download), so a
 name in it may be a symlink to another file (`.lock` -> ~/.bashrc would be truncated), a
 FIFO (an open() that never returns) or a device. Every open here is `O_NOFOLLOW` (the last
@@ -10,14 +22,23 @@ must be a regular one (fstat on the descriptor, so nothing can be swapped in bet
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from pipeline.errors import IntegrityError
+
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+# Temporary names the pipeline writes in a folder: write_atomic's `.NAME.<pid>.<hex>.tmp`,
+# and `.NAME.tmp.EXT` of earlier versions (bench's `.bench.tmp.png`).
+TEMP_GLOBS = (".*.tmp", ".*.tmp.*")
 
 
 class NotRegular(Exception):
@@ -69,6 +90,10 @@ def open_fd(path: Path, flags: int, mode: int = 0o644) -> int:
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise NotRegular(Path(path), _describe(st.st_mode))
+    if flags & (os.O_WRONLY | os.O_RDWR) and st.st_nlink > 1:
+        # a hard link planted in the folder: writing it would write the file it shares
+        os.close(fd)
+        raise NotRegular(Path(path), f"a file with {st.st_nlink} hard links")
     os.set_blocking(fd, True)
     return fd
 
@@ -83,9 +108,12 @@ def read_bytes(path: Path) -> bytes:
         return f.read()
 
 
-def sha256(path: Path) -> str:
+def sha256(path: Path, *, regular_only: bool = True) -> str:
+    """The file's sha256, read in 1 MiB chunks: the one file digest of the pipeline. A
+    recorded file must be a regular file (open_regular); `regular_only=False` for the user's
+    own data files, which may be links into a data folder."""
     h = hashlib.sha256()
-    with open_regular(path) as f:
+    with (open_regular(path) if regular_only else open(path, "rb")) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -101,8 +129,13 @@ def create_exclusive(path: Path) -> BinaryIO:
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write to a new sibling temporary file (created exclusively, random name), fsync, then
     rename over `path`. A planted `.NAME.*.tmp` (a symlink) is never written through."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = data.encode() if isinstance(data, str) else data
+    write_atomic_with(path, lambda f: f.write(payload))
+
+
+def write_atomic_with(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """write_atomic for a writer that takes a binary file (a plot's savefig, np.savez)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
         try:
@@ -114,10 +147,48 @@ def write_atomic(path: Path, data: bytes | str) -> None:
         raise FileExistsError(f"{path.parent}: no free temporary name for {path.name}")
     try:
         with f:
-            f.write(payload)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def folder(root: Path, *names: str, create: bool = True) -> Path:
+    """root/names...: every folder below `root` (the one the user chose: --engines-dir,
+    --triton) checked with lstat to be a real folder, never a link, and created when missing
+    (unless `create`; a missing one is then fine, it is made later the same way).
+    IntegrityError (exit 5) for a link, a file or a device in the way."""
+    path = Path(root)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = path / name
+        if create:
+            with contextlib.suppress(FileExistsError):
+                path.mkdir()
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            if create:
+                raise
+            return Path(root).joinpath(*names)
+        if not stat.S_ISDIR(mode):
+            raise IntegrityError(
+                f"{path}: is {_describe(mode)}, not a folder; the pipeline writes only into real "
+                "folders (a link would carry its writes and deletes elsewhere)",
+                "remove it (the link only, not what it points to), then rerun")
+    return path
+
+
+def sweep_temps(where: Path) -> None:
+    """Remove the temporary names (TEMP_GLOBS) a killed run left in `where`: regular files
+    and links (the link itself, never what it points to); folders and others are left."""
+    for pattern in TEMP_GLOBS:
+        for stray in where.glob(pattern):
+            with contextlib.suppress(FileNotFoundError):
+                mode = os.lstat(stray).st_mode
+                if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+                    stray.unlink()

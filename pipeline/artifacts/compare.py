@@ -1,0 +1,51 @@
+"""compare.json and compare-generation.json as pydantic models: what `pipeline compare` wrote.
+
+    CompareBase     schema, created, recipes, reference (A), shared_targets, method
+      ForwardCompare      the forward workload (explain/compare.py): models and whether they
+                          differ, side-by-side rows, the interleaved timing, where the time
+                          went (profiles, deltas, cause tags), where the error came from
+      GenerationCompare   generation (generation/compare.py): time per task and per phase,
+                          per engine and B against A, op-category profiles per phase
+
+The sections measured by bench/ and explain/ are objects here (their writers own them);
+the envelope is Closed: a key no writer declared is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pipeline.artifacts.base import Closed
+
+
+class CompareBase(Closed):
+    schema_: int = Field(alias="schema")
+    workload: str = Field(description="The recipes' workload kind.")
+    created: str
+    recipes: list[str]
+    reference: str = Field(description="Recipe A: every other one is compared with it.")
+    shared_targets: list[str] = Field(description="Target ids built by every recipe.")
+    method: dict[str, str | None]
+
+
+class ForwardCompare(CompareBase):
+    schema_: Literal[2] = Field(alias="schema")
+    workload: Literal["forward"] = "forward"
+    models: dict[str, dict[str, Any]]
+    models_differ: dict[str, str]
+    engines: list[dict[str, Any]]
+    timing: dict[str, Any]
+    time_explained: dict[str, Any]
+    error_explained: dict[str, Any]
+
+
+class GenerationCompare(CompareBase):
+    schema_: Literal[1] = Field(alias="schema")
+    workload: Literal["generation"] = "generation"
+    task: list[dict[str, Any]]
+    engines: dict[str, dict[str, Any]]
+    versus: list[dict[str, Any]]
+    profiles: dict[str, Any]
+    reports: dict[str, dict[str, float | None]]

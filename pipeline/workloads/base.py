@@ -1,0 +1,110 @@
+"""The Workload contract: what one request is, and everything that depends on it.
+
+A workload is a pair of modules (typing.Protocol over module attributes, as for backends),
+picked once from the recipe's `workload.kind` by the registry (pipeline/workloads):
+
+the workload (stages: baseline, validate, report)
+    KIND          the recipe's `workload.kind` it serves ("forward", "generation", ...)
+    BASELINE      the name of its PyTorch baseline runner in timings and reports
+    baseline(recipe, workdir) -> ({file: path}, meta)          the baseline stage's work
+    measure(recipe, target, engine, baseline, workdir) -> Measured
+                  one engine against the baseline; stages/validate.py turns it into the
+                  EngineResult (the one place one is built) and adds the accuracy gates
+    engine_markdown(entry) -> [line]   report.md's workload section of one built engine
+
+its comparer (the `pipeline compare` command; no stage's cache key holds its code)
+    check_comparable(recipes)          before anything is built: exit 2 when they are not
+    compare(recipes, reports, root, progress) -> Compared
+
+What the graph looks like (a KV cache around the model, or the model alone) is the recipe's
+to say (recipe/workload.py: `WorkloadSpec.kv_cache`), since export and the model checks run
+before, and without, any workload code. A third workload (serving) is a module pair keeping
+this contract plus one line in each of workloads.BUILTIN and workloads.COMPARERS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline.errors import DependencyError
+
+
+@dataclass
+class Measured:
+    """One engine measured by a workload: the EngineResult's workload-specific fields
+    (accuracy, latency_ms, baseline_latency_ms, speedup_vs_baseline, latency_method, ...),
+    the gates only the workload can judge (Gate: a backend's own), and files written beside
+    validate-<target>.json. `skipped`: why it was not measured (the engine was built)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    gates: list = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+    skipped: str | None = None
+
+
+@dataclass
+class Compared:
+    """What `pipeline compare` made: the result (a pydantic model, artifacts/compare.py),
+    what the terminal prints (rich renderables or lines) and the files a person opens."""
+
+    result: Any
+    folder: Path
+    printed: list = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+
+class Workload(Protocol):
+    KIND: str
+    BASELINE: str
+
+    def baseline(self, recipe, workdir: Path) -> tuple[dict[str, Path], dict]: ...
+
+    def measure(self, recipe, target, engine, baseline, workdir: Path) -> Measured: ...
+
+    def engine_markdown(self, entry: dict) -> list[str]: ...
+
+
+class Comparer(Protocol):
+    def check_comparable(self, recipes: list) -> None: ...
+
+    def compare(self, recipes: list, reports: dict, root: Path, progress) -> Compared: ...
+
+
+WORKLOAD_NEEDS = ("KIND", "BASELINE", "baseline", "measure", "engine_markdown")
+COMPARER_NEEDS = ("check_comparable", "compare")
+
+
+def check(kind: str, module: Any, needs: tuple[str, ...] = WORKLOAD_NEEDS) -> Any:
+    """`module` if it keeps its part of the contract for `kind`, else one error naming what
+    it lacks."""
+    missing = [name for name in needs if not hasattr(module, name)]
+    name = getattr(module, "__name__", repr(module))
+    if missing:
+        raise DependencyError(f"workload `{kind}` ({name}) lacks {', '.join(missing)} "
+                              "(see the Workload contract in pipeline/workloads/base.py)")
+    if "KIND" in needs and module.KIND != kind:
+        raise DependencyError(f"workload `{kind}` ({name}) declares KIND {module.KIND!r}")
+    return module
+
+
+def built(report: dict) -> dict[str, dict]:
+    """A report's built engines by target id, in the recipe's order."""
+    return {e["target"]: e for e in report["engines"] if e["status"] == "built"}
+
+
+def shared_targets(recipes: list, reports: dict[str, dict], accept=lambda entry: True) -> list[str]:
+    """Target ids every recipe built (and `accept`s), in the first recipe's order: the
+    engines `pipeline compare` times against each other."""
+    first = built(reports[recipes[0].name])
+    return [t for t, e in first.items() if accept(e) and all(
+        t in built(reports[r.name]) and accept(built(reports[r.name])[t]) for r in recipes[1:])]
+
+
+def compare_folder(root: Path, recipes: list) -> Path:
+    """engines/compare/<A>-vs-<B>...: where a comparison's files go."""
+    from pipeline.store import safe_files
+
+    # a real folder, never a link (a planted link would carry the writes elsewhere)
+    return safe_files.folder(root, "compare", "-vs-".join(r.name for r in recipes))

@@ -1,0 +1,72 @@
+"""The generation workload: one request is a prefill and token-by-token decode with a KV
+cache (pipeline/generation: the runners, requests, timing and metrics).
+
+baseline: the PyTorch static-cache model generates every request of the workload alone,
+and its outputs on the teacher-forced accuracy feeds are saved (baseline.npz). measure: the
+engine's outputs on those feeds, then engine and baseline taking turns on every request
+(TTFT, TPOT, tokens/s, time per task, memory, token agreement).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.generation import validate
+from pipeline.recipe import Recipe
+from pipeline.workloads.base import Measured
+
+KIND = "generation"
+BASELINE = validate.BASELINE
+
+
+def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
+    return validate.baseline(recipe, workdir)
+
+
+def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
+    measured = validate.measure_engine(recipe, target, engine, base, workdir)
+    generation = measured.fields.get("generation") if measured.skipped is None else None
+    if generation and Path(engine.path).suffix == ".onnx":
+        generation["floor"] = decode_floor(recipe, Path(engine.path), generation)
+    return measured
+
+
+def decode_floor(recipe: Recipe, engine: Path, generation: dict) -> dict:
+    """`generation.floor`: bytes per decode step over measured bandwidth (pipeline/bench/floor.py)
+    at each batch-1 point's mean decode context, for the engine (its stored weights) and the
+    PyTorch baseline (the exported FP32 graph's weights, beside the engine)."""
+    from pipeline.bench import floor
+    from pipeline.metrics.generation import kv_bytes_per_token
+    from pipeline.recipe.workload import decoder_shape
+
+    layers, kv_heads, head_dim = decoder_shape(recipe.model)[:3]
+    per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
+    spec = recipe.workload
+    contexts = {f"b1-p{p}": p + spec.new_tokens // 2 for p in spec.prompt_lengths}
+    if spec.long is not None:
+        contexts["long"] = spec.long.prompt + spec.long.new_tokens // 2
+    points = generation.get("points", {})
+    contexts = {k: v for k, v in contexts.items() if k in points}
+    out = floor.decode_floor(engine, per_token, contexts, {k: points[k]["tpot_ms"]["p50"] for k in contexts})
+    exported = engine.parent / "model.onnx"
+    if exported.is_file():
+        theirs = generation.get("baseline", {}).get("points", {})
+        out["baseline"] = floor.decode_floor(exported, per_token, contexts,
+                                             {k: theirs[k]["tpot_ms"]["p50"] for k in contexts if k in theirs})
+    return out
+
+
+def engine_markdown(entry: dict) -> list[str]:
+    """TTFT, TPOT, time per task and memory of one engine, against PyTorch's."""
+    g = entry.get("generation")
+    if not g:
+        return []
+    base = g["baseline"]
+    lines = ["", "| generation | engine | PyTorch (static cache) |", "|---|---|---|",
+             f"| TTFT p50 ms | {g['ttft_ms']['p50']:.3f} | {base['ttft_ms']['p50']:.3f} |",
+             f"| TPOT p50 ms | {g['tpot_ms']['p50']:.3f} | {base['tpot_ms']['p50']:.3f} |",
+             f"| time per task s | {g['time_per_task_s']:.4f} | {base['time_per_task_s']:.4f} |"]
+    share = g["token_agreement"]["share"]
+    lines += ["", f"Runners: {', '.join(g['runners']['engine'])} (engine), {g['runners']['baseline']}; "
+              f"greedy tokens agreeing with PyTorch's: {'—' if share is None else f'{share:.2%}'}."]
+    return lines
