@@ -109,7 +109,7 @@ class ServedEngine:
 
     def __init__(self, recipe, choice: Choice, threads: int | None):
         self.recipe, self.choice = recipe, choice
-        self.generation = recipe.workload.kind == "generation"
+        self.generation = recipe.workload.served_as == "generate"
         self._runner = self._gen = None
         if self.generation:
             self._gen, self.eos = _generation_runner(recipe, choice, threads)

@@ -58,7 +58,7 @@ def check_feeds(recipe: Recipe) -> dict[str, data.Feed]:
 
     rng = np.random.default_rng([recipe.data.seed, 97])
     feeds = {point: data.random_feed(recipe.inputs, point, rng) for point in CHECK_POINTS}
-    if recipe.workload.kind != "generation":
+    if not recipe.workload.kv_cache:
         return feeds
     out = {}
     for point, feed in feeds.items():
