@@ -85,7 +85,7 @@ inputs:
     range: [0, {vocab}]
 outputs: [logits]
 export: {{parity: {{max_abs: 1.0e-2, cosine_min: 0.9999}}}}
-optimize: {{passes: [fold_constants, attention_with_past, ort_fusions, pack_matmuls]}}
+optimize: {{passes: [fold_constants, attention_with_past, ort_fusions, pack_matmuls, group_query_attention]}}
 precision: {{mode: {precision}, block_size: 32}}
 data: {{calibration: null}}
 targets: [{{kind: onnxruntime}}]
@@ -147,6 +147,8 @@ def main() -> None:
             (work / f"builder-{p}" / "genai_config.json").write_text(json.dumps(c))
             folders[f"builder-{p}"] = work / f"builder-{p}"
 
+        graphs = {name: ops(Path(folder) / "model.onnx") for name, folder in folders.items()}
+
         import torch
         import transformers
 
@@ -185,7 +187,7 @@ def main() -> None:
                   "heads": heads, "kv_heads": kv, "vocab": vocab, "weights": "random (seed 0)"},
         "workload": {"batch": 1, "prompt": PROMPT, "new_tokens": NEW, "threads": args.threads,
                      "rounds": spec.rounds, "greedy": True, "eos": "suppressed"},
-        "builder_seconds": seconds, "runners": figures,
+        "builder_seconds": seconds, "runners": figures, "graphs": graphs,
         "pipeline_vs_builder": versus, "int4_vs_fp32": int4_vs_fp32,
         "method": "one process; warm-up 1 generation per runner, then rounds taking turns (order "
                   "alternating); ratios: " + stats.ratio_method(noise),
@@ -195,6 +197,17 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
+
+
+def ops(path: Path) -> dict:
+    """Node count by op type of a graph (the engine file a runner loads)."""
+    from collections import Counter
+
+    import onnx
+
+    model = onnx.load(str(path.resolve()), load_external_data=False)
+    counts = Counter(n.op_type for n in model.graph.node)
+    return {"nodes": sum(counts.values()), "ops": dict(counts.most_common())}
 
 
 def markdown(r: dict) -> str:
@@ -214,6 +227,10 @@ def markdown(r: dict) -> str:
         a = f["token_agreement"]
         md.append(f"| {name} | {f['ttft_ms']['p50']:.2f} | {f['tpot_ms']['p50']:.3f} | {f['tpot_ms']['p90']:.3f} | "
                   f"{sp} | {a['share'] * a['tokens']:.0f}/{a['tokens']} (first divergence {a['first_divergence']}) |")
+    if r.get("graphs"):
+        md += ["", "Graphs (nodes by op type of the file each runner loads):", ""]
+        md += [f"- {name}: {g['nodes']} nodes: " + ", ".join(f"{op} {n}" for op, n in g["ops"].items())
+               for name, g in r["graphs"].items()]
     md += _ratio_lines("This pipeline's engine vs the builder's (time ratio pipeline / builder; < 1: the "
                        "pipeline is faster):", r["pipeline_vs_builder"], "pipeline")
     md += _ratio_lines("INT4 weight-only vs FP32 of the same route (time ratio int4 / fp32; < 1: INT4 is "

@@ -105,3 +105,26 @@ def test_device_line_names_what_decides_speed():
                         "compute_capability": "9.0", "gpu_driver": "570.86"}) == \
         "X, 16 cores, no AVX2, GPU NVIDIA H200 (sm 9.0, driver 570.86)"
     assert device_line({"cpu": "AMD EPYC", "gpu": None}) == "AMD EPYC, no GPU"  # an older record
+
+
+def test_another_recipe_on_the_same_model_and_export_copies_them(standard_copy):
+    """Defect 9: a derived recipe (here: other validation data and description) shares the
+    export and optimize keys with `standard`: both are copied, verified, not redone."""
+    standard_copy.write("recipes/standard-derived.yaml", "description: standard, other validation data\n"
+                        "extends: standard.yaml\ndata: {validation: {samples: 3}}\n")
+    before = standard_copy.snapshot()
+    result = standard_copy.run("optimize", "standard-derived")
+    assert result.code == 0, result.err
+    said = " ".join(result.err.split())
+    for stage in ("export", "optimize"):
+        assert f"{stage}: the same key is built in engines/{STANDARD}" in said, said
+    after = standard_copy.snapshot()
+    for name in ("model.onnx", "optimized.onnx"):
+        assert after[f"standard-derived/{name}"] == before[f"{STANDARD}/{name}"]
+    # a recipe whose passes differ copies the export only
+    standard_copy.write("recipes/standard-other-passes.yaml", "description: standard, fewer passes\n"
+                        "extends: standard.yaml\noptimize: {passes: [fold_constants]}\n")
+    other = standard_copy.run("optimize", "standard-other-passes")
+    assert other.code == 0, other.err
+    said = " ".join(other.err.split())
+    assert "export: the same key is built in engines/" in said and "optimize: the same key" not in said

@@ -40,11 +40,15 @@ def test_standard_fuses_attention_per_layer_and_normalization(built_standard):
     norms = optimized["SimplifiedLayerNormalization"] + optimized["SkipSimplifiedLayerNormalization"]
     assert norms == 2 * layers + 1 and optimized["ReduceMean"] == 0 and exported["ReduceMean"] == 5
     meta = optimize_meta(built_standard.engines / STANDARD)
-    assert meta["accepted"] == ["fold_constants", "ort_fusions", "pack_matmuls"] and meta["rejected"] == []
+    assert meta["accepted"] == ["ort_fusions", "pack_matmuls"] and meta["rejected"] == []
+    # the dynamo export of the GLM has nothing left to fold: said as such (the graph comes
+    # back byte for byte), not "accepted"
+    assert meta["no_match"] == ["fold_constants"]
     assert meta["fused"]["GroupQueryAttention"] == layers  # dense causal GQA: ORT's own kernel
     assert meta["nodes_after"] == sum(optimized.values()) < meta["nodes_before"]
     for record in meta["passes"]:
-        assert record["check"]["logits"]["max_abs"] <= meta["tolerance"]["max_abs"]
+        if record["status"] != "no match":  # nothing changed, nothing to check
+            assert record["check"]["logits"]["max_abs"] <= meta["tolerance"]["max_abs"]
     # parity with PyTorch kept: the engine is built from the optimized graph and passes its gates
     report = json.loads((folder / "report.json").read_text())
     engine = next(e for e in report["engines"] if e["target"] == "onnxruntime")

@@ -252,3 +252,18 @@ def test_deploy_writes_the_serve_sections_batching_into_config_pbtxt(tiny, tmp_p
     assert list(batching.preferred_batch_size) == list(sig.preferred) == []
     assert batching.max_queue_delay_microseconds == 30_000_000
     assert batching.default_queue_policy.max_queue_size == 8
+
+
+def test_the_pytorch_baseline_is_served_through_the_same_engine_interface(tiny):
+    from pipeline.serving.engine import PYTORCH, ServedEngine, choose
+
+    recipe = _recipe(tiny)
+    sample = _sample(np.random.default_rng(3), 7)
+    baseline = ServedEngine(recipe, choose(recipe, tiny.engines, PYTORCH), threads=1)
+    engine = ServedEngine(recipe, choose(recipe, tiny.engines, None), threads=1)
+    try:
+        np.testing.assert_allclose(baseline.infer(sample)["hidden"], engine.infer(sample)["hidden"],
+                                   rtol=1e-3, atol=1e-4)
+    finally:
+        baseline.close()
+        engine.close()

@@ -22,7 +22,7 @@ from pipeline.recipe import Recipe
 
 
 def is_generation(recipe: Recipe) -> bool:
-    return recipe.workload.kind == "generation"
+    return recipe.workload.served_as == "generate"
 
 
 def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:

@@ -41,6 +41,10 @@ PASSES: dict[str, Pass] = {
     "attention_with_past": Pass(
         "pipeline.passes.attention:attention_with_past",
         "KV cache: Concat(past, new) -> Attention folded into ONNX Attention's past/present (opset 23)"),
+    "group_query_attention": Pass(
+        "pipeline.passes.gqa:group_query_attention",
+        "Attention with past + rotary (opset 23) -> ORT GroupQueryAttention (rotary inside, packed q|k|v)",
+        ("max_positions",), ort_only=True),
     "pack_matmuls": Pass(
         "pipeline.passes.pack:pack_matmuls",
         "pack MatMuls that read one activation (q/k/v, gate/up) into one MatMul + Split",

@@ -66,6 +66,7 @@ def ort_fusions(model, skip: list[str] | tuple[str, ...] = ()):
         raise RecipeError(f"optimize.options.ort_fusions.skip: unknown fusion {', '.join(unknown)}",
                           f"known: {', '.join(sorted(functions))}")
 
+    renamed = rms_as_simplified_layer_norm(model)
     ir, m = _ir(model)
     with contextlib.ExitStack() as stack:
         for name in skip:
@@ -76,6 +77,7 @@ def ort_fusions(model, skip: list[str] | tuple[str, ...] = ()):
     out = ir.to_proto(m)
     packed = pack_constant_concats(out)
     return out, {"rules_applied": {k: v for k, v in counts.items() if v},
+                 **({"rms_as_simplified_layer_norm": renamed} if renamed else {}),
                  **({"skipped": list(skip)} if skip else {}),
                  **({"constant_concats_packed": packed} if packed else {})}
 
@@ -116,3 +118,21 @@ def pack_constant_concats(model) -> int:
     del model.graph.initializer[:]
     model.graph.initializer.extend(live)
     return packed
+
+
+def rms_as_simplified_layer_norm(model) -> int:
+    """ONNX RMSNormalization (opset 23, what the dynamo exporter writes for RMS norms) renamed
+    to ONNX Runtime's SimplifiedLayerNormalization, in place; returns how many.
+
+    The two compute the same (x / sqrt(mean(x^2) + epsilon) * scale over `axis`, in the
+    `stash_type` precision) with the same attributes, and ORT registers its op in the default
+    domain. onnxscript's skip-norm fusion knows ORT's op only: renamed, each norm that reads a
+    residual Add becomes one SkipSimplifiedLayerNormalization (the add and the norm in one pass
+    over the activation, the genai builder's form).
+    """
+    renamed = 0
+    for node in model.graph.node:
+        if node.op_type == "RMSNormalization" and node.domain in ("", "ai.onnx"):
+            node.op_type, node.domain = "SimplifiedLayerNormalization", ""
+            renamed += 1
+    return renamed

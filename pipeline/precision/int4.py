@@ -23,13 +23,72 @@ from pipeline.errors import StageFailed
 from pipeline.precision import calibrate, nodes
 
 
+def untranspose_weights(model) -> int:
+    """FusedMatMul(x, W, transB=1) with a constant W -> MatMul(x, W^T), in place; returns how many.
+
+    A tied LM head reads the token embedding transposed; `ort_fusions` folds that Transpose
+    into a FusedMatMul, which no INT4 quantizer takes, so the largest weight of a small chat
+    model (SmolLM2: 49152 x 576) stayed float and every decode step read it in FP32. The
+    transposed copy is what gets quantized; the embedding itself stays for its Gather."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    done = 0
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "FusedMatMul" or node.domain != "com.microsoft" or len(node.input) != 2
+                or node.input[1] not in inits or attrs.get("transB") != 1 or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0)
+                or len(inits[node.input[1]].dims) != 2):
+            continue
+        name = f"{node.input[1]}/transposed"
+        if name not in inits:
+            inits[name] = numpy_helper.from_array(numpy_helper.to_array(inits[node.input[1]]).T.copy(), name)
+            model.graph.initializer.append(inits[name])
+        node.op_type, node.domain = "MatMul", ""
+        node.input[1] = name
+        del node.attribute[:]
+        done += 1
+    return done
+
+
+def checkpoint_file(recipe) -> Path:
+    """The GGUF file of `model.transformers.gguf` (a path or `module:function`)."""
+    from pipeline.errors import RecipeError
+
+    ref = getattr(recipe.model.transformers, "gguf", None) if recipe.model.transformers else None
+    if not ref:
+        raise RecipeError(f"{recipe.where}: precision.int4_source checkpoint needs a GGUF model "
+                          "(model.transformers.gguf)", "or use int4_source: requantize")
+    try:
+        from pipeline.model.gguf import resolve
+    except ImportError:  # a plain path where the GGUF model source is not installed
+        return Path(ref)
+    return resolve(ref, recipe.where)
+
+
 def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path, dict]:
+    if recipe.precision.int4_source == "checkpoint":
+        from pipeline.precision.checkpoint import from_checkpoint
+
+        model = onnx.load(str(src))
+        untransposed = untranspose_weights(model)
+        meta = {**from_checkpoint(model, checkpoint_file(recipe)), "untransposed_weights": untransposed}
+        if not meta["quantized_nodes"]:
+            raise StageFailed(f"precision.int4_source checkpoint: no MatMul weight of the graph is a "
+                              f"block-quantized tensor of {meta['checkpoint']}",
+                              "is the model the checkpoint's? (or use int4_source: requantize)")
+        out = workdir / "typed.onnx"
+        onnx.save(model, str(out))
+        return out, {"form": "MatMulNBits from the checkpoint's own blocks (Q4_1: 4-bit, float zero "
+                     "points; Q8_0: 8-bit)", "block_size": 32, "weight_only": True, **meta}
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     spec = recipe.precision
     op_types = [op for op in spec.op_types if op in ("MatMul", "Gemm")] or ["MatMul"]
     model = onnx.load(str(src))
+    untransposed = untranspose_weights(model)
     candidates = nodes.quantizable(model, op_types, weight_only=True)
     if not candidates:
         raise StageFailed(f"precision.mode int4: no {'/'.join(op_types)} node with a constant weight")
@@ -46,6 +105,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     blocked = [n for n in typed.graph.node if n.op_type == "DequantizeLinear"]
     return out, {
         "form": "DequantizeLinear int4, block-wise (opset 21) -> MatMul",
+        "source": "requantize",
+        "untransposed_weights": untransposed,
         "block_size": spec.block_size,
         "symmetric": True,
         "weight_only": True,

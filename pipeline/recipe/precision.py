@@ -91,6 +91,11 @@ class PrecisionSpec(Strict):
         "per-tensor activation range fails (a few tokens set it), in less of float's time.",
     )
     block_size: int = Field(32, ge=16, description="int4: weights per scale (a power of two).")
+    int4_source: Literal["requantize", "checkpoint"] = Field(
+        "requantize", description="int4: `requantize` quantizes the graph's float weights "
+        "(symmetric blocks of `block_size`); `checkpoint` carries a GGUF checkpoint's own Q4_1 "
+        "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32, "
+        "float zero points; ONNX Runtime only), so a quantized checkpoint is not quantized twice.")
     sensitivity: SensitivitySpec = Field(SensitivitySpec(), description="Per-node sensitivity.")
     require_effective_precision: float | None = Field(
         None, gt=0, le=1, description="Least share of MatMul/Gemm FLOPs that ONNX Runtime must run "
@@ -134,6 +139,9 @@ class PrecisionSpec(Strict):
         if self.fallback == "blockwise" and not (self.mode == "int8" and self.scheme == "dynamic"):
             raise ValueError("fallback blockwise applies to int8 with scheme dynamic (MatMulNBits "
                              "runs only in ONNX Runtime)")
+        if self.int4_source == "checkpoint" and (self.mode != "int4" or self.block_size != 32):
+            raise ValueError("int4_source checkpoint needs mode int4 with block_size 32 (the "
+                             "checkpoint's Q4_1 blocks are 32 weights)")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two (got {self.block_size})")
         return self

@@ -64,6 +64,9 @@ class ChatSpec(Strict):
 # in a KV cache (past keys/values in, presents out) and the model itself takes input_ids.
 # A new kind adds its line; what it measures lives in pipeline/workloads.
 KV_CACHE_GRAPH = {"forward": False, "generation": True}
+# How one request of each kind is served (pipeline/serving, pipeline/loadgen): `infer`, one
+# tensor feed in and its outputs back; `generate`, a prompt in and a stream of tokens back.
+SERVED_AS = {"forward": "infer", "generation": "generate"}
 
 
 class WorkloadSpec(Strict):
@@ -107,6 +110,11 @@ class WorkloadSpec(Strict):
     def kv_cache(self) -> bool:
         """The exported graph carries a KV cache around the model (KV_CACHE_GRAPH)."""
         return KV_CACHE_GRAPH[self.kind]
+
+    @property
+    def served_as(self) -> Literal["infer", "generate"]:
+        """The HTTP route one request of this kind takes when served (SERVED_AS)."""
+        return SERVED_AS[self.kind]
 
     def context_max(self) -> int:
         """The longest context any point reaches (prompt + generated tokens)."""

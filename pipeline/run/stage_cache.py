@@ -194,14 +194,15 @@ class StageCache:
         return Result(outputs, made.meta, cached=False, store=self.store, records=dict(made.records))
 
     def _from_twin(self, stage_id: str, key: str, workdir: Path) -> Produced | None:
-        """A sibling folder of this recipe (engines/<name>/, engines/<name>@<digest>/: its
-        --set variants) that recorded this very key: its outputs, verified against its own
-        manifest and copied into `workdir`, with its meta. A key holds everything the stage
-        depends on, so trying a --set value does not redo an export it cannot change. A
-        twin that does not verify is passed over (it is not this folder's to judge)."""
-        for folder in sorted(self.store.dir.parent.glob(f"{self.recipe.name}*")):
-            if folder == self.store.dir or folder.name.partition("@")[0] != self.recipe.name:
-                continue
+        """Another folder of the engines root that recorded this very key: its outputs, verified
+        against its own manifest and copied into `workdir`, with its meta. A key holds
+        everything the stage depends on (its recipe part, inputs' digests, model code, code,
+        versions, device part) and nothing of the recipe's name, so a --set variant
+        (engines/<name>@<digest>/) or another recipe on the same model and export (an INT4
+        recipe next to the FP32 one) copies an export it cannot change instead of redoing it.
+        This recipe's own folders are looked at first. A twin that does not verify is passed
+        over (it is not this folder's to judge)."""
+        for folder in twin_folders(self.store.dir, self.recipe.name):
             other = Store(folder.parent, folder.name)
             try:
                 record = other.manifest["stages"].get(stage_id)
@@ -211,7 +212,7 @@ class StageCache:
                 for name in record["outputs"]:
                     produced[name] = workdir / name
                     shutil.copyfile(other.verify(name).path, produced[name])
-            except (PipelineError, OSError):
+            except (PipelineError, OSError, KeyError, TypeError, AttributeError):
                 continue
             self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files reused")
             return Produced(produced, record["meta"])
@@ -237,6 +238,17 @@ class StageCache:
             kind, _, target = stage_id.partition(":")
             if target and kind in ("build", "validate") and target not in ids:
                 del stages[stage_id]
+
+
+def twin_folders(folder: Path, recipe_name: str) -> list[Path]:
+    """The other folders of `folder`'s engines root that hold a manifest: this recipe's own
+    (engines/<name>@<digest>/) first, then every other recipe's, each group by name."""
+    try:
+        others = [p for p in folder.parent.iterdir()
+                  if p != folder and p.is_dir() and not p.is_symlink() and (p / "manifest.json").is_file()]
+    except OSError:
+        return []
+    return sorted(others, key=lambda p: (p.name.partition("@")[0] != recipe_name, p.name))
 
 
 def _dumped(records: dict[str, Any], workdir: Path) -> dict[str, Path]:

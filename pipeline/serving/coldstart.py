@@ -25,7 +25,7 @@ PROBE_TOKENS = 4
 
 def probe(recipe) -> dict:
     """The first request's body: one sample, as the HTTP API takes it."""
-    if recipe.workload.kind == "generation":
+    if recipe.workload.served_as == "generate":
         high = int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else 256
         prompt = [int(t) for t in np.random.default_rng(0).integers(1, min(high, 256), 8)]
         return {"prompt_ids": prompt, "max_new_tokens": PROBE_TOKENS, "stream": False}
@@ -48,7 +48,7 @@ def post(url: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
 def first_request(server, recipe) -> tuple[dict, dict, float]:
     """(the probe, the answer, its round trip in ms); StageFailed when it is not a 200."""
     body = probe(recipe)
-    route = "generate" if recipe.workload.kind == "generation" else "infer"
+    route = recipe.workload.served_as
     start = time.perf_counter()
     status, answer = post(f"{server.url}/{route}", body)
     elapsed = (time.perf_counter() - start) * 1e3

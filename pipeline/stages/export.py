@@ -31,7 +31,15 @@ from pipeline.stages import Produced
 from pipeline.text import first_line
 
 NAME = "export"
-SECTIONS = ("model", "inputs", "outputs", "export", "data")
+SECTIONS = ("model", "inputs", "outputs", "export")
+
+
+def spec(recipe: Recipe) -> dict:
+    """The cache key's recipe part: of the data section only the seed (the example and parity
+    feeds are random), so recipes that differ in their validation or calibration data share
+    one export (the stage cache copies it from a folder that recorded the same key)."""
+    return {**recipe.section(*SECTIONS), "data_seed": recipe.data.seed,
+            "workload_kind": recipe.workload.kind}
 
 
 def enabled(recipe: Recipe) -> bool:
@@ -40,10 +48,6 @@ def enabled(recipe: Recipe) -> bool:
 
 def preflight(recipe: Recipe) -> None:
     """No user error of its own to find early: the model source is checked by models.check."""
-
-
-def spec(recipe: Recipe) -> dict:
-    return recipe.section(*SECTIONS)
 
 
 def summary(meta: dict) -> None:

@@ -23,10 +23,19 @@ from pipeline.stages import Produced
 from pipeline.text import speedup
 
 NAME = "optimize"
-SECTIONS = ("optimize", "inputs", "outputs", "data")
+SECTIONS = ("optimize", "inputs", "outputs")
 CHECK_POINTS = ("min", "opt", "max")
 # Enough to see a fusion's effect beyond noise on small models without slowing every run.
 DEFAULT_LATENCY = LatencySpec(warmup=20, iterations=200, min_seconds=0.25, block=20)
+NO_MATCH = "no match: the pass found nothing to rewrite (graph unchanged)"
+
+
+def spec(recipe: Recipe) -> dict:
+    """The cache key's recipe part: the check and timing feeds are random from the data seed
+    (and take the generation forms for a generation workload); the rest of `data` is not
+    read here, so recipes that differ only there share one optimized graph."""
+    return {**recipe.section(*SECTIONS), "data_seed": recipe.data.seed,
+            "workload_kind": recipe.workload.kind}
 
 
 def enabled(recipe: Recipe) -> bool:
@@ -37,16 +46,33 @@ def preflight(recipe: Recipe) -> None:
     """No user error of its own to find early: its passes and options are checked by the recipe schema."""
 
 
-def spec(recipe: Recipe) -> dict:
-    return recipe.section(*SECTIONS)
+def check_feeds(recipe: Recipe) -> dict[str, data.Feed]:
+    """One feed per profile point, from a stream no other stage draws from.
 
-
-def check_feeds(recipe: Recipe) -> list[data.Feed]:
-    """One feed per profile point, from a stream no other stage draws from."""
+    A generation recipe's graph is run in two forms only: a prefill (empty past, any batch) or
+    a decode step (one token), and at batch 1 a turn that appends several tokens to a kept
+    context. A point that is none of these (batch > 1, several new tokens over a past) is
+    checked as its prefill and its decode step instead: ORT's GroupQueryAttention, like the
+    genai builder's graphs, refuses that form, and no runner feeds it."""
     import numpy as np
 
     rng = np.random.default_rng([recipe.data.seed, 97])
-    return [data.random_feed(recipe.inputs, point, rng) for point in CHECK_POINTS]
+    feeds = {point: data.random_feed(recipe.inputs, point, rng) for point in CHECK_POINTS}
+    if not recipe.workload.kv_cache:
+        return feeds
+    out = {}
+    for point, feed in feeds.items():
+        ids, mask = feed["input_ids"], feed["attention_mask"]
+        b, t = ids.shape
+        past = mask.shape[1] - t
+        if b == 1 or t == 1 or past == 0:
+            out[point] = feed
+            continue
+        pasts = {k: v for k, v in feed.items() if k not in ("input_ids", "attention_mask")}
+        out[f"{point}:prefill"] = {"input_ids": ids, "attention_mask": mask[:, :t],
+                                   **{k: v[:, :, :0] for k, v in pasts.items()}}
+        out[f"{point}:decode"] = {"input_ids": ids[:, :1], "attention_mask": mask[:, :past + 1], **pasts}
+    return out
 
 
 def _apply(name: str, model, options: dict):
@@ -72,32 +98,37 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
 
     spec = recipe.optimize
     exported = onnx.load(str(graph.path))
-    feeds = check_feeds(recipe)
+    named = check_feeds(recipe)
+    feeds = list(named.values())
     first_reference = reference = check.run(exported.SerializeToString(), feeds, recipe.outputs)
     current, records = exported, []
     for name in spec.passes:
         before = passes.histogram(current)
         candidate, info, error, seconds = _apply(name, current, spec.options.get(name, {}))
-        if error is None:
+        unchanged = error is None and candidate.SerializeToString() == current.SerializeToString()
+        if unchanged:  # found nothing to rewrite: said so, never "accepted" (nothing to check)
+            error = NO_MATCH
+        elif error is None:
             verdict = check.judge(candidate, feeds, recipe.outputs, reference,
                                   spec.tolerance.max_abs, spec.tolerance.cosine_min)
             error = verdict.reason
         after = passes.histogram(candidate) if candidate is not None else {}
         records.append({
             "name": name, "summary": passes.PASSES[name].summary,
-            "status": "accepted" if error is None else "rejected", "reason": error,
+            "status": "accepted" if error is None else "no match" if unchanged else "rejected",
+            "reason": error,
             "seconds": round(seconds, 3),
             "nodes_before": sum(before.values()), "nodes_after": sum(after.values()) if after else None,
             "ops_before": before, "ops_after": after or None,
             "fused": passes.fusions(before, after) if after else {},
             "bytes_before": current.ByteSize(),
             "bytes_after": candidate.ByteSize() if candidate is not None else None,
-            "check": verdict.accuracy if candidate is not None else {},
+            "check": verdict.accuracy if candidate is not None and not unchanged else {},
             "info": info,
         })
         if error is None:
             current, reference = candidate, verdict.outputs
-        elif spec.strict:
+        elif spec.strict and not unchanged:
             raise StageFailed(f"optimize: pass `{name}` rejected: {error}",
                               "remove the pass from optimize.passes, or set optimize.strict: false")
 
@@ -110,12 +141,13 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "passes": records,
         "accepted": accepted,
         "rejected": [r["name"] for r in records if r["status"] == "rejected"],
+        "no_match": [r["name"] for r in records if r["status"] == "no match"],
         "nodes_before": sum(ops_before.values()), "nodes_after": sum(ops_after.values()),
         "ops_before": ops_before, "ops_after": ops_after,
         "fused": passes.fusions(ops_before, ops_after),
         "bytes_before": exported.ByteSize(), "bytes_after": current.ByteSize(),
         "tolerance": spec.tolerance.model_dump(),
-        "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in zip(CHECK_POINTS, feeds)},
+        "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in named.items()},
         "drift_vs_export": {k: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for k, m in drift.items()},
         "latency": _latency(recipe, exported, current) if accepted else None,
     })
@@ -148,6 +180,8 @@ def summary(meta: dict) -> str:
     for r in meta["passes"]:
         if r["status"] == "rejected":
             line += f"; [yellow]rejected {r['name']}[/]: {escape(r['reason'])}"
+        elif r["status"] == "no match":
+            line += f"; {r['name']}: no match"
     lat = meta.get("latency")
     if lat:
         s = lat["speedup"]

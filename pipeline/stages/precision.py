@@ -39,6 +39,13 @@ def spec(recipe: Recipe) -> dict:
     data_spec = recipe.section("data")["data"]
     key["calibration"] = {"seed": data_spec["seed"], "calibration": data_spec["calibration"]}
     key["calibration_files"] = data.key(recipe, "calibration")
+    if recipe.precision.int4_source == "checkpoint":  # the blocks come from the file's content
+        import hashlib
+
+        from pipeline.precision.int4 import checkpoint_file
+
+        with open(checkpoint_file(recipe), "rb") as f:
+            key["checkpoint_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
     if recipe.precision.mode == "int8" and recipe.precision.weight_range == "auto":
         from pipeline.precision import isa
 

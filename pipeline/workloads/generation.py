@@ -24,7 +24,36 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
 
 
 def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
-    return validate.measure_engine(recipe, target, engine, base, workdir)
+    measured = validate.measure_engine(recipe, target, engine, base, workdir)
+    generation = measured.fields.get("generation") if measured.skipped is None else None
+    if generation and Path(engine.path).suffix == ".onnx":
+        generation["floor"] = decode_floor(recipe, Path(engine.path), generation)
+    return measured
+
+
+def decode_floor(recipe: Recipe, engine: Path, generation: dict) -> dict:
+    """`generation.floor`: bytes per decode step over measured bandwidth (pipeline/bench/floor.py)
+    at each batch-1 point's mean decode context, for the engine (its stored weights) and the
+    PyTorch baseline (the exported FP32 graph's weights, beside the engine)."""
+    from pipeline.bench import floor
+    from pipeline.metrics.generation import kv_bytes_per_token
+    from pipeline.recipe.workload import decoder_shape
+
+    layers, kv_heads, head_dim = decoder_shape(recipe.model)[:3]
+    per_token = kv_bytes_per_token(layers, kv_heads, head_dim)
+    spec = recipe.workload
+    contexts = {f"b1-p{p}": p + spec.new_tokens // 2 for p in spec.prompt_lengths}
+    if spec.long is not None:
+        contexts["long"] = spec.long.prompt + spec.long.new_tokens // 2
+    points = generation.get("points", {})
+    contexts = {k: v for k, v in contexts.items() if k in points}
+    out = floor.decode_floor(engine, per_token, contexts, {k: points[k]["tpot_ms"]["p50"] for k in contexts})
+    exported = engine.parent / "model.onnx"
+    if exported.is_file():
+        theirs = generation.get("baseline", {}).get("points", {})
+        out["baseline"] = floor.decode_floor(exported, per_token, contexts,
+                                             {k: theirs[k]["tpot_ms"]["p50"] for k in contexts if k in theirs})
+    return out
 
 
 def headlines(report: dict) -> list[str]:

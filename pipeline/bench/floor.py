@@ -1,0 +1,125 @@
+"""Decode against the hardware floor: the bytes one decode step must read over the memory bandwidth.
+
+At batch 1 a decode step reads every weight once (a GEMV per MatMul) and the whole KV cache
+of the context, and does little arithmetic on each byte, so on a CPU its time is bounded
+below by bytes / bandwidth. Put next to the measured TPOT, that says how far an engine is
+from what this machine allows, and why INT4 pays (it reads 1/8 of FP32's weight bytes) or
+does not (the floor moved but the engine stayed where its overheads are).
+
+- bandwidth: a streaming copy of a buffer much larger than the caches (numpy, one thread per
+  copy as numpy does; the best of several), in bytes moved (read + write) per second;
+  measured once per device identity (deps.device()) and cached under $PIPELINE_CACHE_DIR
+  (default ~/.cache/engine-pipeline), since it is a property of the machine.
+- bytes per step: the engine graph's initializers in their stored precision (int4 blocks,
+  scales and zero points as stored), each read once, except a table read only by Gather (the
+  token embedding reads one row per token); plus the KV cache at that context
+  (kv bytes per token x context), read by attention.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from pipeline import deps
+
+COPY_MB = 256  # >> any last-level cache here; 2 x 256 MB live while measuring
+REPEATS = 5
+
+
+def _cache_file() -> Path:
+    root = os.environ.get("PIPELINE_CACHE_DIR") or Path.home() / ".cache" / "engine-pipeline"
+    return Path(root) / "bandwidth.json"
+
+
+def measure_bandwidth(megabytes: int = COPY_MB, repeats: int = REPEATS) -> float:
+    """Bytes per second of a streaming copy (read + write counted), best of `repeats`."""
+    import numpy as np
+
+    src = np.ones(megabytes * 2**20 // 8, np.float64)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch every page first: no page faults in the timed copies
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.nbytes / best
+
+
+def bandwidth() -> dict:
+    """{bytes_per_s, method, measured, device}: cached per device identity (one measurement)."""
+    identity = json.dumps(deps.device(), sort_keys=True)
+    path = _cache_file()
+    try:
+        cached = json.loads(path.read_text())
+        if isinstance(cached, dict) and identity in cached and cached[identity]["bytes_per_s"] > 0:
+            return cached[identity]
+    except (OSError, ValueError, KeyError, TypeError):
+        cached = {}
+    entry = {"bytes_per_s": measure_bandwidth(),
+             "method": f"numpy streaming copy of {COPY_MB} MiB, best of {REPEATS}, read + write bytes",
+             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), identity: entry}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only home: measured again next time
+    return entry
+
+
+def weight_bytes(onnx_path: Path) -> dict:
+    """{total, gathered_only, by_dtype}: initializer bytes a decode step reads. A table only a
+    Gather reads (the embedding) counts one row (the token's), not its whole size."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    graph = model.graph
+    readers: dict[str, set[str]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, set()).add(node.op_type)
+    total, gathered, by_dtype = 0, 0, {}
+    for init in graph.initializer:
+        bits = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4}.get(init.data_type)
+        if bits is None:
+            bits = 8 * np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
+        count = int(np.prod(init.dims)) if init.dims else 1
+        size = (count * bits + 7) // 8
+        if readers.get(init.name) == {"Gather"} and len(init.dims) == 2:
+            gathered += size
+            size //= max(int(init.dims[0]), 1)  # one row per token
+        total += size
+        name = helper.tensor_dtype_to_string(init.data_type).removeprefix("TensorProto.").lower()
+        by_dtype[name] = by_dtype.get(name, 0) + size
+    return {"total": total, "gather_tables": gathered, "by_dtype": by_dtype}
+
+
+def decode_floor(onnx_path: Path, kv_bytes_per_token: int, contexts: dict[str, int],
+                 tpot_ms: dict[str, float] | None = None) -> dict:
+    """The generation section's `floor`: per point (its context), bytes per decode step, the
+    floor in ms at the measured bandwidth, and the measured TPOT over it where given."""
+    bw = bandwidth()
+    weights = weight_bytes(onnx_path)
+    # Bytes a decode step *reads*; a copy moves each byte twice (read + write), so the
+    # copy's rate is the read rate a GEMV can reach, at best.
+    rate = bw["bytes_per_s"]
+    points = {}
+    for name, context in contexts.items():
+        step = weights["total"] + kv_bytes_per_token * context
+        floor_ms = step / rate * 1e3
+        entry = {"context": context, "bytes": step, "floor_ms": floor_ms}
+        if tpot_ms and tpot_ms.get(name):
+            entry["tpot_ms"] = tpot_ms[name]
+            entry["tpot_over_floor"] = tpot_ms[name] / floor_ms
+        points[name] = entry
+    return {"bandwidth_gb_s": rate / 1e9, "bandwidth_method": bw["method"], "bandwidth_measured": bw["measured"],
+            "weights_bytes": weights["total"], "weights_by_dtype": weights["by_dtype"],
+            "gather_table_bytes": weights["gather_tables"], "kv_bytes_per_token": kv_bytes_per_token,
+            "points": points}

@@ -1,0 +1,133 @@
+"""INT4 from a GGUF checkpoint's own blocks (pipeline/precision/checkpoint.py): Q4_1 and Q8_0
+tensors carried into MatMulNBits, every MatMul weight found by content (transposed, packed,
+row-permuted), checked by ONNX Runtime against the graph's float weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf", reason="the gguf package reads GGUF checkpoints (pip install gguf)")
+
+K = 64
+
+
+def _checkpoint(path, tensors: dict[str, tuple[np.ndarray, str]]) -> dict[str, np.ndarray]:
+    """Write a GGUF of block-quantized tensors; returns each one de-quantized (the baseline's floats)."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFWriter, quants
+
+    writer = GGUFWriter(str(path), "llama")
+    floats = {}
+    for name, (w, kind) in tensors.items():
+        raw = quants.quantize(w, getattr(Q, kind))
+        writer.add_tensor(name, raw, raw_dtype=getattr(Q, kind))
+        floats[name] = quants.dequantize(raw, getattr(Q, kind)).astype(np.float32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return floats
+
+
+def _graph(weights: dict[str, np.ndarray]):
+    """x [1, K] -> one MatMul per weight [K, N] -> outputs y_<name>."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("MatMul", ["x", f"w_{n}"], [f"y_{n}"], name=f"mm_{n}") for n in weights]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, K])],
+        [helper.make_tensor_value_info(f"y_{n}", TensorProto.FLOAT, None) for n in weights],
+        [numpy_helper.from_array(w, f"w_{n}") for n, w in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _run(model, x):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {"x": x})))
+
+
+def test_checkpoint_blocks_become_matmulnbits_with_the_baselines_weights(tmp_path):
+    from pipeline.precision.checkpoint import from_checkpoint
+
+    rng = np.random.default_rng(0)
+    raw = {"blk.0.attn_q.weight": (rng.standard_normal((48, K)).astype(np.float32), "Q4_1"),
+           "blk.0.attn_k.weight": (rng.standard_normal((16, K)).astype(np.float32), "Q4_1"),
+           "token_embd.weight": (rng.standard_normal((40, K)).astype(np.float32), "Q8_0")}
+    floats = _checkpoint(tmp_path / "m.gguf", raw)
+    q, k = floats["blk.0.attn_q.weight"], floats["blk.0.attn_k.weight"]
+    weights = {
+        "packed": np.concatenate([q[::-1].T, k.T], axis=1),  # q|k packed, q's rows permuted
+        "head": floats["token_embd.weight"].T,  # the tied LM head: Q8_0
+        "other": rng.standard_normal((K, 8)).astype(np.float32),  # not in the checkpoint
+    }
+    model = _graph(weights)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    want = _run(model, x)
+    # accuracy_level 0: float activations, so the outputs show the weights alone (engines use
+    # 4, int8 activations per block, as ORT's fusion of the requantize route does)
+    meta = from_checkpoint(model, tmp_path / "m.gguf", accuracy_level=0)
+    assert meta["quantized_nodes"] == 2 and meta["by_block_type"] == {"q4_1": 1, "q8_0": 1}
+    assert meta["left_float"] == ["mm_other"]
+    ops = {n.name: n for n in model.graph.node}
+    assert ops["mm_packed_Q4"].op_type == "MatMulNBits" and ops["mm_head_Q8"].op_type == "MatMulNBits"
+    # ONNX Runtime's own de-quantization equals the baseline's floats to float rounding: the
+    # zero point -m/d is a float, so (q - zp) * d can differ from d * q + m in the last bit
+    assert meta["weights_vs_baseline"]["max_abs"] < 1e-6
+    assert meta["weights_vs_baseline"]["bit_exact_share"] > 0.8
+    got = _run(model, x)
+    for name in weights:
+        assert np.abs(got[f"y_{name}"] - want[f"y_{name}"]).max() < 1e-5 * np.abs(want[f"y_{name}"]).max()
+    # a second symmetric quantization (the requantize route) moves the weights by far more
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    again = _graph(weights)
+    requantized = MatMulNBitsQuantizer(again, block_size=32, is_symmetric=True)
+    requantized.process()
+    moved = np.abs(_run(requantized.model.model, x)["y_packed"] - want["y_packed"]).max()
+    assert moved > 100 * max(np.abs(got["y_packed"] - want["y_packed"]).max(), 1e-7)
+
+
+def test_a_graph_that_is_not_the_checkpoints_is_left_float(tmp_path):
+    from pipeline.precision.checkpoint import from_checkpoint
+
+    rng = np.random.default_rng(1)
+    _checkpoint(tmp_path / "m.gguf", {"blk.0.ffn_up.weight": (rng.standard_normal((32, K)).astype(np.float32), "Q4_1")})
+    model = _graph({"w": rng.standard_normal((K, 32)).astype(np.float32)})
+    meta = from_checkpoint(model, tmp_path / "m.gguf")
+    assert meta["quantized_nodes"] == 0 and meta["left_float"] == ["mm_w"]
+    assert [n.op_type for n in model.graph.node] == ["MatMul"]
+
+
+def test_recipe_asks_for_int4_block_32():
+    from pydantic import ValidationError
+
+    from pipeline.recipe.precision import PrecisionSpec
+
+    assert PrecisionSpec(mode="int4", int4_source="checkpoint").int4_source == "checkpoint"
+    for bad in ({"mode": "int8", "int4_source": "checkpoint"},
+                {"mode": "int4", "block_size": 64, "int4_source": "checkpoint"}):
+        with pytest.raises(ValidationError, match="block_size 32"):
+            PrecisionSpec(**bad)
+
+
+def test_a_transposed_tied_head_becomes_a_quantizable_matmul():
+    """FusedMatMul(x, E, transB=1) (ort_fusions' form of a tied LM head) -> MatMul(x, E^T)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.precision.int4 import untranspose_weights
+
+    rng = np.random.default_rng(2)
+    emb = rng.standard_normal((40, K)).astype(np.float32)
+    node = helper.make_node("FusedMatMul", ["x", "emb"], ["y"], domain="com.microsoft", transB=1, alpha=1.0)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, K])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(emb, "emb")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    want = _run(model, x)["y"]
+    assert untranspose_weights(model) == 1
+    assert [(n.op_type, n.domain) for n in model.graph.node] == [("MatMul", "")]
+    assert np.allclose(_run(model, x)["y"], want, atol=1e-5)

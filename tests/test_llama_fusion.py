@@ -1,0 +1,110 @@
+"""A transformers Llama (grouped-query attention, random weights) through the optimize stage:
+repeat_kv dropped and the cache folded into Attention, then ORT's GroupQueryAttention (rotary
+inside, packed q|k|v) and SkipSimplifiedLayerNormalization, each pass checked against its
+input graph; a pass that finds nothing says "no match"."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import Project
+
+LAYERS = 2
+RECIPE = f"""description: tiny Llama, GQA 4/2, random weights
+model:
+  transformers:
+    config: {{model_type: llama, vocab_size: 256, hidden_size: 64, intermediate_size: 128,
+             num_hidden_layers: {LAYERS}, num_attention_heads: 4, num_key_value_heads: 2,
+             max_position_embeddings: 512, bos_token_id: 1, eos_token_id: 2}}
+    seed: 0
+    task: logits
+inputs:
+  - name: input_ids
+    dtype: int64
+    shape:
+      - {{name: batch, min: 1, opt: 1, max: 2}}
+      - {{name: sequence, min: 1, opt: 8, max: 16}}
+    range: [0, 256]
+outputs: [logits]
+export: {{parity: {{max_abs: 1.0e-3, cosine_min: 0.9999}}}}
+optimize:
+  # the second attention_with_past finds nothing left to fold: "no match", not "accepted"
+  passes: [fold_constants, attention_with_past, attention_with_past, ort_fusions, pack_matmuls,
+           group_query_attention]
+  options: {{group_query_attention: {{max_positions: 512}}}}
+data: {{calibration: null}}
+targets: [{{kind: onnxruntime}}]
+workload:
+  kind: generation
+  prompt_lengths: [8]
+  new_tokens: 4
+  batch_sizes: [1]
+  task: [{{prompt: 6, new_tokens: 3}}]
+"""
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def optimized(tmp_path_factory) -> tuple[dict, Project]:
+    proj = Project(tmp_path_factory.mktemp("llama"))
+    proj.write("recipes/tiny-llama.yaml", RECIPE)
+    res = proj.run("optimize", "tiny-llama")
+    assert res.code == 0, res.err
+    manifest = json.loads((proj.engines / "tiny-llama" / "manifest.json").read_text())
+    return manifest["stages"]["optimize"]["meta"], proj
+
+
+def test_repeated_kv_heads_are_dropped_and_the_cache_folds(optimized):
+    meta, _ = optimized
+    fold, again = meta["passes"][1], meta["passes"][2]
+    assert fold["status"] == "accepted"
+    assert fold["info"]["attention_with_past"] == LAYERS and fold["info"]["kv_heads_ungrouped"] == 2 * LAYERS
+    # the Unsqueeze/Expand/Reshape repetition of K and V and the cache's Concat are gone
+    assert fold["ops_before"]["Expand"] - fold["ops_after"].get("Expand", 0) == 2 * LAYERS
+    assert fold["ops_before"]["Concat"] - fold["ops_after"].get("Concat", 0) >= 2 * LAYERS
+    assert max(m["max_abs"] for m in fold["check"].values()) < 1e-4
+    assert again["status"] == "no match" and again["nodes_before"] == again["nodes_after"]
+    assert meta["no_match"] == ["attention_with_past"] and "attention_with_past" in meta["accepted"]
+
+
+def test_attention_rotary_and_norms_fuse_like_the_genai_builder(optimized):
+    meta, _ = optimized
+    gqa = meta["passes"][-1]
+    assert gqa["status"] == "accepted", gqa["reason"]
+    assert gqa["info"]["group_query_attention"] == LAYERS and gqa["info"]["packed_qkv"] == LAYERS
+    ops = meta["ops_after"]
+    assert ops["GroupQueryAttention"] == LAYERS and ops["SkipSimplifiedLayerNormalization"] == 2 * LAYERS
+    for gone in ("Attention", "RotaryEmbedding", "Transpose", "Expand", "RMSNormalization"):
+        assert gone not in ops, gone
+    # per layer: 2 skip norms, q|k|v, o, gate|up and down MatMuls, GQA, Split, SiLU (2), Mul
+    assert meta["nodes_after"] <= 11 * LAYERS + 10 < meta["nodes_before"]
+    # checked on prefill and decode at batch 2 (the form a runner feeds), within 1e-4
+    assert {"max:prefill", "max:decode"} <= set(meta["check_feeds"])
+    assert max(m["max_abs"] for m in gqa["check"].values()) < 1e-4
+
+
+def test_fused_graph_generates_what_the_exported_one_does(optimized):
+    """Prefill then three decode steps, each fed its own presents: same logits as the export."""
+    import onnxruntime as ort
+
+    _, proj = optimized
+    folder = proj.engines / "tiny-llama"
+    sessions = [ort.InferenceSession(str(folder / name), providers=["CPUExecutionProvider"])
+                for name in ("model.onnx", "optimized.onnx")]
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, (1, 9))
+    logits = []
+    for sess in sessions:
+        names = [i.name for i in sess.get_inputs()][2:]
+        past = {n: np.zeros((1, 2, 0, 16), np.float32) for n in names}
+        out_all, lo = [], 0
+        for hi in (6, 7, 8, 9):
+            out = sess.run(None, {"input_ids": ids[:, lo:hi], "attention_mask": np.ones((1, hi), np.int64), **past})
+            out_all.append(out[0][:, -1])
+            past, lo = dict(zip(names, out[1:])), hi
+        logits.append(np.concatenate(out_all))
+    assert np.abs(logits[0] - logits[1]).max() < 1e-4
