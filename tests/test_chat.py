@@ -125,6 +125,29 @@ def test_a_score_gate_needs_the_chat_workload(project: Project):
     assert "expect.max_answer_accuracy_loss" in res.error_lines[0] and "workload.chat" in res.error_lines[0]
 
 
+def test_a_gguf_reference_chooses_code_so_a_folder_may_not_set_it():
+    """`model.transformers.gguf: module:function` imports and calls that function: a folder's
+    recorded --set values must not name one (recipe/code_keys.py)."""
+    from pipeline.recipe.code_keys import naming_code
+
+    assert naming_code(["model.transformers.gguf=os:getcwd",
+                        "model={transformers: {gguf: 'os:getcwd'}}",
+                        "model.transformers.prune_ffn=0.2"]) == [
+        "model.transformers.gguf=os:getcwd", "model={transformers: {gguf: 'os:getcwd'}}"]
+
+
+def test_a_gguf_function_that_exits_is_a_recipe_error(tmp_path, monkeypatch):
+    """The `module:function` of model.transformers.gguf runs under exits_refused: its
+    sys.exit is one RecipeError naming the reference, never the pipeline's own exit."""
+    from pipeline.errors import RecipeError
+    from pipeline.model.gguf import resolve
+
+    (tmp_path / "exits_here.py").write_text("import sys\n\ndef path():\n    sys.exit(0)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(RecipeError, match=r"model.transformers.gguf `exits_here:path`.*sys.exit\(0\)"):
+        resolve("exits_here:path", "r.yaml")
+
+
 def test_genai_config_names_the_engine_and_stops_at_the_models_eos():
     """Defect 1: it named model.onnx (the raw export), min_length = max_length, bos/pad 0."""
     from pipeline.generation.validate import deployed_config
