@@ -14,6 +14,7 @@ import click
 
 from pipeline import __version__
 from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
+from pipeline.commands.generate import generate_command
 from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.errors import PipelineError
 from pipeline.errors import RecipeError as PipelineRecipeError
@@ -333,7 +334,7 @@ def _fail(message: str, code: int, debug: bool) -> None:
     sys.exit(code)
 
 INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
-cli.add_command(__import__("pipeline.commands.generate", fromlist=["generate_command"]).generate_command)
+cli.add_command(generate_command)
 
 
 def main(argv: list[str] | None = None) -> None:

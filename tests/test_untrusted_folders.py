@@ -300,6 +300,10 @@ PLAIN_WRITERS = {
     "fleet/transfer.py": "a folder it makes new (mkdir), renamed into place whole",
     "fleet/worker.py": "the job's own TemporaryDirectory",
     "model/gguf.py": "the conversion's own mkdtemp folder, renamed into place whole",
+    "precision/int4.py": "onnx.save", "loadgen/artifact.py": "the work folder",
+    "serving/coldstart.py": "the work folder", "serving/http_api.py": "np.savez into a BytesIO",
+    "loadgen/plots.py": "savefig into the load run's own mkdtemp folder",
+    "loadgen/server.py": "the serve log in the load run's own mkdtemp folder",
 }
 
 

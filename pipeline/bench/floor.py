@@ -63,10 +63,12 @@ def bandwidth() -> dict:
              "method": f"numpy streaming copy of {COPY_MB} MiB, best of {REPEATS}, read + write bytes",
              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
+        from pipeline.store import safe_files
+
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({**(cached if isinstance(cached, dict) else {}), identity: entry}))
-        tmp.replace(path)
+        # an exclusive temp under a random name, renamed into place: no fixed name to plant
+        safe_files.write_atomic(path, json.dumps({**(cached if isinstance(cached, dict) else {}),
+                                                  identity: entry}))
     except OSError:
         pass  # a read-only home: measured again next time
     return entry

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from pipeline.cli_options import debug_option, engines_dir_option
 from pipeline.errors import DependencyError, InputError
 
 
@@ -27,9 +28,8 @@ from pipeline.errors import DependencyError, InputError
 @click.option("--raw", is_flag=True, help="Feed the text as is, without the chat template.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
               help="The --set values the engine was built with.")
-@click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path),
-              default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"), show_default="engines",
-              help="Where the engines/<recipe>/ folders are (env PIPELINE_ENGINES).")
+@engines_dir_option()
+@debug_option
 def generate_command(recipe, prompt, interactive, max_tokens, raw, overrides, engines_dir):
     """Generate with RECIPE's built engine through onnxruntime-genai (chat template, greedy)."""
     from pipeline.store import folder_names as folders
@@ -37,7 +37,7 @@ def generate_command(recipe, prompt, interactive, max_tokens, raw, overrides, en
     if (prompt is None) == (not interactive):
         raise click.UsageError("give --prompt TEXT or --chat")
     r = folders.load(recipe, tuple(overrides), Path(engines_dir))
-    if r.workload.kind != "generation":
+    if r.workload.served_as != "generate":
         raise InputError(f"{r.where}: `generate` needs a generation recipe (workload.kind: "
                          f"generation), not {r.workload.kind}")
     folder = Path(engines_dir) / folders.folder_name(r)

@@ -341,7 +341,8 @@ def _optimize_markdown(opt: dict | None) -> list[str]:
              "|---|---|---|---|---|---|---|"]
     for p in opt["passes"]:
         diff = max((m["max_abs"] for m in p["check"].values()), default=None)
-        result = "accepted" if p["status"] == "accepted" else f"**rejected**: {p['reason']}"
+        result = (p["status"] if p["status"] in ("accepted", "no match")  # no match: graph unchanged
+                  else f"**rejected**: {p['reason']}")
         after = p["nodes_after"] if p["nodes_after"] is not None else "—"
         size = f"{p['bytes_before']:,} -> {p['bytes_after']:,}" if p["bytes_after"] else "—"
         lines.append(f"| {p['name']} | {result.replace('|', '/')} | {p['nodes_before']} -> {after} | "
