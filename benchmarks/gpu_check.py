@@ -35,6 +35,7 @@ import numpy as np
 
 from pipeline import backends, deps
 from pipeline import recipe as recipe_mod
+from pipeline.artifacts import dump
 from pipeline.bench import stats, timing
 from pipeline.metrics.accuracy import compare
 from pipeline.model import sources as models
@@ -142,8 +143,9 @@ def check_recipe(name: str, engines_dir: Path, entry: dict, save, *, device: str
     engine = None
     if recipe.targets:
         outcome = Run(recipe, engines_dir).execute("report")
-        entry["engines"] = outcome.report["engines"]
-        entry["baseline"] = outcome.report["baseline"]
+        report = dump(outcome.report)  # the Report model as report.json holds it
+        entry["engines"] = report["engines"]
+        entry["baseline"] = report["baseline"]
         if aoti is not None:
             engine = outcome.store.dir / build.engine_name(aoti)
         save()

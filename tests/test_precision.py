@@ -324,11 +324,15 @@ def test_precision_cross_checks_fail_at_load(project, overrides, expected):
     assert result.code == 2 and expected in result.err and project.snapshot() == {}
 
 
-def test_quantize_command_is_listed():
+def test_precision_command_is_listed_and_quantize_is_its_alias():
+    """One name in --help (`precision`); `quantize`, the old name, still runs it."""
     import subprocess
 
     from tests.conftest import ROOT
 
-    proc = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True,
-                          text=True, cwd=ROOT)
-    assert "quantize" in proc.stdout and "precision" in proc.stdout
+    listed = subprocess.run([sys.executable, "-m", "pipeline", "--help"], capture_output=True,
+                            text=True, cwd=ROOT)
+    alias = subprocess.run([sys.executable, "-m", "pipeline", "quantize", "--help"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert "precision" in listed.stdout and " quantize " not in listed.stdout
+    assert alias.returncode == 0 and "Usage: pipeline quantize" in alias.stdout
