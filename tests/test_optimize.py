@@ -262,6 +262,11 @@ BUILT_ELSEWHERE = {
              "flash-int4 cover the precisions"
        for name in ("standard-gen", "standard-gen-int8", "standard-gen-int4", "flash-gen",
                     "lm-gen", "lm-gen-int8", "lm-gen-int4")},
+    **{f"smollm2-{p}": "the real 135M chat model: an export takes 5-25 min on 2 cores and a "
+                       "5,120-token point much longer; tests/test_chat_smollm2.py loads it once "
+                       "and tests/test_chat.py builds the chat workload end to end on the byte LM "
+                       "(figures: benchmarks/results/smollm2-*)"
+       for p in ("fp32", "int8", "int4", "flash", "long")},
 }
 
 
