@@ -35,16 +35,9 @@ from rich.console import Console
 from pipeline import deps
 from pipeline.fleet import kinds, run
 from pipeline.fleet.summary import compare_table, table
+from tests.test_fleet import _children  # a process's children, from /proc
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            found += [int(c) for c in (task / "children").read_text().split()]
-    return found
 
 
 def _killer(target: str, after_s: float, log: list[str]):

@@ -35,11 +35,12 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tests.conftest import FAST, STANDARD, Project  # noqa: E402
 from tests.test_fuzz_artifacts import (  # noqa: E402
-    EXIT_CODES,
     JSON_ARTIFACTS,
     VERSUS,
     _canary,
+    cli_problems,
     damaged_bytes,
+    damaged_project,
     read_planted,
 )
 
@@ -84,24 +85,8 @@ def through_cli(built: Path, count: int) -> dict:
         damaged = data.draw(damaged_bytes(originals[name]))
         seen["examples"] += 1
         root = Path(tempfile.mkdtemp(prefix="fuzzcli-"))
-        canary = root / "canary"
-        canary.mkdir()
-        (canary / "secret.txt").write_text("untouched\n")
-        before = _canary(canary)
-        proj = Project(root / "proj")
-        shutil.copytree(built, proj.engines)
-        folder = proj.engines / STANDARD
-        folder.joinpath(name).write_bytes(damaged)
-        if name != "manifest.json":
-            manifest = json.loads((folder / "manifest.json").read_text())
-            manifest["files"][name].update(sha256=hashlib.sha256(damaged).hexdigest(), bytes=len(damaged))
-            (folder / "manifest.json").write_text(json.dumps(manifest))
-        for args in (("verify", f"engines/{STANDARD}", "--files-only"),
-                     ("deploy", "standard", "--triton", str(proj.path / "models"), *FAST),
-                     ("run", "standard", *FAST)):
-            r = proj.run(*args, timeout=600)
-            if "Traceback" in r.err or r.code not in EXIT_CODES or (r.code != 0 and len(r.error_lines) != 1):
-                failures.append(f"{name} {args[0]}: exit {r.code}: {r.err[-300:]}")
+        proj, canary, before = damaged_project(root, built, name, damaged)
+        failures.extend(cli_problems(proj, name, timeout=600))
         if _canary(canary) != before:
             failures.append(f"{name}: the canary changed")
         shutil.rmtree(root, ignore_errors=True)

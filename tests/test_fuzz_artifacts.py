@@ -225,6 +225,37 @@ def _canary(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def damaged_project(root: Path, engines: Path, name: str, damaged: bytes) -> tuple[Project, Path, dict]:
+    """A project under root/proj holding a copy of `engines` whose recorded file `name` is
+    `damaged` (re-signed in the manifest unless it is the manifest), and a canary tree beside
+    it: (project, canary folder, the canary's digests before anything runs)."""
+    canary = root / "canary"
+    canary.mkdir()
+    (canary / "secret.txt").write_text("untouched\n")
+    proj = Project(root / "proj")
+    shutil.copytree(engines, proj.engines)
+    folder = proj.engines / STANDARD
+    (folder / name).write_bytes(damaged)
+    if name != "manifest.json":
+        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest["files"][name].update(sha256=hashlib.sha256(damaged).hexdigest(), bytes=len(damaged))
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    return proj, canary, _canary(canary)
+
+
+def cli_problems(proj: Project, name: str, timeout: float) -> list[str]:
+    """verify, deploy and run on the damaged folder: each traceback, exit code outside the
+    documented set, or failure that is not exactly one error line."""
+    problems = []
+    for args in (("verify", f"engines/{STANDARD}", "--files-only"),
+                 ("deploy", "standard", "--triton", str(proj.path / "models"), *FAST),
+                 ("run", "standard", *FAST)):
+        r = proj.run(*args, timeout=timeout)
+        if "Traceback" in r.err or r.code not in EXIT_CODES or (r.code != 0 and len(r.error_lines) != 1):
+            problems.append(f"{name} {args[0]}: exit {r.code}: {r.err[-300:]}")
+    return problems
+
+
 @settings(max_examples=3, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
@@ -234,27 +265,9 @@ def test_commands_on_damaged_bytes_exit_cleanly_and_write_nothing_outside(
     deploy and run exit with a documented code, one line, and touch nothing outside."""
     name = data.draw(st.sampled_from(["report.json", "validate-onnxruntime.json", "manifest.json"]))
     damaged = data.draw(damaged_bytes(raw_artifacts[name]))
-    root = tmp_path_factory.mktemp("fuzzbytes")
-    canary = root / "canary"
-    canary.mkdir()
-    (canary / "secret.txt").write_text("untouched\n")
-    before = _canary(canary)
-    proj = Project(root / "proj")
-    shutil.copytree(built_standard.engines, proj.engines)
-    folder = proj.engines / STANDARD
-    (folder / name).write_bytes(damaged)
-    if name != "manifest.json":
-        manifest = json.loads((folder / "manifest.json").read_text())
-        manifest["files"][name].update(sha256=hashlib.sha256(damaged).hexdigest(), bytes=len(damaged))
-        (folder / "manifest.json").write_text(json.dumps(manifest))
-    for args in (("verify", f"engines/{STANDARD}", "--files-only"),
-                 ("deploy", "standard", "--triton", str(proj.path / "models"), *FAST),
-                 ("run", "standard", *FAST)):
-        result = proj.run(*args, timeout=300)
-        assert "Traceback" not in result.err, (name, args, result.err)
-        assert result.code in EXIT_CODES, (name, args, result.code, result.err)
-        if result.code != 0:
-            assert len(result.error_lines) == 1, (name, args, result.err)
+    proj, canary, before = damaged_project(tmp_path_factory.mktemp("fuzzbytes"),
+                                           built_standard.engines, name, damaged)
+    assert cli_problems(proj, name, timeout=300) == []
     assert _canary(canary) == before
 
 
