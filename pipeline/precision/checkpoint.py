@@ -6,9 +6,17 @@ transformers de-quantizes them to float32 (the baseline's weights), and the requ
 (int4.py) quantizes those floats a second time, symmetric, losing up to half a step again.
 ONNX Runtime's MatMulNBits stores the same layout (block 32 along K per output column, one
 scale and one zero point per block: w = (q - zp) * scale), so the checkpoint's blocks can be
-carried over as they are: scale = d, zero point = -m/d (a float zero point, which MatMulNBits
-takes), the 4-bit values repacked from ggml's nibble order (byte j: q[j] | q[j+16] << 4) to
-MatMulNBits' (byte j: q[2j] | q[2j+1] << 4). Q8_0 blocks (int8 q, scale d: the token
+carried over as they are, the 4-bit values repacked from ggml's nibble order (byte j: q[j] |
+q[j+16] << 4) to MatMulNBits' (byte j: q[2j] | q[2j+1] << 4). Q4_1's minimum is not an
+integer zero point (-m/d), and ONNX Runtime 1.32's CPU kernels take float zero points only on
+a slow path (20-200x slower per MatMul, measured 2026-12-02), so a Q4_1 MatMul becomes
+MatMulNBits with scale d and zero point 0 plus the minimum's own term:
+
+    x @ W = x @ (d*q) + blocksum(x) @ M      blocksum(x) [.., K/32]: x summed per block of 32
+                                             M [K/32, N]: the blocks' minimums m
+
+one small float MatMul (1/32 of the FLOPs) whose block sums are shared by every MatMul reading
+the same x (Reshape [.., K/32, 32] + ReduceSum). Q8_0 blocks (int8 q, scale d: the token
 embedding, which the tied LM head reads) become 8-bit MatMulNBits with zero point 128.
 
 Which checkpoint tensor a MatMul's weight is: the exported graph names weights anonymously
@@ -31,7 +39,8 @@ BLOCK = 32
 
 
 def _blocks(tensor) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
-    """(kind, q [rows, nb, 32] uint8, scale [rows, nb] f32, zero point [rows, nb] f32 or uint8)."""
+    """(kind, q [rows, nb, 32] uint8, scale [rows, nb] f32, Q4_1's minimum [rows, nb] f32 or
+    Q8_0's zero point [rows, nb] uint8)."""
     from gguf import GGMLQuantizationType as Q
 
     raw = np.asarray(tensor.data)
@@ -41,10 +50,7 @@ def _blocks(tensor) -> tuple[str, np.ndarray, np.ndarray, np.ndarray] | None:
         d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
         m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
         q = np.concatenate([b[..., 4:] & 0x0F, b[..., 4:] >> 4], axis=-1)
-        # a block of equal weights (d = 0) is w = m: scale 1, zero point -m, q 0
-        scale = np.where(d != 0, d, 1).astype(np.float32)
-        zero = np.where(d != 0, -m / scale, -m).astype(np.float32)
-        return "q4_1", q.astype(np.uint8), scale, zero
+        return "q4_1", q.astype(np.uint8), d, m
     if tensor.tensor_type == Q.Q8_0:  # 34 bytes a block: d f16, 32 int8
         b = raw.reshape(rows, -1, 34)
         d = b[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
@@ -81,37 +87,90 @@ class CheckpointRows:
         return kind, q, scale, zero
 
 
-def _matmul_nbits(node, kind: str, q, scale, zero, k: int, n: int, accuracy_level: int):
-    """The MatMulNBits node and its initializers for one MatMul (A @ W, W [K, N])."""
+class BlockSums:
+    """blocksum(x) [.., K/32] for each MatMul input x: built once, read by every Q4_1 MatMul
+    of that input (q|k|v, gate|up)."""
+
+    def __init__(self, ranks: dict[str, int]):
+        self.ranks, self.made, self.nodes, self.inits = ranks, {}, [], []
+
+    def __call__(self, x: str, k: int) -> str | None:
+        """The name of x's block sums, or None when x's rank is unknown."""
+        from onnx import helper, numpy_helper
+
+        if x in self.made:
+            return self.made[x]
+        rank = self.ranks.get(x)
+        if rank is None:
+            return None
+        shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [k // BLOCK, BLOCK], np.int64), f"{x}/blocks_shape")
+        axis = numpy_helper.from_array(np.array([-1], np.int64), f"{x}/blocks_axis")
+        self.nodes += [helper.make_node("Reshape", [x, shape.name], [f"{x}/blocks"], name=f"{x}/blocks"),
+                       helper.make_node("ReduceSum", [f"{x}/blocks", axis.name], [f"{x}/block_sums"],
+                                        name=f"{x}/block_sums", keepdims=0)]
+        self.inits += [shape, axis]
+        self.made[x] = f"{x}/block_sums"
+        return self.made[x]
+
+
+def _matmul_nbits(node, kind: str, q, scale, extra, k: int, n: int, accuracy_level: int, sums: str | None):
+    """The nodes and initializers that replace one MatMul (A @ W, W [K, N]): MatMulNBits, and
+    for Q4_1 the minimum's term (`sums`: A's block sums) added to it."""
     from onnx import helper, numpy_helper
 
     bits = 4 if kind == "q4_1" else 8
+    base = node.output[0]
     if bits == 4:
         packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # [N, K/32, 16]
+        zero = np.zeros((n, (k // BLOCK + 1) // 2), np.uint8)  # 4-bit zero points 0, two a byte
     else:
-        packed = q  # [N, K/32, 32]
-    base = node.output[0]
+        packed, zero = q, extra  # [N, K/32, 32], zero point 128
     inits = [numpy_helper.from_array(packed, f"{base}/B_nbits"),
              numpy_helper.from_array(scale.reshape(-1).astype(np.float32), f"{base}/scales"),
-             numpy_helper.from_array(zero.reshape(-1), f"{base}/zero_points")]
-    new = helper.make_node("MatMulNBits", [node.input[0], *(i.name for i in inits)], list(node.output),
-                           name=f"{node.name or base}_Q{bits}", domain="com.microsoft", K=k, N=n,
-                           bits=bits, block_size=BLOCK, accuracy_level=accuracy_level)
-    return new, inits
+             numpy_helper.from_array(zero.reshape(n, -1), f"{base}/zero_points")]
+    out = f"{base}/scaled" if bits == 4 else base
+    nodes = [helper.make_node("MatMulNBits", [node.input[0], *(i.name for i in inits)], [out],
+                              name=f"{node.name or base}_Q{bits}", domain="com.microsoft", K=k, N=n,
+                              bits=bits, block_size=BLOCK, accuracy_level=accuracy_level)]
+    if bits == 4:  # + blocksum(A) [.., K/32] @ M [K/32, N]
+        inits.append(numpy_helper.from_array(np.ascontiguousarray(extra.T.astype(np.float32)), f"{base}/minimums"))
+        nodes += [helper.make_node("MatMul", [sums, f"{base}/minimums"], [f"{base}/offset"], name=f"{base}/offset"),
+                  helper.make_node("Add", [out, f"{base}/offset"], [base], name=f"{base}/add_offset")]
+    return nodes, inits
 
 
-def _dequantized(new, inits, k: int) -> np.ndarray:
-    """What ONNX Runtime multiplies with: the node run on the identity [K, K] -> [K, N]."""
+def _dequantized(nodes, inits, k: int) -> np.ndarray:
+    """What ONNX Runtime multiplies with: the replacement run on the identity [K, K] -> [K, N]."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
 
-    probe = helper.make_node(new.op_type, ["A", *new.input[1:]], ["Y"], domain=new.domain)
-    probe.attribute.extend(a for a in new.attribute if a.name != "accuracy_level")  # float path
-    graph = helper.make_graph([probe], "probe", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [k, k])],
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits)
+    sums = BlockSums({"A": 3})
+    renamed = {nodes[0].input[0]: "A", nodes[-1].output[0]: "Y"}
+    probe = []
+    for node in nodes:
+        node = helper.make_node(node.op_type, [renamed.get(i, i) for i in node.input],
+                                [renamed.get(o, o) for o in node.output], domain=node.domain,
+                                **{a.name: helper.get_attribute_value(a) for a in node.attribute
+                                   if a.name != "accuracy_level"})  # the float path
+        if node.op_type == "MatMul":
+            node.input[0] = sums("A", k)
+        probe.append(node)
+    graph = helper.make_graph([*sums.nodes, *probe], "probe",
+                              [helper.make_tensor_value_info("A", TensorProto.FLOAT, [1, k, k])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], [*inits, *sums.inits])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"A": np.eye(k, dtype=np.float32)})[0]
+    return sess.run(None, {"A": np.eye(k, dtype=np.float32)[None]})[0][0]
+
+
+def _ranks(model) -> dict[str, int]:
+    """The rank of every tensor whose shape ONNX's inference knows."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=False)
+    g = inferred.graph
+    return {v.name: len(v.type.tensor_type.shape.dim) for v in [*g.input, *g.value_info, *g.output]
+            if v.type.tensor_type.HasField("shape")}
 
 
 def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> dict:
@@ -121,6 +180,7 @@ def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> dict:
     rows = CheckpointRows(gguf_path)
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
+    sums = BlockSums(_ranks(model))
     kept, new_inits, done, left, worst, exact, total = [], [], [], [], 0.0, 0, 0
     for node in graph.node:
         weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
@@ -129,18 +189,21 @@ def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> dict:
             continue
         w = numpy_helper.to_array(weight).astype(np.float32)
         found = rows.columns(w)
-        if found is None:
-            left.append(node.name or node.output[0])
+        k, n = w.shape
+        made = len(sums.nodes)
+        block_sums = sums(node.input[0], k) if found is not None and found[0] == "q4_1" else None
+        if found is None or (found[0] == "q4_1" and block_sums is None):
+            left.append(node.name or node.output[0])  # not the checkpoint's, or x's rank unknown
             kept.append(node)
             continue
-        k, n = w.shape
-        new, parts = _matmul_nbits(node, *found, k, n, accuracy_level)
+        new, parts = _matmul_nbits(node, *found, k, n, accuracy_level, block_sums)
         got = _dequantized(new, parts, k)
         worst = max(worst, float(np.abs(got - w).max()))
         exact, total = exact + int((got == w).sum()), total + w.size
-        kept.append(new)
+        kept += [*sums.nodes[made:], *new]  # x's block sums first: the graph stays in order
         new_inits += parts
         done.append({"node": node.name or node.output[0], "blocks": found[0], "k": k, "n": n})
+    new_inits += sums.inits
     readers = {name for node in kept for name in node.input}
     live = [i for i in graph.initializer if i.name in readers]
     del graph.node[:]

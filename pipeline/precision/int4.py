@@ -80,8 +80,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
                               "is the model the checkpoint's? (or use int4_source: requantize)")
         out = workdir / "typed.onnx"
         onnx.save(model, str(out))
-        return out, {"form": "MatMulNBits from the checkpoint's own blocks (Q4_1: 4-bit, float zero "
-                     "points; Q8_0: 8-bit)", "block_size": 32, "weight_only": True, **meta}
+        return out, {"form": "MatMulNBits from the checkpoint's own blocks (Q4_1: 4-bit, scale d, "
+                     "plus the blocks' minimums as a block-sum MatMul; Q8_0: 8-bit)", "block_size": 32, "weight_only": True, **meta}
     from onnxruntime.quantization import QuantFormat
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
