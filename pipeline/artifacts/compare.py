@@ -50,6 +50,8 @@ class GenerationCompare(CompareBase):
     versus: list[dict[str, Any]]
     profiles: dict[str, Any]
     reports: dict[str, dict[str, float | None]]
+    long: dict[str, Any] | None = Field(None, description="workload.long: the long point's "
+                                        "{prompt, new_tokens, engines, versus}, timed like the task.")
     scores: dict[str, Any] = Field(default_factory=dict, description="workload.chat: each recipe's "
                                    "task score and its PyTorch baseline's, B-vs-A answer accuracy "
                                    "(generation/compare_score.py); {} without workload.chat.")

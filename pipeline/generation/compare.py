@@ -89,25 +89,28 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     shared = shared_targets(recipes, reports, _loop_runs)
     if not shared:
         raise RecipeError("compare: the recipes share no built engine that is an ONNX graph")
-    task = next(r for r in workload_requests(first) if r.kind == "task")
+    # the task (turns, short prompts) and, when the workload has one, the long point
+    points = [r for r in workload_requests(first) if r.kind in ("task", "long")]
     noise = first.validate_.latency.noise_threshold
-    engines, versus, profiles = {}, [], {}
+    engines, versus, profiles = {"task": {}, "long": {}}, {"task": [], "long": []}, {}
     for tid in shared:
         paths, runners = {}, {}
         for r in recipes:
             target = next(t for t in r.targets if t.id == tid)
             paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
             runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validate_.threads)
-        with progress.stage(f"compare: task on {tid}"):
-            traces = measure(runners, task, spec)
-        blocks = {k: _phase_blocks(v) for k, v in traces.items()}
-        for key, v in traces.items():
-            engines[key] = gm.summarize(task, v)
-        a = f"{first.name}/{tid}"
-        for other in recipes[1:]:
-            b = f"{other.name}/{tid}"
-            versus.append({"a": a, "b": b, **{phase: stats.compare(blocks[a][phase], blocks[b][phase], noise=noise)
-                                              for phase in ("task", "prefill", "decode")}})
+        for request in points:
+            with progress.stage(f"compare: {request.label} on {tid}"):
+                traces = measure(runners, request, spec)
+            blocks = {k: _phase_blocks(v) for k, v in traces.items()}
+            for key, v in traces.items():
+                engines[request.kind][key] = gm.summarize(request, v)
+            a = f"{first.name}/{tid}"
+            for other in recipes[1:]:
+                b = f"{other.name}/{tid}"
+                versus[request.kind].append({"a": a, "b": b, **{
+                    phase: stats.compare(blocks[a][phase], blocks[b][phase], noise=noise)
+                    for phase in ("task", "prefill", "decode")}})
         with progress.stage(f"compare: profiles of {tid}"):
             feeds = _profile_feeds(first, spec.context_max() - 1)
             profiles[tid] = {phase: {name: _categories(p) for name, p in profile.profile_sessions(
@@ -117,16 +120,22 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     result = GenerationCompare.model_validate({
         "schema": SCHEMA, "workload": "generation", "created": now(), "recipes": [r.name for r in recipes],
         "reference": first.name, "shared_targets": shared, "task": [t.model_dump() for t in spec.task],
-        "engines": engines, "versus": versus, "profiles": profiles,
+        "engines": engines["task"], "versus": versus["task"], "profiles": profiles,
+        "long": {"prompt": spec.long.prompt, "new_tokens": spec.long.new_tokens,
+                 "engines": engines["long"], "versus": versus["long"]} if spec.long else None,
         "scores": compare_score.scores([r.name for r in recipes], reports, shared),
         "reports": {r.name: {e["target"]: (e.get("generation") or {}).get("time_per_task_s")
                              for e in reports[r.name]["engines"]} for r in recipes},
-        "method": {"timing": f"the task ({len(spec.task)} turns) on each engine through the IOBinding "
-                             f"loop, {spec.warmup} warm-up, {spec.rounds} rounds taking turns in one "
-                             "process; ratio = B time / A time: " + stats.ratio_method(noise),
+        "method": {"timing": f"the task ({len(spec.task)} turns)"
+                             + (f" and the long point ({spec.long.prompt}-token prompt of held-out text)"
+                                if spec.long else "")
+                             + f" on each engine through the IOBinding loop, {spec.warmup} warm-up, "
+                             f"{spec.rounds} rounds taking turns in one process; ratio = B time / A "
+                             "time: " + stats.ratio_method(noise),
                    "profiles": "ONNX Runtime profiler per node, sessions taking turns, median of 20 "
                                "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
-                               "empty cache) and one decode feed (one token over the task's context)"},
+                               "empty cache) and one decode feed (one token over the workload's "
+                               "longest context)"},
     })
     written = dump(result)
     safe_files.write_atomic(folder / "compare-generation.json", json.dumps(written, indent=2) + "\n")
@@ -144,25 +153,33 @@ def _words(c: dict) -> str:
 
 
 def lines(result: dict) -> list[str]:
-    """The verdicts, one line each: time per task, then per phase."""
+    """The verdicts, one line each: time per task, then per phase; the long point's the same."""
     out = []
     for v in result["versus"]:
         out.append(f"{v['b']} vs {v['a']}: time per task {_words(v['task'])}; "
                    f"prefill {_words(v['prefill'])}; decode {_words(v['decode'])}")
+    long = result.get("long")
+    for v in (long or {}).get("versus", []):
+        out.append(f"{v['b']} vs {v['a']}, long point ({long['prompt']}-token prompt + "
+                   f"{long['new_tokens']}): whole request {_words(v['task'])}; prefill "
+                   f"{_words(v['prefill'])}; decode {_words(v['decode'])}")
     return out + compare_score.lines(result.get("scores") or {})
 
 
 def markdown(result: dict) -> str:
     md = [f"# Generation: {' vs '.join(result['recipes'])}", "", f"- created: {result['created']}",
           f"- timing: {result['method']['timing']}", f"- profiles: {result['method']['profiles']}", "",
-          "## Time per task (B time / A time; > 1: B is slower)", ""]
+          "## Time per task and at the long point (B time / A time; > 1: B is slower)", ""]
     md += [f"- {line}" for line in lines(result)]
     md += compare_score.markdown(result.get("scores") or {})
     md += ["", "| engine | time per task s | prefill s | decode s | TTFT p50 ms | TPOT p50 ms |",
            "|---|---|---|---|---|---|"]
-    for name, e in result["engines"].items():
-        md.append(f"| {name} | {e['time_s']:.4f} | {e['phases_s']['prefill']:.4f} | "
-                  f"{e['phases_s']['decode']:.4f} | {e['ttft_ms']['p50']:.3f} | {e['tpot_ms']['p50']:.3f} |")
+    long = result.get("long") or {}
+    for point, by_engine in (("task", result["engines"]), ("long", long.get("engines", {}))):
+        for name, e in by_engine.items():
+            label = name if point == "task" else f"{name}, long point"
+            md.append(f"| {label} | {e['time_s']:.4f} | {e['phases_s']['prefill']:.4f} | "
+                      f"{e['phases_s']['decode']:.4f} | {e['ttft_ms']['p50']:.3f} | {e['tpot_ms']['p50']:.3f} |")
     for tid, phases in result["profiles"].items():
         for phase, by_engine in phases.items():
             cats = sorted({c for p in by_engine.values() for c in p if c != "total_us"})

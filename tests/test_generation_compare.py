@@ -1,0 +1,38 @@
+"""`pipeline compare` of two generation recipes end to end (tiny GLM): time per task and at the
+long point, each phase with a verdict, and the op-category profiles (pipeline/generation/compare.py)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import Project
+from tests.test_generation import TINY
+
+# TINY's workload with a long point: the phases and verdicts of a long request are timed too
+LONG = tuple(a if a != "workload.long=null" else "workload.long={prompt: 24, new_tokens: 4, bins: 1}"
+             for a in TINY)
+
+
+def test_compare_times_the_task_and_the_long_point_with_verdicts(tmp_path):
+    proj = Project(tmp_path)
+    standard = proj.run("run", "standard-gen", "--target", "onnxruntime", *LONG)
+    assert standard.code == 0, standard.err
+    flash = proj.run("run", "flash-gen", "--target", "onnxruntime", *LONG, "--set", "optimize.options={}")
+    assert flash.code == 0, flash.err
+    res = proj.run("compare", proj.folder(standard).name, proj.folder(flash).name)  # <recipe>@<hash>
+    a, b = "standard-gen", "flash-gen"
+    assert res.code == 0, res.err
+    (folder,) = (proj.engines / "compare").iterdir()
+    result = json.loads((folder / "compare-generation.json").read_text())
+    assert result["long"]["prompt"] == 24 and result["long"]["new_tokens"] == 4
+    assert set(result["long"]["engines"]) == {f"{a}/onnxruntime", f"{b}/onnxruntime"}
+    for point in (result["versus"][0], result["long"]["versus"][0]):
+        for phase in ("task", "prefill", "decode"):
+            assert point[phase]["verdict"] in ("faster", "slower", "indistinguishable")
+            lo, hi = point[phase]["ci95"]
+            assert lo <= point[phase]["time_ratio"] <= hi
+    # a long request is longer than one turn of the task: its prompt alone is 24 tokens
+    assert result["long"]["engines"][f"{a}/onnxruntime"]["prompt_tokens"] == [24]
+    assert "long point (24-token prompt + 4)" in res.out
+    md = (folder / "compare-generation.md").read_text()
+    assert f"| {b}/onnxruntime, long point |" in md
