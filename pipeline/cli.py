@@ -217,7 +217,7 @@ def recipes_command(folder):
             r = recipe_mod.load(path)
             hf = r.model.transformers
             model = r.model.zoo or r.model.factory or (
-                f"transformers {(hf.config or {}).get('model_type') or hf.pretrained}")
+                f"transformers {(hf.config or {}).get('model_type') or hf.pretrained or f'GGUF {hf.gguf}'}")
             kw = ", ".join(f"{k}={v}" for k, v in r.model.kwargs.items() if k in ("size", "attention", "ffn_prune"))
             t.add_row(r.name, r.description, f"{model} ({kw})" if kw else model,
                       ", ".join(x.id for x in r.targets))

@@ -27,6 +27,8 @@ def test_recipes_lists_the_shipped_recipes(project):
     result = project.run("recipes")
     assert result.code == 0, result.err
     assert "standard" in result.out and "flash" in result.out and "block_sparse" in result.out
+    assert "transformers None" not in result.out  # a GGUF source names its checkpoint
+    assert "transformers GGUF" in result.out
 
 
 def test_run_writes_the_report_contract(built_standard):
