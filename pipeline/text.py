@@ -70,3 +70,20 @@ def time_ratio_speedup(time_ratio: float, ci95=None) -> str:
 
 def _interval(ci) -> str:
     return f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+
+
+def shapes(feed_shapes: dict[str, list[int]]) -> str:
+    """`name [dims]` per input; a run of inputs with one shape (a KV cache's 60 past tensors)
+    is one entry: `60 inputs past_key_values.0.key .. past_key_values.29.value [1, 3, 128, 64]`."""
+    runs: list[list] = []  # [first name, last name, count, shape]
+    for name, dims in feed_shapes.items():
+        if runs and runs[-1][3] == list(dims):
+            runs[-1][1], runs[-1][2] = name, runs[-1][2] + 1
+        else:
+            runs.append([name, name, 1, list(dims)])
+    def entry(first: str, last: str, count: int, dims: list[int]) -> str:
+        if count == 1:
+            return f"{first} {dims}"
+        return f"{first}, {last} {dims}" if count == 2 else f"{count} inputs {first} .. {last} {dims}"
+
+    return ", ".join(entry(*run) for run in runs)

@@ -5,6 +5,7 @@ Rendered from report.json alone, like the rest of the report.
 
 from __future__ import annotations
 
+from pipeline import text
 from pipeline.text import fmt
 
 
@@ -67,7 +68,7 @@ def markdown(p: dict) -> list[str]:
         cost = sens.get("speed_cost")
         if cost:
             lines += ["", f"Time each node kept out of the integer kernels costs ({cost['method']}; "
-                      f"{cost['feed_shapes']}): {fmt(cost['total_ms'], '.3f')} ms in all.", "",
+                      f"{text.shapes(cost['feed_shapes'])}): {fmt(cost['total_ms'], '.3f')} ms in all.", "",
                       "| node | runs as | ms | as integer ms (est.) | cost ms |", "|---|---|---|---|---|"]
             for r in cost["nodes"]:
                 lines.append(f"| `{r['node']}` | {r.get('op') or '—'} | {fmt(r['kept_ms'], '.4f')} | "
@@ -86,7 +87,7 @@ def effective_markdown(e: dict) -> list[str]:
     lines = ["", f"Effective precision (ONNX Runtime, after its graph optimization): "
              f"**{e['integer_share']:.1%}** {scope} "
              f"(integer {m['integer']:g}, fake-quantized float {m['fake_quantized']:g}, float "
-             f"{m['float']:g}{attention} MFLOP per request at {e['feed_shapes']}); by kernel: "
+             f"{m['float']:g}{attention} MFLOP per request at {text.shapes(e['feed_shapes'])}); by kernel: "
              + ", ".join(f"{k} {v:g}" for k, v in e["by_op_mflops"].items()) + "."]
     nbits = e.get("matmulnbits")
     if nbits:
