@@ -85,17 +85,22 @@ class _Hungry:
 
 
 def test_memory_is_measured_per_runner():
-    """Defect 6: both runners showed the same process peak with no growth."""
+    """Defect 6: both runners showed the same process peak with no growth, one a 0 MB load:
+    each runner is now made in a process of its own, so its load and peak are its own."""
     from pipeline.generation import memory
     from pipeline.generation.workload import Request
 
     request = Request("p", "point", 1, ((np.zeros((1, 4), np.int64), 3),))
-    small, big = _Hungry(16), _Hungry(96)
-    peaks = memory.peaks({"small": small, "big": big}, request)
-    assert 12 << 20 <= peaks["small"]["growth_bytes"] < 48 << 20
-    assert peaks["big"]["growth_bytes"] >= 90 << 20
-    runner, loaded = memory.load(lambda: _Hungry(64), memory.first_token(100))
-    assert loaded >= 60 << 20  # what the first token made resident counts as loading
+    figures = memory.isolated({"small": (_Hungry, (16,)), "big": (_Hungry, (96,))},
+                              memory.first_token(100), request)
+    small, big = figures["small"], figures["big"]
+    # the first token touched the runner's buffer: that is its load
+    assert 12 << 20 <= small["load_rss_bytes"] < 48 << 20
+    assert big["load_rss_bytes"] >= 90 << 20
+    # in one process the second runner's peak would include the first's; apart they differ
+    # by what each holds (96 - 16 MB), and each began from a bare interpreter, not the other
+    assert big["peak_rss_bytes"] - small["peak_rss_bytes"] >= 70 << 20
+    assert small["peak_rss_bytes"] < big["before_runner_bytes"] + (48 << 20)
 
 
 def test_score_compares_answers_and_perplexity_with_intervals():

@@ -1,16 +1,19 @@
-"""Memory of the generation runners, measured per runner in this one process.
+"""Memory of the generation runners, each measured in a fresh process of its own.
 
-The process's peak (VmHWM) cannot tell two runners apart once the first has set it, and
-resetting it (/proc/self/clear_refs) is refused in many containers: both runners then showed
-the same peak with no growth. Here a sampler thread reads the resident set every few
-milliseconds while one runner generates alone, so each runner's peak and growth are its own.
-Loading is the RSS growth from before a runner is made to after its first token: weights
-that are memory-mapped (safetensors, ONNX external data) become resident only when touched,
-so the growth at construction alone read 14 MB for a 540 MB model.
+In the process that times them, every runner is loaded at once: the process's peak (VmHWM)
+cannot tell them apart once the first has set it, resetting it (/proc/self/clear_refs) is
+refused in many containers, and RSS growth is blurred by what the others already made
+resident (both runners showed one 4.4 GB peak with no growth, one runner a 0 MB load). So
+`isolated` makes each runner in a spawned child that holds nothing else: RSS before the
+runner (the interpreter and the libraries it imports), the growth to after its first token
+(loading: weights that are memory-mapped, safetensors or ONNX external data, become resident
+only when touched), then a sampler thread reads the resident set every few milliseconds
+while it generates the request: its peak and growth are its own.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 
 import numpy as np
@@ -45,24 +48,29 @@ class Sampler:
         self.peak = max(self.peak, rss())
 
 
-def load(make, first: Request) -> tuple[object, int]:
-    """(runner, bytes): make() the runner and generate `first`, RSS growth across both."""
-    before = rss()
-    runner = make()
-    generate(runner, first)
-    return runner, max(0, rss() - before)
-
-
 def first_token(vocab: int) -> Request:
     """The smallest request (one token in, two out): touches every weight once."""
     return Request("load", "point", 1, ((np.zeros((1, 1), np.int64) + min(1, vocab - 1), 2),))
 
 
-def peaks(runners: dict, request: Request) -> dict[str, dict]:
-    """Each runner generating `request` alone: its peak RSS and growth over where it began."""
+def _in_child(make, args: tuple, first: Request, request: Request) -> dict:
+    before = rss()
+    runner = make(*args)
+    generate(runner, first)
+    loaded = rss()
+    with Sampler() as s:
+        generate(runner, request)
+    return {"before_runner_bytes": before, "load_rss_bytes": max(0, loaded - before),
+            "peak_rss_bytes": s.peak, "growth_bytes": max(0, s.peak - s.start)}
+
+
+def isolated(makers: dict[str, tuple], first: Request, request: Request) -> dict[str, dict]:
+    """{name: (make, args)}: each runner `make(*args)` (picklable: module-level callables) made
+    in a spawned process of its own, its first token generated, then `request` generated alone
+    under the sampler. Per runner: RSS before it, its load, its peak and its growth."""
+    ctx = multiprocessing.get_context("spawn")  # fork would share the parent's resident pages
     out = {}
-    for name, runner in runners.items():
-        with Sampler() as s:
-            generate(runner, request)
-        out[name] = {"peak_rss_bytes": s.peak, "growth_bytes": s.peak - s.start}
+    for name, (make, args) in makers.items():
+        with ctx.Pool(1) as pool:
+            out[name] = pool.apply(_in_child, (make, args, first, request))
     return out

@@ -65,13 +65,39 @@ def memory_lines(g: dict) -> list[str]:
     m = g.get("memory") or {}
     if not m:
         return []
-    peaks = "; ".join(f"{name} {fmt(v.get('peak_rss_bytes') and v['peak_rss_bytes'] / MB, '.0f')} MB peak, "
-                      f"+{fmt(v.get('growth_bytes') and v['growth_bytes'] / MB, '.0f')} MB while generating"
-                      for name, v in (m.get("peak") or {}).items())
-    loads = ", ".join(f"{k} {v / MB:.0f} MB" for k, v in (m.get("load_rss_bytes") or {}).items())
-    return ["", f"Memory (RSS, `{m.get('request')}` alone): {peaks}. Loading: {loads}. KV cache "
-            f"{m['kv_cache_bytes_per_token'] / 1024:.1f} KiB per token, "
-            f"{m['kv_cache_bytes_at_peak'] / MB:.1f} MB at that request's context."]
+    loads, before = m.get("load_rss_bytes") or {}, m.get("before_runner_bytes")
+    mb = lambda v: fmt(v and v / MB, ".0f")  # noqa: E731
+    runners = "; ".join(
+        f"{name}: load {mb(loads.get(name))} MB, peak {mb(v.get('peak_rss_bytes'))} MB "
+        f"(+{mb(v.get('growth_bytes'))} MB while generating)"
+        for name, v in (m.get("peak") or {}).items())
+    where = ("each runner in a fresh process of its own" if before is not None
+             else "all runners in one process (a report written before they were isolated)")
+    lines = ["", f"Memory (RSS, {where}; `{m.get('request')}`): {runners}."]
+    if before:
+        lines.append("Before the runner (Python and the libraries it imports): " + ", ".join(
+            f"{name} {mb(v)} MB" for name, v in before.items()) + ".")
+    lines.append(f"KV cache {m['kv_cache_bytes_per_token'] / 1024:.1f} KiB per token, "
+                 f"{m['kv_cache_bytes_at_peak'] / MB:.1f} MB at that request's context.")
+    return lines
+
+
+def floor_lines(g: dict) -> list[str]:
+    """Decode against the bandwidth floor, engine and PyTorch (generation.floor)."""
+    f = g.get("floor")
+    if not f:
+        return []
+    lines = ["", f"Decode against the memory-bandwidth floor (bytes one decode step reads: weights as "
+             f"stored + the KV cache at the context, over this machine's {f['bandwidth_gb_s']:.1f} GB/s "
+             f"copy bandwidth; pipeline/bench/floor.py):", "",
+             "| runner | point (context) | weights MB | floor ms | TPOT p50 ms | TPOT / floor |",
+             "|---|---|---|---|---|---|"]
+    for name, x in (("engine", f), ("PyTorch (the exported FP32 weights)", f.get("baseline"))):
+        for point, e in ((x or {}).get("points") or {}).items():
+            lines.append(f"| {name} | {point} ({e['context']}) | {x['weights_bytes'] / 1e6:.0f} | "
+                         f"{e['floor_ms']:.2f} | {fmt(e.get('tpot_ms'), '.2f')} | "
+                         f"{fmt(e.get('tpot_over_floor'), '.1f')}x |")
+    return lines
 
 
 def kv_cache_line(g: dict) -> list[str]:
@@ -95,7 +121,7 @@ def markdown(e: dict, baseline_name: str) -> list[str]:
               f"{fmt(agree.get('share'), '.1%')} (first divergence in the task at token "
               f"{agree.get('first_divergence') if agree.get('first_divergence') is not None else '—'})" + (f"; {agree['note']}" if agree.get("note") else "")
               + "."]
-    return lines + memory_lines(g) + kv_cache_line(g)
+    return lines + floor_lines(g) + memory_lines(g) + kv_cache_line(g)
 
 
 def headline(e: dict) -> str:

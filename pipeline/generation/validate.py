@@ -224,17 +224,18 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
     cfg, tokenizer = deployed_config(recipe, engine.path.name)
     folder = genai_config.write_folder(workdir / "genai", engine.path, cfg, tokenizer)
 
-    loads, warnings, first = {}, [], memory.first_token(shape.vocab)
-    torch_runner, loads[BASELINE] = memory.load(lambda: _torch_runner(recipe), first)
+    warnings = []
+    torch_runner = _torch_runner(recipe)
+    makers = {BASELINE: (_torch_runner, (recipe,))}  # memory: each in a process of its own
     if deps.has("onnxruntime_genai"):
-        genai, loads["onnxruntime-genai"] = memory.load(
-            lambda: runners.GenaiRunner(folder, _context(recipe)), first)
+        genai = runners.GenaiRunner(folder, _context(recipe))
+        makers["onnxruntime-genai"] = (runners.GenaiRunner, (folder, _context(recipe)))
     else:
         genai = None
         warnings.append("onnxruntime-genai is not installed (pip install onnxruntime-genai): "
                         "every request ran on the IOBinding loop")
-    loop, loads["onnxruntime-iobinding"] = memory.load(
-        lambda: runners.OrtLoopRunner(engine.path, eos, recipe.validate_.threads), first)
+    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validate_.threads)
+    makers["onnxruntime-iobinding"] = (runners.OrtLoopRunner, (engine.path, eos, recipe.validate_.threads))
 
     outputs = [_run_feed(loop.session, f, recipe.outputs) for f in feeds]
     accuracy, kv_cache = split_cache_outputs(accuracy_metrics.compare(references, outputs, ["logits"]))
@@ -264,8 +265,7 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
                             "answers": [{k: r[k] for k in ("id", "reply", "correct")} for r in rows]}
     else:
         generation_score = None
-    memory_figures = _peak_memory(recipe, {BASELINE: torch_runner, target.id: genai or loop}, shape)
-    memory_figures["load_rss_bytes"] = loads
+    memory_figures = _memory(recipe, makers, shape)
     for r in (genai, loop):
         if r is not None:
             r.close()
@@ -345,14 +345,20 @@ def _run_feed(session, feed: dict, names: list[str]) -> dict:
     return dict(zip(names, session.run(None, feed)))
 
 
-def _peak_memory(recipe: Recipe, runners_: dict, shape) -> dict:
-    """Peak RSS of each runner generating the longest single-turn request alone (sampled,
-    memory.py), and the KV cache's bytes per token."""
+def _memory(recipe: Recipe, makers: dict, shape) -> dict:
+    """Each runner's memory in a process of its own (memory.isolated) while it generates the
+    longest single-turn request, and the KV cache's bytes per token."""
     longest = max((r for r in workload_requests(recipe) if len(r.turns) == 1), key=lambda r: r.batch * (
         r.turns[0][0].shape[1] + r.new_tokens))
     per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
-    return {"peak": memory.peaks(runners_, longest), "request": longest.label,
-            "method": "RSS sampled every 2 ms while each runner generates the request alone; "
-                      "loading: RSS growth from before a runner is made to after its first token",
+    figures = memory.isolated(makers, memory.first_token(shape.vocab), longest)
+    return {"peak": {name: {k: f[k] for k in ("peak_rss_bytes", "growth_bytes")} for name, f in figures.items()},
+            "load_rss_bytes": {name: f["load_rss_bytes"] for name, f in figures.items()},
+            "before_runner_bytes": {name: f["before_runner_bytes"] for name, f in figures.items()},
+            "request": longest.label,
+            "method": "each runner made in a fresh process of its own (spawned; it holds nothing "
+                      "else): loading = RSS growth from before the runner is made to after its "
+                      "first token; then RSS sampled every 2 ms while it generates the request: "
+                      "peak, and growth over where it began",
             "kv_cache_bytes_per_token": per_token,
             "kv_cache_bytes_at_peak": per_token * longest.batch * (longest.turns[0][0].shape[1] + longest.new_tokens)}
