@@ -84,6 +84,12 @@ def test_checkpoint_blocks_become_matmulnbits_with_the_baselines_weights(tmp_pat
     assert len(zero_points) == 2 and set(zero_points.values()) == {TensorProto.UINT8}
     assert [n.op_type for n in model.graph.node if n.op_type != "MatMulNBits"] == [
         "Reshape", "ReduceSum", "MatMul", "Add", "MatMul"]  # x's block sums, the minimum's term, mm_other
+    # the report says which route the engine took (this meta once failed the report: KeyError)
+    from pipeline.precision.report import markdown
+
+    text = "\n".join(markdown({"mode": "int4", "block_size": 32, **meta}))
+    assert "2 MatMuls from the checkpoint's own blocks (1 Q4_1, 1 Q8_0; block size 32)" in text
+    assert "bit-exact share 1.0000" in text and "left float: mm_other" in text
     got = _run(model, x)
     for name in weights:
         assert np.abs(got[f"y_{name}"] - want[f"y_{name}"]).max() < 1e-5 * np.abs(want[f"y_{name}"]).max()

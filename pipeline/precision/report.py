@@ -28,7 +28,15 @@ def markdown(p: dict) -> list[str]:
                      f"({sm['activations']} activations"
                      + (f"; largest outlier ratio {sm['outlier_ratio_max']:g}" if "outlier_ratio_max" in sm else "")
                      + ")")
-    if "quantized_nodes" in p:
+    if p.get("source") == "checkpoint":  # INT4 from a GGUF's own blocks (precision/checkpoint.py)
+        w = p["weights_vs_baseline"]
+        lines.append(f"- quantized nodes: {p['quantized_nodes']} MatMuls from the checkpoint's own blocks "
+                     f"({', '.join(f'{n} {t.upper()}' for t, n in p['by_block_type'].items() if n)}; "
+                     f"block size {p['block_size']}), not quantized a second time; weights vs the "
+                     f"baseline's: max |diff| {w['max_abs']:.2e}, bit-exact share {fmt(w['bit_exact_share'], '.4f')}; "
+                     f"activations int8 per block at run time (accuracy_level {p['accuracy_level']})"
+                     + (f"; left float: {', '.join(p['left_float'])}" if p["left_float"] else ""))
+    elif "quantized_nodes" in p:
         symmetric = "symmetric (zero point 0)" if p.get("symmetric", True) else "asymmetric activations"
         lines.append(f"- quantized nodes: {p['quantized_nodes']} of {p['quantizable_nodes']} "
                      f"({', '.join(p.get('op_types') or ['MatMul'])}); {symmetric}"
