@@ -60,7 +60,9 @@ class LlamaCppRunner:
         self.eos, self.last = eos, None
 
     def _next(self) -> np.ndarray:
-        logits = np.array(self.llm.scores[self.llm.n_tokens - 1], dtype=np.float32)
+        # the last evaluated token's logits, straight from the context: llama-cpp-python 0.3.36
+        # fills `scores` only with logits_all (which computes every position's)
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),)).astype(np.float32)
         if self.eos is not None:  # timing: every runner generates the same number of tokens
             logits[self.eos] = -np.inf
         self.last = int(logits.argmax())
@@ -134,20 +136,21 @@ def decode_profiles(onnx_paths: dict[str, Path], c, contexts: dict[str, int], th
     return out
 
 
-def chat_answers(args, onnx_paths: dict[str, Path], reference) -> dict:
+def chat_answers(args, onnx_paths: dict[str, Path], hf) -> dict:
     """Every runner (and PyTorch) answers the same chat scripts, untimed; scored as the
     pipeline scores an engine: accuracy and answers identical to PyTorch's (paired intervals)."""
     from pipeline.generation import chat, runners, score
+    from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.recipe import load
 
-    if reference is None:
+    if not args.answers:
         return {}
     recipe = load("smollm2-fp32")
     spec = recipe.workload.chat
     tok = chat.ChatTokenizer(recipe)
     scripts = chat.scripts(spec.tasks, chat.questions(spec.questions), args.answers)
-    stop = tok.stop_ids(None)
-    reference.eos = None  # answers stop at end of sequence
+    stop = tok.stop_ids(None)  # answers stop at end of sequence: no runner suppresses it
+    reference = runners.TorchStaticRunner(StaticCacheLlama(hf, spec.max_context + 1), None, args.threads)
     ask = {name: runners.OrtLoopRunner(path, None, args.threads) for name, path in onnx_paths.items()}
     if not args.no_llama_cpp:
         ask["llama.cpp"] = LlamaCppRunner(args.gguf, spec.max_context + 1, args.threads, None)
@@ -210,13 +213,13 @@ def main() -> None:
     eos = int(c.eos_token_id if isinstance(c.eos_token_id, int) else c.eos_token_id[0])
     ids = {k: v for k, v in prompts(args.hf, args.long).items() if k in args.points.split(",")}
     context = max(p.shape[1] for p in ids.values()) + NEW + 8
-    cfg = genai_config.config(layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
-                              heads=c.num_attention_heads, head_dim=c.hidden_size // c.num_attention_heads,
-                              hidden=c.hidden_size, vocab=c.vocab_size, eos_token_id=eos,
-                              context_length=context, threads=args.threads)
     folders = {}
     for item in args.engine:
         name, _, path = item.partition("=")
+        cfg = genai_config.config(layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
+                                  heads=c.num_attention_heads, head_dim=c.hidden_size // c.num_attention_heads,
+                                  hidden=c.hidden_size, vocab=c.vocab_size, eos_token_id=eos,
+                                  context_length=context, filename=Path(path).name, threads=args.threads)
         folders[name] = genai_config.write_folder(args.work / name, Path(path), cfg)
     for item in args.builder:
         name, _, folder = item.partition("=")
@@ -252,7 +255,7 @@ def main() -> None:
     floors = decode_floors(onnx_paths, args.gguf, c, contexts,
                            {n: {pt: figures[pt][n]["tpot_ms"]["p50"] for pt in figures} for n in timed})
     profiles = decode_profiles(onnx_paths, c, contexts, args.threads)
-    answers = chat_answers(args, onnx_paths, reference if args.answers else None)
+    answers = chat_answers(args, onnx_paths, hf)
     result = {"created": now(), "machine": platform.processor() or platform.machine(), "device": deps.device(),
               "versions": deps.versions() | {"onnxruntime-genai": deps.version("onnxruntime-genai"),
                                              "llama-cpp-python": deps.version("llama-cpp-python")},
