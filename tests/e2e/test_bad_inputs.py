@@ -15,7 +15,7 @@ import yaml
 
 from tests.conftest import FAST, STANDARD, Project
 
-CASES_DIR = Path(__file__).resolve().parent / "bad_inputs"
+CASES_DIR = Path(__file__).resolve().parent.parent / "bad_inputs"
 CASES = yaml.safe_load((CASES_DIR / "cases.yaml").read_text())
 
 

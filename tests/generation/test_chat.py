@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.recipe import load
 from tests.conftest import Project
-from tests.test_generation import TINY
+from tests.generation.test_run import TINY
 
 CHAT = ("--set", "workload.chat={tokenizer: bytes, scripts: 2, answer_tokens: 4, "
         "perplexity_tokens: 96, window: 32, max_context: 192}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_serving import _sample, tiny  # noqa: F401  (the module-scoped build fixture)
+from tests.serving.test_serve import _sample, tiny  # noqa: F401  (the module-scoped build fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ def test_two_replicas_are_placed_on_both_nodes_of_a_two_node_cluster(tiny, tmp_p
     from ray.cluster_utils import Cluster
 
     from pipeline.serving import app
-    from tests.test_serving import _recipe
+    from tests.serving.test_serve import _recipe
 
     cluster, why = None, None
     for _ in range(3):  # Ray gives a raylet a fixed 30 s to register: a busy machine may miss it

@@ -250,21 +250,21 @@ FIXTURES = {"standard": "built_standard", "standard-aoti": "built_aoti", "minilm
 # Recipes another test builds end to end, or too slow for the suite's budget (built by hand,
 # figures in README.md).
 BUILT_ELSEWHERE = {
-    **{f"lm-{p}": "the lm-* recipes share model and data; tests/test_task.py builds lm-int4 end to "
+    **{f"lm-{p}": "the lm-* recipes share model and data; tests/metrics/test_task.py builds lm-int4 end to "
                   "end (perplexity, the max_task_loss gate) and standard-fp16/int8 cover the precisions"
        for p in ("fp32", "fp16", "int8", "int4")},
-    "minilm-int8": "BERT export + INT8 with sensitivity take minutes on 2 cores; tests/test_data.py "
+    "minilm-int8": "BERT export + INT8 with sensitivity take minutes on 2 cores; tests/data/test_sources.py "
                    "covers its data (pairs, the model's tokenizer), minilm its build, and "
-                   "tests/test_int8.py and test_tune.py the dynamic scheme, smoothing and the "
+                   "tests/precision/test_int8.py and tests/commands/test_tune.py the dynamic scheme, smoothing and the "
                    "search on small models (benchmarks/peer_int8.py builds it)",
     **{name: "a generation workload times prefill and decode of every point (minutes on 2 cores); "
-             "tests/test_generation.py builds standard-gen end to end and standard-int8 / "
+             "tests/generation/test_run.py builds standard-gen end to end and standard-int8 / "
              "flash-int4 cover the precisions"
        for name in ("standard-gen", "standard-gen-int8", "standard-gen-int4", "flash-gen",
                     "lm-gen", "lm-gen-int8", "lm-gen-int4")},
     **{f"smollm2-{p}": "the real 135M chat model: an export takes 5-25 min on 2 cores and a "
-                       "5,120-token point much longer; tests/test_chat_smollm2.py loads it once "
-                       "and tests/test_chat.py builds the chat workload end to end on the byte LM "
+                       "5,120-token point much longer; tests/generation/test_chat_smollm2.py loads it once "
+                       "and tests/generation/test_chat.py builds the chat workload end to end on the byte LM "
                        "(figures: benchmarks/results/smollm2-*)"
        for p in ("fp32", "int8", "int4", "flash", "long")},
 }

@@ -68,7 +68,7 @@ def test_a_schema_1_report_is_migrated(built_standard):
     assert parse("report.json", old)["schema"] == 3
 
 
-OLD_REPORTS = Path(__file__).parent / "old_reports"
+OLD_REPORTS = Path(__file__).resolve().parent.parent / "old_reports"
 
 
 def keys(obj) -> set[str]:

@@ -14,8 +14,8 @@ import pytest
 from pipeline import data
 from pipeline.errors import InputError, RecipeError
 from pipeline.recipe import Recipe
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKENS = [{"name": "input_ids", "dtype": "int64", "range": [0, 512],
            "shape": [{"name": "batch", "min": 1, "opt": 2, "max": 4},
                      {"name": "sequence", "min": 2, "opt": 8, "max": 16}]},

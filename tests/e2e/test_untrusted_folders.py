@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FAST, STANDARD, Project
-from tests.test_untrusted import _edit_manifest, _one_error, _rehash, _tree
+from tests.e2e.test_untrusted import _edit_manifest, _one_error, _rehash, _tree
 
 RUN = ("run", "standard", *FAST)
 

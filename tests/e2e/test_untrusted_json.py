@@ -16,7 +16,7 @@ import yaml
 
 from pipeline.artifacts import json_file
 from tests.conftest import FAST, ROOT, STANDARD, Project
-from tests.test_untrusted import _tree
+from tests.e2e.test_untrusted import _tree
 
 DEPLOY = ("deploy", "standard", "--triton", "models", *FAST)
 VERIFY = ("verify", f"engines/{STANDARD}", "--files-only")

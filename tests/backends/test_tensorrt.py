@@ -1,7 +1,7 @@
 """TensorRT target up to the TensorRT boundary: the recipe's Polygraphy loader chain built with
 Polygraphy's real classes, the rebuild command lines (parsed back by Polygraphy's own CLI),
 the compatibility refusal, layer truth from an inspector JSON, and the skipped / required paths.
-Where TensorRT runs, tests/test_tensorrt_gpu.py builds and runs real engines."""
+Where TensorRT runs, tests/backends/test_tensorrt_gpu.py builds and runs real engines."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def tiny_mlp(seed: int = 0):
 
 CNN = """\
 description: tiny CNN, INT8 convolutions
-model: {factory: "tests.test_int8:tiny_cnn"}
+model: {factory: "tests.precision.test_int8:tiny_cnn"}
 inputs:
   - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, 3, 16, 16], range: [0, 1]}
 outputs: [logits]
@@ -46,7 +46,7 @@ validate: {tolerance: {cosine_min: 0.99}}
 
 MLP = """\
 description: LayerNorm MLP, dynamic INT8
-model: {factory: "tests.test_int8:tiny_mlp"}
+model: {factory: "tests.precision.test_int8:tiny_mlp"}
 inputs:
   - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
 outputs: [y]

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from tests.conftest import Project
-from tests.test_generation import TINY
+from tests.generation.test_run import TINY
 
 pytestmark = pytest.mark.slow
 
