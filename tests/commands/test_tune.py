@@ -11,7 +11,7 @@ from tests.conftest import Project
 
 MLP = """\
 description: LayerNorm MLP
-model: {factory: "tests.precision.test_int8:tiny_mlp"}
+model: {factory: "tests.tiny_models:tiny_mlp"}
 inputs:
   - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
 outputs: [y]

@@ -11,29 +11,9 @@ import pytest
 
 from tests.conftest import FAST, Project, set_folder
 
-
-def tiny_cnn(seed: int = 0):
-    """x [B, 3, 16, 16] -> logits [B, 10]: Conv 3->16, Conv 16->32 (ReLU), mean pool, Linear."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, padding=1),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).eval()
-
-
-def tiny_mlp(seed: int = 0):
-    """x [B, T, 64] -> y [B, T, 64]: LayerNorm, Linear 64->128, GELU, Linear 128->64."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
-
-
 CNN = """\
 description: tiny CNN, INT8 convolutions
-model: {factory: "tests.precision.test_int8:tiny_cnn"}
+model: {factory: "tests.tiny_models:tiny_cnn"}
 inputs:
   - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, 3, 16, 16], range: [0, 1]}
 outputs: [logits]
@@ -46,7 +26,7 @@ validate: {tolerance: {cosine_min: 0.99}}
 
 MLP = """\
 description: LayerNorm MLP, dynamic INT8
-model: {factory: "tests.precision.test_int8:tiny_mlp"}
+model: {factory: "tests.tiny_models:tiny_mlp"}
 inputs:
   - {name: input, dtype: float32, shape: [{name: batch, min: 1, opt: 2, max: 4}, {name: t, min: 1, opt: 16, max: 32}, 64]}
 outputs: [y]
