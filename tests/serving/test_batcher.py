@@ -1,15 +1,12 @@
-"""The dynamic batcher's rules under a fake clock (Triton's dynamic_batching semantics), the
-request checks and padding of collate.py, and the `serve:` recipe section. No Ray, no engine."""
+"""serving/batcher.py: the dynamic batcher's rules under a fake clock (Triton's
+dynamic_batching semantics). No Ray, no engine."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.recipe.serve import batching, buckets, variable_dims
-from pipeline.serving import collate
 from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
 
 
@@ -163,92 +160,3 @@ def test_a_server_that_takes_when_told_serves_everyone_once_in_order_within_the_
     assert all(q.queue_s() <= delay_us / 1e6 + 1e-12 for q in served)
 
 
-# ----------------------------------------------------------------------------- collate
-class _Dim:
-    def __init__(self, name, lo, opt, hi):
-        self.name, self.min, self.opt, self.max = name, lo, opt, hi
-
-
-def _recipe(serve: dict | None = None):
-    from pipeline.recipe.schema import Recipe
-
-    dims = [{"name": "batch", "min": 1, "opt": 2, "max": 8}, {"name": "sequence", "min": 2, "opt": 16, "max": 32}]
-    return Recipe.model_validate({
-        "model": {"factory": "m:build"},
-        "inputs": [{"name": "input_ids", "dtype": "int64", "shape": dims, "range": [0, 100]},
-                   {"name": "attention_mask", "dtype": "int64", "shape": dims, "range": [1, 2]}],
-        "outputs": ["hidden"], "targets": [{"kind": "onnxruntime"}], "serve": serve or {}})
-
-
-def test_serve_defaults_follow_the_batch_dim_and_powers_of_two_buckets():
-    r = _recipe()
-    assert batching(r.serve, r.inputs) == (8, (2, 8))
-    assert buckets(r.serve, "sequence", variable_dims(r.inputs)["sequence"]) == [2, 4, 8, 16, 32]
-    r = _recipe({"max_batch_size": 4, "preferred_batch_sizes": [], "length_buckets": {"sequence": [10]}})
-    assert batching(r.serve, r.inputs) == (4, ())
-    assert buckets(r.serve, "sequence", variable_dims(r.inputs)["sequence"]) == [10, 32]
-
-
-@pytest.mark.parametrize("serve, words", [
-    ({"max_batch_size": 16}, "exceeds what the engine accepts"),
-    ({"preferred_batch_sizes": [9]}, "exceed max_batch_size"),
-    ({"length_buckets": {"tokens": [4]}}, "not a variable-length dim"),
-    ({"length_buckets": {"sequence": [64]}}, "outside the dim's"),
-    ({"max_queue_delay_us": -1}, "greater than or equal"),
-])
-def test_a_serve_section_that_cannot_hold_is_refused_naming_the_key(serve, words):
-    from pydantic import ValidationError
-
-    with pytest.raises(ValidationError, match=words):
-        _recipe(serve)
-
-
-def test_serve_settings_do_not_change_the_recipe_digest():
-    assert _recipe().digest == _recipe({"max_batch_size": 2, "max_queue_size": 5}).digest
-
-
-def _sig(**serve):
-    r = _recipe(serve)
-    return collate.Signature.of(r, output_axes={"hidden": {1: "sequence"}})
-
-
-@pytest.mark.parametrize("inputs, words", [
-    ({"input_ids": [[1, 2, 3]]}, "missing: ['attention_mask']"),
-    ({"input_ids": [[1, 2]], "attention_mask": [[1, 1]], "x": [1]}, "unknown: ['x']"),
-    ({"input_ids": [[1.5, 2]], "attention_mask": [[1, 1]]}, "non-integer"),
-    ({"input_ids": [[1, 2], [3, 4]], "attention_mask": [[1, 1], [1, 1]]}, "batch size 2"),
-    ({"input_ids": [1, 2], "attention_mask": [1, 1]}, "needs 2 dims"),
-    ({"input_ids": [[1] * 40], "attention_mask": [[1] * 40]}, "2..32"),
-    ({"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1]]}, "must agree"),
-    ({"input_ids": [[1, [2]]], "attention_mask": [[1, 1]]}, "rectangular"),
-    ({"input_ids": [["a", "b"]], "attention_mask": [[1, 1]]}, "numbers"),
-])
-def test_a_request_that_does_not_fit_is_one_clear_line(inputs, words):
-    with pytest.raises(collate.BadRequest, match=words.replace("[", r"\[").replace("]", r"\]")):
-        collate.check(_sig(), inputs)
-
-
-def test_an_npz_array_must_have_the_inputs_dtype_exactly():
-    arrays = {"input_ids": np.ones((1, 4), np.int32), "attention_mask": np.ones((1, 4), np.int64)}
-    with pytest.raises(collate.BadRequest, match="dtype int32"):
-        collate.check(_sig(), arrays)
-
-
-def test_requests_are_padded_to_their_bucket_stacked_and_cut_back():
-    sig = _sig(pad_values={"input_ids": 7}, length_buckets={"sequence": [8]})
-    a, la = collate.check(sig, {"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1, 1]]})
-    b, lb = collate.check(sig, {"input_ids": [[4, 5, 6, 7, 8]], "attention_mask": [[1] * 5]})
-    assert collate.bucket(sig, la) == collate.bucket(sig, lb) == (("sequence", 8),)
-    feed = collate.stack(sig, [a, b], (("sequence", 8),))
-    assert feed["input_ids"].tolist() == [[1, 2, 3, 7, 7, 7, 7, 7], [4, 5, 6, 7, 8, 7, 7, 7]]
-    assert feed["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1] * 5 + [0] * 3]
-    hidden = np.arange(2 * 8 * 3).reshape(2, 8, 3).astype(np.float32)
-    first, second = collate.split(sig, {"hidden": hidden}, [la, lb])
-    assert first["hidden"].shape == (1, 3, 3) and second["hidden"].shape == (1, 5, 3)
-    assert np.array_equal(second["hidden"][0], hidden[1, :5])
-
-
-def test_with_batches_of_one_nothing_is_padded():
-    sig = _sig(max_batch_size=1)
-    _, lengths = collate.check(sig, {"input_ids": [[1, 2, 3]], "attention_mask": [[1, 1, 1]]})
-    assert collate.bucket(sig, lengths) == (("sequence", 3),)
