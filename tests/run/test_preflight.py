@@ -1,5 +1,5 @@
-"""run/preflight.py and store/folder_names.py on their own: the checks before any work (each
-one clear error, nothing written) and a recipe's folder name back and forth."""
+"""run/preflight.py on its own: the checks before any work, each one clear error with
+nothing written (store/test_folder_names.py has a recipe's folder name back and forth)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from pipeline import deps
 from pipeline.errors import DependencyError, RecipeError
 from pipeline.recipe import load
 from pipeline.run import preflight
-from pipeline.store.folder_names import folder_name, overrides_digest
-from pipeline.store.folder_names import load as load_folder
 from pipeline.store.recipe_folder import Store
 
 
@@ -55,17 +53,3 @@ def test_a_folder_built_by_another_recipe_file_of_the_same_name_is_refused(tmp_p
     preflight.folder_owner(store, theirs)  # its own folder
     (there / "standard.yaml").unlink()
     preflight.folder_owner(store, mine)  # the file that built it is gone: the folder is free
-
-
-def test_a_folder_name_carries_the_set_values_and_leads_back_to_them(tmp_path):
-    plain, varied = load("standard"), load("standard", ["validate.threads=1"])
-    assert folder_name(plain) == "standard"
-    assert folder_name(varied) == f"standard@{overrides_digest(['validate.threads=1'])}"
-    assert overrides_digest(["a=1", "b=2"]) != overrides_digest(["b=2", "a=1"])  # order matters
-    store = Store(tmp_path, folder_name(varied))
-    store.dir.mkdir(parents=True)
-    store.save_manifest(recipe_overrides=["validate.threads=1"])
-    again = load_folder(folder_name(varied), engines_root=tmp_path)
-    assert again.validate_.threads == 1 and folder_name(again) == folder_name(varied)
-    with pytest.raises(RecipeError, match="no engines folder"):
-        load_folder("standard@00000000", engines_root=tmp_path)
