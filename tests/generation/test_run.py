@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline.recipe import load
-from tests.conftest import Project
+from tests.conftest import Project, shared_build
 
 # A workload of a few tokens: the shape of standard-gen, seconds instead of minutes.
 TINY = (
@@ -55,15 +55,13 @@ def test_generation_needs_a_decoder(project: Project):
 # ----------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def built_gen(tmp_path_factory) -> Project:
-    proj = Project(tmp_path_factory.mktemp("gen"))
-    res = proj.run("run", "standard-gen", "--target", "onnxruntime", *TINY)
-    assert res.code == 0, res.err
-    (proj.folder,) = [p for p in proj.engines.iterdir() if p.name.startswith("standard-gen")]  # --set: @hash
-    return proj
+    """`pipeline run standard-gen` of the TINY workload, built once for the session
+    (serving/test_generation.py takes it too), this module's own copy."""
+    return shared_build(tmp_path_factory, "standard-gen-tiny", "standard-gen", "--target", "onnxruntime", *TINY)
 
 
 def test_run_writes_the_generation_section(built_gen: Project):
-    report = json.loads((built_gen.folder / "report.json").read_text())
+    report = json.loads((built_gen.built / "report.json").read_text())
     assert report["export"]["mode"] == "kv_cache"
     assert report["export"]["parity"]["logits"]["max_abs"] < 1e-3
     (attention,) = report["optimize"]["passes"]  # checked against the exported graph, kept
@@ -86,7 +84,7 @@ def test_run_writes_the_generation_section(built_gen: Project):
     assert all(a["first_divergence"] is None for a in gen["token_agreement"]["per_point"].values())
     s = engine["speedup_vs_baseline"]
     assert s["ci95"][0] <= s["ratio"] <= s["ci95"][1] and s["verdict"] in ("faster", "slower", "indistinguishable")
-    config = json.loads((built_gen.folder / "genai_config.json").read_text())
+    config = json.loads((built_gen.built / "genai_config.json").read_text())
     assert config["model"]["decoder"]["num_key_value_heads"] == 2
 
 
@@ -99,8 +97,8 @@ def test_runners_generate_the_same_tokens(built_gen: Project, tmp_path):
     from pipeline.model import sources as models
 
     recipe = _recipe()
-    engine = built_gen.folder / "onnxruntime.onnx"
-    cfg = json.loads((built_gen.folder / "genai_config.json").read_text())
+    engine = built_gen.built / "onnxruntime.onnx"
+    cfg = json.loads((built_gen.built / "genai_config.json").read_text())
     folder = genai_config.write_folder(tmp_path / "genai", engine, cfg)
     genai = runners.GenaiRunner(folder, cfg["model"]["context_length"])
     loop = runners.OrtLoopRunner(engine, eos=511, threads=1)
@@ -120,8 +118,8 @@ def test_genai_cannot_append_a_turn_to_a_concatenating_cache(built_gen: Project,
     GenaiRunner.turns can become True."""
     from pipeline.generation import genai_config, runners
 
-    engine = built_gen.folder / "onnxruntime.onnx"
-    cfg = json.loads((built_gen.folder / "genai_config.json").read_text())
+    engine = built_gen.built / "onnxruntime.onnx"
+    cfg = json.loads((built_gen.built / "genai_config.json").read_text())
     genai = runners.GenaiRunner(genai_config.write_folder(tmp_path / "g", engine, cfg),
                                 cfg["model"]["context_length"])
     assert genai.turns is False

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.conftest import FAST, Project
+from tests.conftest import Project, digits_build
 from tests.loadgen_server import Behaviour, FakeServer
 
 pytestmark = pytest.mark.slow
@@ -19,11 +19,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory) -> tuple[Project, str]:
-    """One real `pipeline run digits` (a small MLP on sklearn's digits), shared here."""
-    project = Project(tmp_path_factory.mktemp("load-digits"))
-    built = project.run("run", "digits", *FAST)
-    assert built.code == 0, built.err
-    return project, project.folder(built).name
+    """A real `pipeline run digits` (the session's one build), this module's own copy: the
+    load results are committed into it."""
+    project = digits_build(tmp_path_factory)
+    return project, project.built.name
 
 
 def test_load_results_land_in_report_md(digits):

@@ -8,22 +8,12 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import Project
-from tests.generation.test_run import TINY
+from tests.generation.test_run import built_gen  # noqa: F401  (the module-scoped build fixture)
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def built_gen(tmp_path_factory) -> Project:
-    proj = Project(tmp_path_factory.mktemp("serve-gen"))
-    result = proj.run("run", "standard-gen", "--target", "onnxruntime", *TINY)
-    assert result.code == 0, result.err
-    proj.built = proj.folder(result)
-    return proj
-
-
-def test_a_generation_engine_streams_the_tokens_it_generates_in_process(built_gen):
+def test_a_generation_engine_streams_the_tokens_it_generates_in_process(built_gen):  # noqa: F811
     pytest.importorskip("ray.serve")
     from pipeline.serving import app
     from pipeline.serving.engine import ServedEngine, choose

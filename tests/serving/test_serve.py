@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, built, set_folder
+from tests.conftest import FAST, set_folder, shared_build
 
 pytestmark = pytest.mark.slow
 
@@ -45,19 +45,10 @@ FOLDER = set_folder("tiny-bert", *FAST)
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from tests.conftest import Project
-
-    original = Project.__init__
-
-    def with_recipe(self, path):
-        original(self, path)
-        self.write("recipes/tiny-bert.yaml", TINY)
-
-    Project.__init__ = with_recipe
-    try:
-        return built(tmp_path_factory, "tiny-bert", "tiny-bert", *FAST)
-    finally:
-        Project.__init__ = original
+    """The tiny BERT built once for the session (serving/test_cluster.py takes it too), this
+    module's own copy."""
+    return shared_build(tmp_path_factory, "tiny-bert", "tiny-bert", *FAST,
+                        recipes={"recipes/tiny-bert.yaml": TINY})
 
 
 def _recipe(tiny, **serve):

@@ -11,13 +11,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import FAST, ROOT, STANDARD, Project, built, set_folder
+from tests.conftest import FAST_OPT, ROOT, STANDARD, Project, built, set_folder
 
-# The optimize stage's own latency comparison, kept short like FAST (whose one thread matters
-# here too: on a shared 2-core machine two PyTorch threads ran MiniLM 5x slower, 485 vs 100 ms).
-FAST_OPT = FAST + (
-    "--set", "optimize.latency={warmup: 5, iterations: 20, min_seconds: 0, block: 10}",
-)
 ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
 
@@ -244,7 +239,7 @@ def built_gpt2(tmp_path_factory) -> Project:
 
 
 FIXTURES = {"standard": "built_standard", "standard-aoti": "built_aoti", "minilm": "built_minilm",
-            "gpt2-tiny": "built_gpt2"}
+            "gpt2-tiny": "built_gpt2", "digits": "built_digits"}
 
 
 # Recipes another test builds end to end, or too slow for the suite's budget (built by hand,
