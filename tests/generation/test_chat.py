@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 
 import numpy as np
 import pytest
@@ -77,7 +78,11 @@ class _Hungry:
         self.held = None
 
     def prefill(self, tokens):
-        self.held = np.ones(self.mb << 18, np.float32)  # mb MiB, touched
+        # mb MiB of fresh pages from the kernel, touched: a numpy array of 16 MiB may come
+        # from malloc's heap, already resident when an earlier test in this process freed
+        # a bigger one (glibc raises its mmap threshold then), and the growth would read 0
+        self.held = mmap.mmap(-1, self.mb << 20)
+        np.frombuffer(self.held, np.uint8)[:] = 1
         return np.zeros(1, np.int64)
 
     def step(self):
