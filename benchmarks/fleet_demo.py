@@ -35,7 +35,7 @@ from rich.console import Console
 from pipeline import deps
 from pipeline.fleet import kinds, run
 from pipeline.fleet.summary import compare_table, table
-from tests.test_fleet import _children  # a process's children, from /proc
+from tests.fleet.test_cluster import _children  # a process's children, from /proc
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The artifact fuzz of tests/test_fuzz_artifacts.py, run longer: many damaged files read in
+"""The artifact fuzz of tests/artifacts/test_fuzz.py, run longer: many damaged files read in
 process, a number of damaged folders through the real CLI, and `run --force` on a folder with
 every artifact damaged. Writes benchmarks/results/fuzz-artifacts-<date>.{json,md}.
 
@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.conftest import FAST, STANDARD, Project  # noqa: E402
-from tests.test_fuzz_artifacts import (  # noqa: E402
+from tests.artifacts.test_fuzz import (  # noqa: E402
     JSON_ARTIFACTS,
     VERSUS,
     _canary,
@@ -43,6 +42,7 @@ from tests.test_fuzz_artifacts import (  # noqa: E402
     damaged_project,
     read_planted,
 )
+from tests.conftest import FAST, STANDARD, Project  # noqa: E402
 
 
 def in_process(folder: Path, count: int, seed: int) -> dict:

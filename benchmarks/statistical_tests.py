@@ -1,5 +1,5 @@
 """How often do the statistical tests fail? The planted-slowdown and A/A experiments of
-tests/test_bench.py, judged exactly as the tests judge them, N times in a row on an idle
+tests/bench/test_measurement.py, judged exactly as the tests judge them, N times in a row on an idle
 machine and N times beside one process spinning on a core; the tally goes to
 benchmarks/results/statistical-tests-<date>.md.
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from pipeline import deps  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
+from tests.bench.test_measurement import CpuShare, _ab, judge_planted, planted_experiment  # noqa: E402
 from tests.conftest import FAST, STANDARD  # noqa: E402
-from tests.test_bench import CpuShare, _ab, judge_planted, planted_experiment  # noqa: E402
 
 
 def build(folder: Path) -> Path:
@@ -82,7 +82,7 @@ def main() -> None:
     device = deps.device()
     lines = [f"# Statistical tests: {n} repetitions idle, {n} beside one spinning process", "",
              f"{dt.date.today()}, {deps.device_line(device)}; `python benchmarks/statistical_tests.py "
-             f"{n}` ({minutes:.0f} min), the experiments and judges of tests/test_bench.py on one "
+             f"{n}` ({minutes:.0f} min), the experiments and judges of tests/bench/test_measurement.py on one "
              "build of `standard` (one ONNX Runtime thread per session, no spinning).", "",
              "| test | idle: passed / failed / skipped | one spinner: passed / failed / skipped |",
              "|---|---|---|"]

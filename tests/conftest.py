@@ -1,8 +1,10 @@
-"""Shared fixtures: a scratch project folder with the real recipes, and the CLI as a
-real subprocess (`python -m pipeline`), the way users and CI run it."""
+"""Shared fixtures: a scratch project folder with the real recipes, the CLI as a real
+subprocess (`python -m pipeline`), the way users and CI run it, and the real builds that
+several test modules read, made once per test session (shared_build)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -44,6 +46,11 @@ def set_folder(recipe: str, *args: str) -> str:
 
 # Where `run standard *FAST` writes (a run with --set never touches engines/standard/).
 STANDARD = set_folder("standard", *FAST)
+# The optimize stage's own latency comparison, kept short like FAST (whose one thread matters
+# here too: on a shared 2-core machine two PyTorch threads ran MiniLM 5x slower, 485 vs 100 ms).
+FAST_OPT = FAST + (
+    "--set", "optimize.latency={warmup: 5, iterations: 20, min_seconds: 0, block: 10}",
+)
 
 
 @dataclass
@@ -150,10 +157,61 @@ def built(tmp_path_factory, folder: str, *args: str, env: dict | None = None) ->
     return proj
 
 
+def _session_root(tmp_path_factory) -> Path:
+    """The folder every process of this test session can reach: under pytest-xdist, the
+    parent of the workers' own base folders (made new for each run, like theirs); alone,
+    this process's base folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_build(tmp_path_factory, key: str, *args: str, recipes: dict[str, str] | None = None,
+                 env: dict | None = None) -> Project:
+    """A project in which `pipeline run ARGS` succeeded, built once per test session however
+    many pytest-xdist workers and test modules ask for it: the first caller builds it under
+    an exclusive lock in the session's shared folder, later callers (and the other workers,
+    which wait on the lock meanwhile) copy its engines/ into a project of their own, so a test
+    that writes into its copy disturbs nobody. RECIPES (relative path -> text) are written
+    into every project; KEY names the build, so one key must always mean the same ARGS."""
+    root = _session_root(tmp_path_factory) / "shared-builds"
+    root.mkdir(exist_ok=True)
+    source = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also on failure
+        done = source / "built-folder.txt"  # written last: a build that failed left none
+        if not done.exists():
+            shutil.rmtree(source, ignore_errors=True)
+            proj = Project(source / "project")
+            for relative, text in (recipes or {}).items():
+                proj.write(relative, text)
+            result = proj.run("run", *args, env=env)
+            assert result.code == 0, result.err
+            done.write_text(result.folder)
+        folder = done.read_text()
+    proj = Project(tmp_path_factory.mktemp(key))
+    for relative, text in (recipes or {}).items():
+        proj.write(relative, text)
+    shutil.copytree(source / "project" / "engines", proj.engines)
+    proj.built = proj.path / folder
+    return proj
+
+
 @pytest.fixture(scope="session")
 def built_standard(tmp_path_factory) -> Project:
-    """One real `pipeline run standard`, shared by the tests that only read its outputs."""
-    return built(tmp_path_factory, "standard", "standard", *FAST)
+    """`pipeline run standard`, shared by the tests that only read its outputs (one build for
+    the session; each xdist worker reads its own copy)."""
+    return shared_build(tmp_path_factory, "standard", "standard", *FAST)
+
+
+def digits_build(tmp_path_factory) -> Project:
+    """`pipeline run digits` (a small MLP on scikit-learn's digits, INT8), one build for the
+    session: stages/test_optimize.py checks it builds, loadgen/test_command.py loads it."""
+    return shared_build(tmp_path_factory, "digits", "digits", *FAST_OPT)
+
+
+@pytest.fixture(scope="session")
+def built_digits(tmp_path_factory) -> Project:
+    return digits_build(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ Why not ONNX Runtime's `onnxruntime.quantization.qdq_loss_debug` (checked agains
   graph's intermediates are skipped; it also goes through files on disk and flattens each
   tensor. What would remain to reuse is exposing outputs and running a session: the ~20
   lines of `_with_outputs` and `_run`.
-tests/test_explain_layers.py checks these points against the installed ORT.
+tests/explain/test_layers.py checks these points against the installed ORT.
 """
 
 from __future__ import annotations

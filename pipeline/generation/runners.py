@@ -14,7 +14,7 @@ its prompt (that token was chosen but never fed).
   of an append_tokens after generate_next_token for one token more than the cache holds, and
   the run fails (measured: "present.0.key ... {1,2,29,16} but the computed output shape ...
   {1,2,28,16}"; with ONNX Attention: "inconsistent total_sequence_length (between attn_mask
-  and past_key ...)"). tests/test_generation.py pins it.
+  and past_key ...)"). tests/generation/test_run.py pins it.
 - OrtLoopRunner: a lean ONNX Runtime loop with IOBinding (presents stay OrtValues and are
   bound as the next pasts, no copy); runs the task's turns, which genai cannot.
 - TorchStaticRunner: the PyTorch baseline over a static (preallocated) KV cache.

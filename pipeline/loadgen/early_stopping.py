@@ -10,7 +10,7 @@ LoadGen (mlcommons/inference, loadgen/early_stopping.cc, results.cc) computes th
 BetaRegularized[p - d, h, 1 + t] with h = n - t requests within the bound, and searches the
 smallest passing h (MinPassingQueriesFinder); a Server run is valid when n >= h + t and its
 p99 itself is within the bound. The same tail probability here comes from scipy's binomial
-CDF (tests/test_loadgen_stats.py checks the two against each other and against the closed
+CDF (tests/loadgen/test_statistics.py checks the two against each other and against the closed
 form for t = 0: h = ceil(log(1 - c) / log(p - d)), 459 for p = c = 0.99).
 
 It is what makes a pass statistically sound: a plain sample p99 under the bound on a few
