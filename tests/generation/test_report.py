@@ -1,18 +1,7 @@
-"""report.md sections for a 30-layer KV-cache model: the optimize drift of 61 outputs in two
-entries, decode against the bandwidth floor for the engine and PyTorch, memory per runner."""
+"""generation/report.py: report.md's generation sections: decode against the bandwidth floor
+for the engine and PyTorch, memory per runner (each in a process of its own)."""
 
 from pipeline.generation import report as generation_report
-from pipeline.stages.report import _drift
-
-
-def test_sixty_kv_cache_outputs_are_one_drift_entry():
-    drift = {"logits": {"max_abs": 0.0252, "cosine": 1.0},
-             **{f"present.{i}.{kv}": {"max_abs": 1e-4 * i, "cosine": 1 - 1e-8 * i}
-                for i in range(30) for kv in ("key", "value")}}
-    text = _drift(drift)
-    assert text.startswith("`logits` max abs 2.52e-02")
-    assert "60 outputs `present.*` worst max abs 2.90e-03 (`present.29.key`)" in text
-    assert text.count("present.") == 3  # the family, its worst by max abs and by cosine
 
 
 def _floor(tpot_engine, tpot_torch):

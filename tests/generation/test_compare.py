@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.conftest import Project
-from tests.test_generation import TINY
+from tests.generation.test_run import TINY
 
 # TINY's workload with a long point: the phases and verdicts of a long request are timed too
 LONG = tuple(a if a != "workload.long=null" else "workload.long={prompt: 24, new_tokens: 4, bins: 1}"
