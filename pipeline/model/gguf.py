@@ -9,7 +9,7 @@ file's sha256 and the recipe's model transform, so a rerun reads the folder in s
 every stage below sees an ordinary `pretrained` directory.
 
 Model transforms (`model.transformers.prune_ffn`) are applied to the trained weights at
-conversion, the way "flash" variants of a chat model are made: see `prune_ffn`.
+conversion, the way "flash" variants of a chat model are made: see pipeline/model/prune.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.errors import InputError, RecipeError
+from pipeline.model import prune
 from pipeline.text import first_line
 
 FORMAT = 1  # bump when the converted folder's layout changes: old folders are converted again
@@ -72,7 +73,7 @@ def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
 
     path = resolve(ref, where)
     digest = file_sha256(path)
-    name = f"{digest[:24]}-v{FORMAT}" + (f"-ffn{prune_ffn:g}" if prune_ffn else "")
+    name = f"{digest[:24]}-v{FORMAT}" + (f"-ffn{prune_ffn:g}-{prune.METHOD}" if prune_ffn else "")
     # the cache's folders are real folders, never links (safe_files.folder); a conversion
     # is written into a fresh private temp folder and renamed into place whole
     root = cache_root()
@@ -122,34 +123,9 @@ def _convert(path: Path, out: Path, where: str, prune_ffn: float | None) -> None
     if hasattr(model.config, "_pre_quantization_dtype"):
         del model.config._pre_quantization_dtype
     if prune_ffn:
-        prune_ffn_channels(model, prune_ffn)
+        prune.prune_ffn(model, prune_ffn, prune.calibration_ids(tokenizer))
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     config = json_file.loads(safe_files.read_bytes(out / "config.json"))
     config.pop("quantization_config", None)
     safe_files.write_atomic(out / "config.json", json.dumps(config, indent=2) + "\n")
-
-
-def prune_ffn_channels(model, share: float) -> None:
-    """Structured FFN pruning: drop `share` of every MLP's intermediate channels, those with
-    the smallest |down_proj column| x |up_proj row| norm product (their output's expected
-    size), from gate/up (rows) and down (columns). No fine-tuning follows: the task score
-    says what it cost. Llama-family MLPs (gate_proj, up_proj, down_proj)."""
-    import torch
-
-    if not 0 < share < 1:
-        raise RecipeError(f"model.transformers.prune_ffn: {share} must be between 0 and 1")
-    kept = None
-    for layer in model.model.layers:
-        mlp = layer.mlp
-        score = mlp.down_proj.weight.norm(dim=0) * mlp.up_proj.weight.norm(dim=1)  # [ffn]
-        keep = max(1, round(score.numel() * (1 - share)))
-        idx = torch.sort(score.topk(keep).indices).values
-        for name, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
-            old = getattr(mlp, name)
-            w = old.weight.index_select(dim, idx)
-            new = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-            new.weight = torch.nn.Parameter(w.contiguous())
-            setattr(mlp, name, new)
-        kept = keep
-    model.config.intermediate_size = kept

@@ -74,11 +74,12 @@ def code_digest(recipe: Recipe) -> str | None:
 
     hf = recipe.model.transformers
     if hf is not None and hf.gguf is not None:  # the checkpoint's bytes and how it is converted
-        from pipeline.model import gguf
+        from pipeline.model import gguf, prune
 
         path = gguf.resolve(hf.gguf, _where(recipe))
         return hashlib.sha256(f"{gguf.file_sha256(path)}:{hf.prune_ffn}:".encode()
-                              + Path(gguf.__file__).read_bytes()).hexdigest()
+                              + Path(gguf.__file__).read_bytes()
+                              + (Path(prune.__file__).read_bytes() if hf.prune_ffn else b"")).hexdigest()
     if recipe.model.zoo is not None:
         files = sorted(Path(__file__).parent.parent.joinpath("zoo").glob("*.py"))
     elif recipe.model.factory is not None:

@@ -94,8 +94,9 @@ class PrecisionSpec(Strict):
     int4_source: Literal["requantize", "checkpoint"] = Field(
         "requantize", description="int4: `requantize` quantizes the graph's float weights "
         "(symmetric blocks of `block_size`); `checkpoint` carries a GGUF checkpoint's own Q4_1 "
-        "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32, "
-        "float zero points; ONNX Runtime only), so a quantized checkpoint is not quantized twice.")
+        "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32; "
+        "Q4_1's minimums as a block-sum MatMul; ONNX Runtime only), so a quantized checkpoint is "
+        "not quantized twice.")
     sensitivity: SensitivitySpec = Field(SensitivitySpec(), description="Per-node sensitivity.")
     require_effective_precision: float | None = Field(
         None, gt=0, le=1, description="Least share of MatMul/Gemm FLOPs that ONNX Runtime must run "
