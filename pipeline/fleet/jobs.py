@@ -157,7 +157,12 @@ class Fleet:
         import ray
 
         self._task = ray.remote(worker.build_pair)
-        self._tracker = ray.remote(num_cpus=0)(worker.Tracker).remote()
+        # the tracker lives on this (the driver's) node: placed anywhere, it can land on a
+        # worker node that is then lost, and every job's progress dies with it
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        self._tracker = ray.remote(num_cpus=0)(worker.Tracker).options(scheduling_strategy=here).remote()
         jobs = [_Job(recipe, kind) for recipe, kind in pairs]
         for job in jobs:
             why = self._submit(job)

@@ -232,11 +232,18 @@ def test_a_node_lost_mid_job_is_retried_on_another(first, proj, cluster):
         nodes[KIND_A].remove(node)
         lost_nodes.append(node.node_id)
 
+    trackers = []
+
     def on_event(event):
         if event["attempt"] == 1:
+            from ray._private.state import actors  # the GCS's table (the state API needs a dashboard)
+
+            trackers.extend(a["Address"]["NodeID"] for a in actors().values() if a["ActorClassName"] == "Tracker")
             threading.Thread(target=remove_when_building, args=(event,)).start()
 
     outcome = _build(proj, cluster, [KIND_A], on_event=on_event)
+    # the progress tracker lives on the driver's (head) node, never on one that can be lost
+    assert trackers and set(trackers) == {c.head_node.node_id}
     (pair,) = outcome.pairs
     lost, retried = pair.attempts
     assert lost.outcome == "lost" and lost.node_id == lost_nodes[0], pair
