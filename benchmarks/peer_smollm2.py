@@ -81,9 +81,10 @@ class LlamaCppRunner:
         return self._next()
 
 
-# (A, B): B's time over A's. This pipeline's engines against each peer, and INT4 against FP32.
+# (A, B): B's time over A's. This pipeline's engines against each peer, INT4 and flash against FP32.
 PAIRS = [("llama.cpp", "pipeline-int4"), ("builder-int4", "pipeline-int4"),
-         ("builder-fp32", "pipeline-fp32"), ("pipeline-fp32", "pipeline-int4")]
+         ("builder-fp32", "pipeline-fp32"), ("pipeline-fp32", "pipeline-int4"),
+         ("pipeline-fp32", "pipeline-flash")]  # flash vs standard, when --engine pipeline-flash=...
 
 
 def decode_floors(onnx_paths: dict[str, Path], gguf: Path, c, contexts: dict[str, int],
