@@ -261,7 +261,7 @@ BUILT_ELSEWHERE = {
                        "5,120-token point much longer; tests/generation/test_chat_smollm2.py loads it once "
                        "and tests/generation/test_chat.py builds the chat workload end to end on the byte LM "
                        "(figures: benchmarks/results/smollm2-*)"
-       for p in ("fp32", "int8", "int4", "flash", "long")},
+       for p in ("fp32", "int8", "int4", "flash", "long", "flash-long")},
 }
 
 
