@@ -153,6 +153,8 @@ def chat_answers(args, onnx_paths: dict[str, Path], hf) -> dict:
     stop = tok.stop_ids(None)  # answers stop at end of sequence: no runner suppresses it
     reference = runners.TorchStaticRunner(StaticCacheLlama(hf, spec.max_context + 1), None, args.threads)
     ask = {name: runners.OrtLoopRunner(path, None, args.threads) for name, path in onnx_paths.items()}
+    for runner in ask.values():  # the builder's graphs name the head dim symbolically (kv_cache_dim)
+        runner.head_dim = hf.config.hidden_size // hf.config.num_attention_heads
     if not args.no_llama_cpp:
         ask["llama.cpp"] = LlamaCppRunner(args.gguf, spec.max_context + 1, args.threads, None)
     base = score.answer(reference, tok, scripts, stop, spec.answer_tokens, spec.max_context)
@@ -256,7 +258,11 @@ def main() -> None:
     floors = decode_floors(onnx_paths, args.gguf, c, contexts,
                            {n: {pt: figures[pt][n]["tpot_ms"]["p50"] for pt in figures} for n in timed})
     profiles = decode_profiles(onnx_paths, c, contexts, args.threads)
-    answers = chat_answers(args, onnx_paths, hf)
+    try:  # untimed, after every timing: a failure here must not lose the measurements above
+        answers = chat_answers(args, onnx_paths, hf)
+    except Exception as e:  # noqa: BLE001 - recorded in the results, said on the terminal
+        print(f"answers failed: {type(e).__name__}: {e}")
+        answers = {}
     result = {"created": now(), "machine": platform.processor() or platform.machine(), "device": deps.device(),
               "versions": deps.versions() | {"onnxruntime-genai": deps.version("onnxruntime-genai"),
                                              "llama-cpp-python": deps.version("llama-cpp-python")},
