@@ -87,8 +87,11 @@ def popen(project: Project, *args: str, env: dict | None = None, log: str) -> su
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     full_env.pop("PIPELINE_ENGINES", None)
     with open(project.path / log, "w") as err:
+        # Ctrl-C's default action in the run, as in a terminal: a suite started in the
+        # background by a non-interactive shell inherits SIGINT ignored, and so would the run
         return subprocess.Popen([sys.executable, "-m", "pipeline", *args], cwd=project.path,
-                                env=full_env, stdout=subprocess.DEVNULL, stderr=err)
+                                env=full_env, stdout=subprocess.DEVNULL, stderr=err,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for(condition, proc: subprocess.Popen | None = None, timeout: float = 300) -> None:
