@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import shutil
 import sys
@@ -38,6 +37,7 @@ from tests.artifacts.test_fuzz import (  # noqa: E402
     VERSUS,
     _canary,
     cli_problems,
+    damage_every_artifact,
     damaged_bytes,
     damaged_project,
     read_planted,
@@ -101,13 +101,7 @@ def force_clears(built: Path) -> dict:
     """Every artifact damaged at once, then `run --force`: it must rebuild and verify."""
     proj = Project(Path(tempfile.mkdtemp(prefix="fuzzforce-")) / "proj")
     shutil.copytree(built, proj.engines)
-    folder = proj.engines / STANDARD
-    manifest = json.loads((folder / "manifest.json").read_text())
-    for name in ("report.json", "validate-onnxruntime.json", "baseline.npz"):
-        bad = (folder / name).read_bytes()[:100] + b"[" * 100_000
-        (folder / name).write_bytes(bad)
-        manifest["files"][name].update(sha256=hashlib.sha256(bad).hexdigest(), bytes=len(bad))
-    (folder / "manifest.json").write_text(json.dumps(manifest)[:-1] + ', "x": ' + "[" * 100_000 + "}")
+    damage_every_artifact(proj.engines / STANDARD)
     t0 = time.perf_counter()
     stuck, forced = proj.run("run", "standard", *FAST), proj.run("run", "standard", "--force", *FAST)
     verified = proj.run("verify", f"engines/{STANDARD}", "--files-only")

@@ -271,6 +271,17 @@ def test_commands_on_damaged_bytes_exit_cleanly_and_write_nothing_outside(
     assert _canary(canary) == before
 
 
+def damage_every_artifact(folder: Path) -> None:
+    """Every recorded JSON and the baseline cut and padded with 100,000 `[`, their digests
+    re-signed in the manifest, which gets an extra key nested 100,000 deep."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name in ("report.json", "validate-onnxruntime.json", "baseline.npz"):
+        bad = (folder / name).read_bytes()[:100] + b"[" * 100_000
+        (folder / name).write_bytes(bad)
+        manifest["files"][name].update(sha256=hashlib.sha256(bad).hexdigest(), bytes=len(bad))
+    (folder / "manifest.json").write_text(json.dumps(manifest)[:-1] + ', "x": ' + "[" * 100_000 + "}")
+
+
 @pytest.mark.slow
 def test_run_force_clears_a_folder_with_every_artifact_damaged(built_standard, tmp_path):
     """Every recorded JSON and the baseline damaged at once, digests re-signed, the manifest
@@ -278,12 +289,7 @@ def test_run_force_clears_a_folder_with_every_artifact_damaged(built_standard, t
     proj = Project(tmp_path / "proj")
     shutil.copytree(built_standard.engines, proj.engines)
     folder = proj.engines / STANDARD
-    manifest = json.loads((folder / "manifest.json").read_text())
-    for name in ("report.json", "validate-onnxruntime.json", "baseline.npz"):
-        bad = (folder / name).read_bytes()[:100] + b"[" * 100_000
-        (folder / name).write_bytes(bad)
-        manifest["files"][name].update(sha256=hashlib.sha256(bad).hexdigest(), bytes=len(bad))
-    (folder / "manifest.json").write_text(json.dumps(manifest)[:-1] + ', "x": ' + "[" * 100_000 + "}")
+    damage_every_artifact(folder)
     stuck = proj.run("run", "standard", *FAST)
     assert stuck.code == 5 and len(stuck.error_lines) == 1 and "Traceback" not in stuck.err, stuck.err
     forced = proj.run("run", "standard", "--force", *FAST)

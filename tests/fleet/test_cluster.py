@@ -236,7 +236,8 @@ def test_a_node_lost_mid_job_is_retried_on_another(first, proj, cluster):
 
     def on_event(event):
         if event["attempt"] == 1:
-            from ray._private.state import actors  # the GCS's table (the state API needs a dashboard)
+            # the GCS's table: the state API (ray.util.state) needs a dashboard
+            from ray._private.state import actors
 
             trackers.extend(a["Address"]["NodeID"] for a in actors().values() if a["ActorClassName"] == "Tracker")
             threading.Thread(target=remove_when_building, args=(event,)).start()
