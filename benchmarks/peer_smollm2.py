@@ -103,16 +103,8 @@ def decode_floors(onnx_paths: dict[str, Path], gguf: Path, c, contexts: dict[str
     # and its KV cache in f16 (its default): half the fp32 cache's bytes per token
     weights = sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors)
     rate = floor.bandwidth()["bytes_per_s"]
-    points = {}
-    for point, context in contexts.items():
-        step = weights + kv // 2 * context
-        entry = {"context": context, "bytes": step, "floor_ms": step / rate * 1e3}
-        if tpot_ms.get("llama.cpp", {}).get(point):
-            entry["tpot_ms"] = tpot_ms["llama.cpp"][point]
-            entry["tpot_over_floor"] = entry["tpot_ms"] / entry["floor_ms"]
-        points[point] = entry
     out["llama.cpp"] = {"bandwidth_gb_s": rate / 1e9, "weights_bytes": weights, "kv_bytes_per_token": kv // 2,
-                        "points": points}
+                        "points": floor.floor_points(weights, kv // 2, contexts, rate, tpot_ms.get("llama.cpp"))}
     return out
 
 

@@ -109,19 +109,25 @@ def decode_floor(onnx_path: Path, kv_bytes_per_token: int, contexts: dict[str, i
     floor in ms at the measured bandwidth, and the measured TPOT over it where given."""
     bw = bandwidth()
     weights = weight_bytes(onnx_path)
-    # Bytes a decode step *reads*; a copy moves each byte twice (read + write), so the
-    # copy's rate is the read rate a GEMV can reach, at best.
-    rate = bw["bytes_per_s"]
-    points = {}
-    for name, context in contexts.items():
-        step = weights["total"] + kv_bytes_per_token * context
-        floor_ms = step / rate * 1e3
-        entry = {"context": context, "bytes": step, "floor_ms": floor_ms}
-        if tpot_ms and tpot_ms.get(name):
-            entry["tpot_ms"] = tpot_ms[name]
-            entry["tpot_over_floor"] = tpot_ms[name] / floor_ms
-        points[name] = entry
-    return {"bandwidth_gb_s": rate / 1e9, "bandwidth_method": bw["method"], "bandwidth_measured": bw["measured"],
+    return {"bandwidth_gb_s": bw["bytes_per_s"] / 1e9, "bandwidth_method": bw["method"],
+            "bandwidth_measured": bw["measured"],
             "weights_bytes": weights["total"], "weights_by_dtype": weights["by_dtype"],
             "gather_table_bytes": weights["gather_tables"], "kv_bytes_per_token": kv_bytes_per_token,
-            "points": points}
+            "points": floor_points(weights["total"], kv_bytes_per_token, contexts, bw["bytes_per_s"], tpot_ms)}
+
+
+def floor_points(weights: int, kv_bytes_per_token: int, contexts: dict[str, int], rate: float,
+                 tpot_ms: dict[str, float] | None = None) -> dict:
+    """Per point (its context): the bytes one decode step reads, the floor in ms at `rate`
+    bytes/s, and the measured TPOT over it where given."""
+    # Bytes a decode step *reads*; a copy moves each byte twice (read + write), so the
+    # copy's rate is the read rate a GEMV can reach, at best.
+    points = {}
+    for name, context in contexts.items():
+        step = weights + kv_bytes_per_token * context
+        entry = {"context": context, "bytes": step, "floor_ms": step / rate * 1e3}
+        if tpot_ms and tpot_ms.get(name):
+            entry["tpot_ms"] = tpot_ms[name]
+            entry["tpot_over_floor"] = tpot_ms[name] / entry["floor_ms"]
+        points[name] = entry
+    return points
