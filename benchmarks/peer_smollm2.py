@@ -150,12 +150,12 @@ def chat_answers(args, onnx_paths: dict[str, Path], hf) -> dict:
     if not args.no_llama_cpp:
         ask["llama.cpp"] = LlamaCppRunner(args.gguf, spec.max_context + 1, args.threads, None)
     base = score.answer(reference, tok, scripts, stop, spec.answer_tokens, spec.max_context)
-    nll = np.zeros(score.BLOCK)  # perplexity is not compared here (llama.cpp's would need logits_all)
+    # perplexity is not compared here (llama.cpp's would need logits_all): answers only
     out = {"questions": len(base), "scripts": len(scripts), "answer_tokens": spec.answer_tokens,
            "pytorch": {"correct": sum(r["correct"] for r in base), "replies": [r["reply"] for r in base[:3]]}}
     for name, runner in ask.items():
         rows = score.answer(runner, tok, scripts, stop, spec.answer_tokens, spec.max_context)
-        compared = score.compare(base, rows, nll, nll)
+        compared = score.answer_scores(base, rows)
         out[name] = {"answer_accuracy": compared["answer_accuracy"],
                      "identical_answers": compared["identical_answers"],
                      "replies": [r["reply"] for r in rows[:3]]}

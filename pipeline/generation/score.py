@@ -70,21 +70,14 @@ def token_losses(logits_of, ids: np.ndarray, window: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def compare(base: list[dict], mine: list[dict], base_nll: np.ndarray, my_nll: np.ndarray) -> dict:
-    """The engine's score against PyTorch's, on the same questions and tokens."""
+def answer_scores(base: list[dict], mine: list[dict]) -> dict:
+    """Answer accuracy against PyTorch's on the same questions (paired-bootstrap interval of
+    the delta), and the answers identical to PyTorch's token for token."""
     b = np.array([r["correct"] for r in base], float)
     e = np.array([r["correct"] for r in mine], float)
     same = [r["tokens"] == s["tokens"] for r, s in zip(base, mine)]
     acc = lambda idx: (float(b[idx].mean()), float(e[idx].mean()))  # noqa: E731
-    blocks = max(1, base_nll.size // BLOCK)
-    bb = base_nll[:blocks * BLOCK].reshape(blocks, -1).sum(1)
-    eb = my_nll[:blocks * BLOCK].reshape(blocks, -1).sum(1)
-    per = blocks and base_nll[:blocks * BLOCK].size // blocks
-    ppl = lambda idx: (float(np.exp(bb[idx].sum() / (per * idx.size))),  # noqa: E731
-                       float(np.exp(eb[idx].sum() / (per * idx.size))))
     acc_base, acc_eng = acc(np.arange(b.size))
-    ppl_base, ppl_eng = ppl(np.arange(blocks))
-    ratio = lambda idx: (1.0, (lambda p: p[1] / p[0])(ppl(idx)))  # noqa: E731
     return {
         "answer_accuracy": {"metric": "answer_accuracy", "baseline": acc_base, "engine": acc_eng,
                             "delta": acc_eng - acc_base,
@@ -94,6 +87,21 @@ def compare(base: list[dict], mine: list[dict], base_nll: np.ndarray, my_nll: np
                             "questions": int(b.size)},
         "identical_answers": {"share": float(np.mean(same)) if same else None,
                               "count": int(sum(same)), "of": len(same)},
+    }
+
+
+def compare(base: list[dict], mine: list[dict], base_nll: np.ndarray, my_nll: np.ndarray) -> dict:
+    """The engine's score against PyTorch's, on the same questions and tokens."""
+    blocks = max(1, base_nll.size // BLOCK)
+    bb = base_nll[:blocks * BLOCK].reshape(blocks, -1).sum(1)
+    eb = my_nll[:blocks * BLOCK].reshape(blocks, -1).sum(1)
+    per = blocks and base_nll[:blocks * BLOCK].size // blocks
+    ppl = lambda idx: (float(np.exp(bb[idx].sum() / (per * idx.size))),  # noqa: E731
+                       float(np.exp(eb[idx].sum() / (per * idx.size))))
+    ppl_base, ppl_eng = ppl(np.arange(blocks))
+    ratio = lambda idx: (1.0, (lambda p: p[1] / p[0])(ppl(idx)))  # noqa: E731
+    return {
+        **answer_scores(base, mine),
         "perplexity": {"metric": "perplexity", "baseline": ppl_base, "engine": ppl_eng,
                        "delta": ppl_eng - ppl_base,
                        "ci95": list(task_metrics.paired_bootstrap(ppl, blocks)),
