@@ -136,9 +136,13 @@ def main() -> None:
         seconds = {p: builder(work / "model", work / f"builder-{p}", p) for p in ("fp32", "int4")}
         engines = {p: pipeline_engine(work, p, vocab) for p in ("fp32", "int4")}
         context = PROMPT + NEW + 1
-        cfg = genai_config.config(layers=layers, kv_heads=kv, heads=heads, head_dim=d // heads, hidden=d,
-                                  vocab=vocab, eos_token_id=eos, context_length=context, threads=args.threads)
-        folders = {f"pipeline-{p}": genai_config.write_folder(work / f"genai-{p}", e, cfg) for p, e in engines.items()}
+
+        def cfg(engine: Path) -> dict:
+            return genai_config.config(layers=layers, kv_heads=kv, heads=heads, head_dim=d // heads, hidden=d,
+                                       vocab=vocab, eos_token_id=eos, context_length=context, threads=args.threads,
+                                       filename=engine.name, in_place=genai_config.in_place_cache(engine))
+
+        folders = {f"pipeline-{p}": genai_config.write_folder(work / f"genai-{p}", e, cfg(e)) for p, e in engines.items()}
         for p in ("fp32", "int4"):  # the builder's own folders, context length set to the same
             c = json.loads((work / f"builder-{p}" / "genai_config.json").read_text())
             c["model"]["context_length"] = context

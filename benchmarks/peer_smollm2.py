@@ -214,7 +214,8 @@ def main() -> None:
         cfg = genai_config.config(layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
                                   heads=c.num_attention_heads, head_dim=c.hidden_size // c.num_attention_heads,
                                   hidden=c.hidden_size, vocab=c.vocab_size, eos_token_id=eos,
-                                  context_length=context, filename=Path(path).name, threads=args.threads)
+                                  context_length=context, filename=Path(path).name, threads=args.threads,
+                                  in_place=genai_config.in_place_cache(Path(path)))
         folders[name] = genai_config.write_folder(args.work / name, Path(path), cfg)
     for item in args.builder:
         name, _, folder = item.partition("=")

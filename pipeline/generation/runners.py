@@ -9,14 +9,19 @@ the tokens asked for. A turn after the first appends the previous reply's last t
 its prompt (that token was chosen but never fed).
 
 - GenaiRunner: onnxruntime-genai's C++ generation loop over the engine (genai_config.json
-  written by the pipeline). Single-turn points only: with a concatenating KV cache
-  (past_present_share_buffer false), genai 0.18 sizes the attention mask (and the presents)
-  of an append_tokens after generate_next_token for one token more than the cache holds, and
-  the run fails (measured: "present.0.key ... {1,2,29,16} but the computed output shape ...
-  {1,2,28,16}"; with ONNX Attention: "inconsistent total_sequence_length (between attn_mask
-  and past_key ...)"). tests/generation/test_run.py pins it.
-- OrtLoopRunner: a lean ONNX Runtime loop with IOBinding (presents stay OrtValues and are
-  bound as the next pasts, no copy); runs the task's turns, which genai cannot.
+  written by the pipeline). Single-turn points only: genai 0.18 counts the reply's last token
+  (chosen, never fed) in the attention mask of an append_tokens after generate_next_token but
+  never computes its K/V. On a concatenating cache the run fails (measured: "present.0.key ...
+  {1,2,29,16} but the computed output shape ... {1,2,28,16}"; with ONNX Attention:
+  "inconsistent total_sequence_length (between attn_mask and past_key ...)"); on a shared
+  buffer it runs and attends to an empty slot (measured on SmolLM2 INT4: the second turn's
+  tokens differ from the loop's from the first one on). tests/generation/test_run.py pins the
+  failure.
+- OrtLoopRunner: a lean ONNX Runtime loop with IOBinding; runs the task's turns, which genai
+  cannot. On a GroupQueryAttention graph (genai_config.in_place_cache) the presents are bound
+  to the pasts' own preallocated buffers and the kernel appends in place; otherwise the
+  presents stay OrtValues bound as the next pasts (no copy out of ONNX Runtime, but the graph
+  concatenates the whole cache each step).
 - TorchStaticRunner: the PyTorch baseline over a static (preallocated) KV cache.
 """
 
@@ -25,6 +30,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+
+from pipeline.generation.genai_config import in_place_cache
+
+# Tokens an in-place cache holds at first; it doubles (one copy) when a context outgrows it.
+FIRST_CAPACITY = 256
 
 
 def _greedy(logits: np.ndarray, eos: int | None) -> np.ndarray:
@@ -101,25 +111,48 @@ class OrtLoopRunner(_Turns):
         self.past_names = [i.name for i in inputs[2:]]
         self.present_names = [o.name for o in self.session.get_outputs()[1:]]
         _, self.kv_heads, _, self.head_dim = inputs[2].shape
+        self.in_place = in_place_cache(engine)
+        if self.in_place:  # each present is bound to its own past's buffer, matched by name
+            assert self.present_names == [n.replace("past_key_values", "present") for n in self.past_names]
 
     def new(self, batch: int) -> None:
-        empty = np.zeros((batch, self.kv_heads, 0, self.head_dim), np.float32)
-        self.past = {n: self.ort.OrtValue.ortvalue_from_numpy(empty) for n in self.past_names}
         self.length, self.batch, self.last = 0, batch, None
+        self.capacity = FIRST_CAPACITY if self.in_place else 0
+        self.past = self._buffers(self.capacity)
+
+    def _buffers(self, tokens: int) -> dict:
+        """One zeroed [B, KV, tokens, hd] cache per past input."""
+        shape = (self.batch, self.kv_heads, tokens, self.head_dim)
+        return {n: self.ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for n in self.past_names}
+
+    def _grow(self, needed: int) -> None:
+        """A larger in-place cache holding what the old one held (amortized: it doubles)."""
+        held = self.capacity
+        self.capacity = max(needed, 2 * held)
+        grown = self._buffers(self.capacity)
+        for name, value in self.past.items():
+            grown[name].numpy()[:, :, :held] = value.numpy()  # numpy() of a CPU OrtValue is a view
+        self.past = grown
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
         binding = self.session.io_binding()
         self.length += tokens.shape[1]
+        if self.in_place and self.length > self.capacity:
+            self._grow(self.length)
         binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
         binding.bind_cpu_input("attention_mask", np.ones((self.batch, self.length), np.int64))
         for name, value in self.past.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits")
-        for name in self.present_names:
-            binding.bind_output(name)
+        for name, past in zip(self.present_names, self.past.values()):
+            if self.in_place:  # the kernel writes the new K/V into the past's own buffer
+                binding.bind_ortvalue_output(name, past)
+            else:
+                binding.bind_output(name)
         self.session.run_with_iobinding(binding)
         outputs = binding.get_outputs()
-        self.past = dict(zip(self.past_names, outputs[1:]))  # presents become the next pasts
+        if not self.in_place:
+            self.past = dict(zip(self.past_names, outputs[1:]))  # presents become the next pasts
         self.last = _greedy(outputs[0].numpy()[:, -1], self.eos)
         return self.last
 

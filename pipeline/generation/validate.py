@@ -196,9 +196,9 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     }
 
 
-def deployed_config(recipe: Recipe, engine_name: str) -> tuple[dict, list[Path]]:
-    """genai_config.json for the engine file `engine_name`, and the tokenizer files to ship
-    beside it (the model's own: bos/eos/pad ids from its config)."""
+def deployed_config(recipe: Recipe, engine: Path) -> tuple[dict, list[Path]]:
+    """genai_config.json for the engine file, and the tokenizer files to ship beside it (the
+    model's own: bos/eos/pad ids from its config)."""
     shape, own = decoder_shape(recipe.model), _model_config(recipe)
     hf = recipe.model.transformers
     folder = models.transformers_dir(hf, recipe.where) if hf is not None else None
@@ -206,7 +206,8 @@ def deployed_config(recipe: Recipe, engine_name: str) -> tuple[dict, list[Path]]
     cfg = genai_config.config(layers=shape.layers, kv_heads=shape.kv_heads, heads=shape.heads,
                               head_dim=shape.head_dim, hidden=shape.hidden, vocab=shape.vocab,
                               eos_token_id=eos_token(recipe), context_length=_context(recipe),
-                              filename=engine_name, threads=recipe.validate_.threads, **ids)
+                              filename=engine.name, threads=recipe.validate_.threads,
+                              in_place=genai_config.in_place_cache(engine), **ids)
     return cfg, genai_config.tokenizer_files(folder)
 
 
@@ -221,7 +222,7 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
     eos, noise = eos_token(recipe), recipe.validate_.latency.noise_threshold
     feeds, references, _, _ = data.load_all(base.path)
     base_tokens = data.load_tokens(base.path)
-    cfg, tokenizer = deployed_config(recipe, engine.path.name)
+    cfg, tokenizer = deployed_config(recipe, engine.path)
     folder = genai_config.write_folder(workdir / "genai", engine.path, cfg, tokenizer)
 
     warnings = []

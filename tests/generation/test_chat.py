@@ -158,17 +158,19 @@ def test_a_gguf_function_that_exits_is_a_recipe_error(tmp_path, monkeypatch):
         resolve("exits_here:path", "r.yaml")
 
 
-def test_genai_config_names_the_engine_and_stops_at_the_models_eos():
+def test_genai_config_names_the_engine_and_stops_at_the_models_eos(tmp_path):
     """Defect 1: it named model.onnx (the raw export), min_length = max_length, bos/pad 0."""
     from pipeline.generation.validate import deployed_config
+    from tests.generation.test_genai_config import decoder_graph
 
     r = load("gpt2-tiny", ["workload.kind=generation", "model.transformers.task=logits",
                            "model.transformers.config={model_type: llama, vocab_size: 128, "
                            "hidden_size: 32, intermediate_size: 64, num_hidden_layers: 2, "
                            "num_attention_heads: 4, num_key_value_heads: 2, bos_token_id: 3, "
                            "eos_token_id: 5, pad_token_id: 4}"])
-    cfg, _ = deployed_config(r, "onnxruntime.onnx")
+    cfg, _ = deployed_config(r, decoder_graph(tmp_path / "onnxruntime.onnx", gqa=False))
     assert cfg["model"]["decoder"]["filename"] == "onnxruntime.onnx"
+    assert cfg["search"]["past_present_share_buffer"] is False  # ONNX Attention concatenates
     assert (cfg["model"]["bos_token_id"], cfg["model"]["eos_token_id"], cfg["model"]["pad_token_id"]) == (3, 5, 4)
     assert cfg["search"]["min_length"] == 0 < cfg["search"]["max_length"]
 

@@ -108,3 +108,35 @@ def test_fused_graph_generates_what_the_exported_one_does(optimized):
             past, lo = dict(zip(names, out[1:])), hi
         logits.append(np.concatenate(out_all))
     assert np.abs(logits[0] - logits[1]).max() < 1e-4
+
+
+def test_fused_graph_keeps_its_cache_in_place(optimized, monkeypatch, tmp_path):
+    """GroupQueryAttention appends into a preallocated buffer: the IOBinding loop binds each
+    present to its past's buffer (growing it past its first capacity, three times here) and greedy
+    tokens over two turns equal the exported graph's, whose cache grows by concatenation;
+    onnxruntime-genai with past_present_share_buffer true generates the same first turn."""
+    import onnxruntime_genai  # noqa: F401  (a real dependency: no skip)
+
+    from pipeline.generation import genai_config, runners
+    from pipeline.generation.workload import Request, generate
+
+    _, proj = optimized
+    folder = proj.engines / "tiny-llama"
+    monkeypatch.setattr(runners, "FIRST_CAPACITY", 4)
+    fused, exported = (runners.OrtLoopRunner(folder / n, eos=2, threads=1) for n in ("optimized.onnx", "model.onnx"))
+    assert fused.in_place and not exported.in_place
+    rng = np.random.default_rng(1)
+    turns = Request("t", "task", 1, ((rng.integers(3, 256, size=(1, 7)), 5),
+                                     (rng.integers(3, 256, size=(1, 4)), 5)))
+    tokens = generate(fused, turns).tokens
+    # turn 1: 7 prompt + 4 fed replies; turn 2: the reply's last token + 4 prompt + 4 replies
+    assert fused.length == 7 + 4 + 5 + 4 and fused.capacity == 32  # 4 -> 8 -> 16 -> 32
+    assert (tokens == generate(exported, turns).tokens).all()
+
+    cfg = genai_config.config(layers=LAYERS, kv_heads=2, heads=4, head_dim=16, hidden=64, vocab=256,
+                              eos_token_id=2, context_length=32, filename="optimized.onnx",
+                              in_place=genai_config.in_place_cache(folder / "optimized.onnx"))
+    assert cfg["search"]["past_present_share_buffer"] is True
+    genai = runners.GenaiRunner(genai_config.write_folder(tmp_path / "g", folder / "optimized.onnx", cfg), 32)
+    first = Request("p", "point", 1, turns.turns[:1])
+    assert (generate(genai, first).tokens == generate(exported, first).tokens).all()
