@@ -140,3 +140,24 @@ def test_fused_graph_keeps_its_cache_in_place(optimized, monkeypatch, tmp_path):
     genai = runners.GenaiRunner(genai_config.write_folder(tmp_path / "g", folder / "optimized.onnx", cfg), 32)
     first = Request("p", "point", 1, turns.turns[:1])
     assert (generate(genai, first).tokens == generate(exported, first).tokens).all()
+
+
+def test_profile_runs_an_in_place_graph_as_its_runners_do(optimized):
+    """explain.profile binds the fused graph's presents to its pasts' buffers (the exported
+    graph, which concatenates, runs as saved) and both profile the same decode feed."""
+    from pipeline.explain import profile
+
+    _, proj = optimized
+    folder = proj.engines / "tiny-llama"
+    rng = np.random.default_rng(2)
+    past = 11
+    feed = {"input_ids": rng.integers(3, 256, (1, 1)), "attention_mask": np.ones((1, past + 1), np.int64),
+            **{f"past_key_values.{i}.{kv}": rng.standard_normal((1, 2, past, 16)).astype(np.float32)
+               for i in range(LAYERS) for kv in ("key", "value")}}
+    before = {k: v.copy() for k, v in feed.items()}
+    runs = profile.profile_sessions({"fused": folder / "optimized.onnx", "exported": folder / "model.onnx"},
+                                    feed, runs=3, warmup=1, threads=1)
+    assert runs["fused"]["cache_in_place"] and not runs["exported"]["cache_in_place"]
+    ops = {n["op"] for n in runs["fused"]["nodes"]}
+    assert "GroupQueryAttention" in ops and "Concat" not in ops
+    assert all((feed[k] == before[k]).all() for k in feed)  # the caller's arrays are not written
