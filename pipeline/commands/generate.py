@@ -4,7 +4,8 @@ It runs the deployed folder the way a user would: onnxruntime-genai on engines/<
 (genai_config.json naming the engine file, the model's tokenizer files beside it), the
 model's chat template, greedy, tokens streamed as they come, stopping at end of sequence.
 A conversation (--chat) is run again from its whole text each turn: genai 0.18 cannot
-append a turn to a concatenating KV cache after generating (runners.GenaiRunner).
+append a turn after generating (it fails on a concatenating cache and silently attends to an
+empty slot on a shared one: runners.GenaiRunner).
 """
 
 from __future__ import annotations
