@@ -25,6 +25,25 @@ def optimize_meta(folder: Path) -> dict:
 
 
 # ------------------------------------------------------------------ GLM (zoo): standard
+def test_kv_check_feeds_stay_within_the_workloads_context():
+    """smollm2-long's profile pairs a 5,120-token prompt with a 5,152-token past: a
+    10,272-token attention no runner reaches, whose check was killed at 22.8 GB. The max point
+    is checked as the prompt's prefill and a decode step over the longest context instead."""
+    from pipeline.recipe import load
+    from pipeline.stages.optimize import check_feeds
+
+    recipe = load("smollm2-long")
+    context = recipe.workload.context_max()
+    feeds = check_feeds(recipe)
+    assert all(f["attention_mask"].shape[1] <= context for f in feeds.values())
+    prefill, decode = feeds["max:prefill"], feeds["max:decode"]
+    assert prefill["input_ids"].shape == (1, 5120) and prefill["past_key_values.0.key"].shape[2] == 0
+    assert decode["input_ids"].shape == (1, 1) and decode["attention_mask"].shape[1] == context
+    assert decode["past_key_values.29.value"].shape == (1, 3, context - 1, 64)
+    # a turn within the context is checked as it is fed: 128 new tokens over a 128-token past
+    assert feeds["opt"]["input_ids"].shape == (1, 128) and feeds["opt"]["attention_mask"].shape == (1, 256)
+
+
 def test_standard_fuses_attention_per_layer_and_normalization(built_standard):
     folder = built_standard.engines / STANDARD
     exported, optimized = ops(folder / "model.onnx"), ops(folder / "optimized.onnx")
