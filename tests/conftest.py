@@ -205,13 +205,29 @@ def built_standard(tmp_path_factory) -> Project:
 
 def digits_build(tmp_path_factory) -> Project:
     """`pipeline run digits` (a small MLP on scikit-learn's digits, INT8), one build for the
-    session: stages/test_optimize.py checks it builds, loadgen/test_command.py loads it."""
+    session: stages/test_every_recipe.py checks it builds, loadgen/test_command.py loads it."""
     return shared_build(tmp_path_factory, "digits", "digits", *FAST_OPT)
 
 
 @pytest.fixture(scope="session")
 def built_digits(tmp_path_factory) -> Project:
     return digits_build(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def built_minilm(tmp_path_factory) -> Project:
+    """One real `pipeline run minilm` (dynamo export of BERT: the slowest build here), shared
+    by stages/test_optimize.py (its fusions, its embeddings against sentence-transformers) and
+    stages/test_every_recipe.py, which may run on another xdist worker."""
+    short = "{name: sequence, min: 2, opt: 16, max: 32}"  # the real model is slow on 2 cores
+    return shared_build(tmp_path_factory, "minilm", "minilm", *FAST_OPT,
+                        "--set", f"inputs.0.shape.1={short}", "--set", f"inputs.1.shape.1={short}")
+
+
+@pytest.fixture(scope="session")
+def built_gpt2(tmp_path_factory) -> Project:
+    """`pipeline run gpt2-tiny`, shared like built_minilm."""
+    return shared_build(tmp_path_factory, "gpt2", "gpt2-tiny", *FAST_OPT)
 
 
 @pytest.fixture(scope="session")

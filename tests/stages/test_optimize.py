@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 
-from tests.conftest import FAST_OPT, ROOT, STANDARD, Project, built, set_folder
+from tests.conftest import FAST_OPT, ROOT, STANDARD, Project, set_folder
 
 ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 
@@ -208,14 +208,6 @@ def test_inspect_missing_or_corrupt_file_is_one_error_line(project, content, exp
 
 
 # ------------------------------------------------------------------ MiniLM (real weights)
-@pytest.fixture(scope="session")
-def built_minilm(tmp_path_factory) -> Project:
-    """One real `pipeline run minilm` (dynamo export of BERT: the slowest build here)."""
-    short = "{name: sequence, min: 2, opt: 16, max: 32}"  # the real model is slow on 2 cores
-    return built(tmp_path_factory, "minilm", "minilm", *FAST_OPT,
-                 "--set", f"inputs.0.shape.1={short}", "--set", f"inputs.1.shape.1={short}")
-
-
 def test_minilm_fuses_six_attentions_and_halves_the_graph(built_minilm):
     folder = built_minilm.built
     exported, optimized = ops(folder / "model.onnx"), ops(folder / "optimized.onnx")
@@ -251,77 +243,7 @@ def test_minilm_engine_matches_sentence_transformers_on_padded_text(built_minilm
     assert np.allclose(np.linalg.norm(onnx_emb, axis=1), 1.0, atol=1e-5)
 
 
-# ------------------------------------------------------------------ every recipe
-@pytest.fixture(scope="session")
-def built_gpt2(tmp_path_factory) -> Project:
-    return built(tmp_path_factory, "gpt2", "gpt2-tiny", *FAST_OPT)
-
-
-FIXTURES = {"standard": "built_standard", "standard-aoti": "built_aoti", "minilm": "built_minilm",
-            "gpt2-tiny": "built_gpt2", "digits": "built_digits"}
-
-
-# Recipes another test builds end to end, or too slow for the suite's budget (built by hand,
-# figures in README.md).
-BUILT_ELSEWHERE = {
-    **{f"lm-{p}": "the lm-* recipes share model and data; tests/metrics/test_task.py builds lm-int4 end to "
-                  "end (perplexity, the max_task_loss gate) and standard-fp16/int8 cover the precisions"
-       for p in ("fp32", "fp16", "int8", "int4")},
-    "minilm-int8": "BERT export + INT8 with sensitivity take minutes on 2 cores; tests/data/test_sources.py "
-                   "covers its data (pairs, the model's tokenizer), minilm its build, and "
-                   "tests/precision/test_int8.py and tests/commands/test_tune.py the dynamic scheme, smoothing and the "
-                   "search on small models (benchmarks/peer_int8.py builds it)",
-    **{name: "a generation workload times prefill and decode of every point (minutes on 2 cores); "
-             "tests/generation/test_run.py builds standard-gen end to end and standard-int8 / "
-             "flash-int4 cover the precisions"
-       for name in ("standard-gen", "standard-gen-int8", "standard-gen-int4", "flash-gen",
-                    "lm-gen", "lm-gen-int8", "lm-gen-int4")},
-    **{f"smollm2-{p}": "the real 135M chat model: an export takes 5-25 min on 2 cores and a "
-                       "5,120-token point much longer; tests/generation/test_chat_smollm2.py loads it once "
-                       "and tests/generation/test_chat.py builds the chat workload end to end on the byte LM "
-                       "(figures: benchmarks/results/smollm2-*)"
-       for p in ("fp32", "int8", "int4", "flash", "long", "flash-long")},
-}
-
-
-def _recipe_params():
-    for path in sorted((ROOT / "recipes").glob("*.yaml")):
-        text = path.read_text()
-        if path.stem in BUILT_ELSEWHERE:
-            yield pytest.param(path.stem, marks=pytest.mark.skip(reason=BUILT_ELSEWHERE[path.stem]))
-        elif "glm-base" in text:  # ~201M parameters: sized for GPUs (`make gpu-check` builds them)
-            yield pytest.param(path.stem, marks=pytest.mark.skip(
-                reason=f"{path.stem} is the ~201M-parameter GLM, sized for `make gpu-check` on a "
-                       "GPU; building it on 2 CPU cores takes longer than the whole suite may"))
-        else:
-            yield path.stem
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(_recipe_params()))
-def test_every_recipe_builds_and_validates(request, tmp_path, name):
-    """Builds and validates: every engine is built (or skipped with its reason, e.g. no
-    TensorRT here) and carries accuracy, latency and gates. A recipe whose gates fail exits 3
-    with the report written (with this test's shortened timing and data a gate may fail that
-    the full recipe meets)."""
-    if name in FIXTURES:  # built once per session, shared with the tests that read its outputs
-        proj = request.getfixturevalue(FIXTURES[name])
-        code, folder = 0, proj.built
-    else:
-        proj = Project(tmp_path)
-        result = proj.run("run", name, *FAST_OPT)
-        code, folder = result.code, proj.folder(result)
-        assert code in (0, 3), result.err
-    report = json.loads((folder / "report.json").read_text())
-    assert report["optimize"]["nodes_after"] <= report["optimize"]["nodes_before"]
-    built = [e for e in report["engines"] if e["status"] == "built"]
-    assert built and all(e["status"] == "built" or e["reason"] for e in report["engines"])
-    for e in built:
-        assert e["accuracy"] and e["latency_ms"]["n"] > 0 and e["gates"]
-    passed = all(g["passed"] for e in built for g in e["gates"])
-    assert passed == (code == 0)
-
-
+# ------------------------------------------------------------------ gpt2-tiny
 def test_gpt2_tiny_rejects_the_invalid_fusion_and_keeps_going(built_gpt2):
     meta = optimize_meta(built_gpt2.built)
     status = {p["name"]: (p["status"], p["reason"]) for p in meta["passes"]}
