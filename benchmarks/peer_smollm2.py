@@ -84,7 +84,10 @@ class LlamaCppRunner:
 # (A, B): B's time over A's. This pipeline's engines against each peer, INT4 and flash against FP32.
 PAIRS = [("llama.cpp", "pipeline-int4"), ("builder-int4", "pipeline-int4"),
          ("builder-fp32", "pipeline-fp32"), ("pipeline-fp32", "pipeline-int4"),
-         ("pipeline-fp32", "pipeline-flash")]  # flash vs standard, when --engine pipeline-flash=...
+         ("pipeline-fp32", "pipeline-flash"),  # flash vs standard, when --engine pipeline-flash=...
+         # the pipeline's INT4 in the builder's format (precision.int4_source: requantize, RTN of the
+         # de-quantized weights), when --engine pipeline-int4-rtn=...: same bytes a step as the builder's
+         ("builder-int4", "pipeline-int4-rtn"), ("llama.cpp", "pipeline-int4-rtn")]
 
 
 def decode_floors(onnx_paths: dict[str, Path], gguf: Path, c, contexts: dict[str, int],
