@@ -67,6 +67,36 @@ def file_sha256(path: Path) -> str:
     return safe_files.sha256(path)
 
 
+def header_config(ref: str, where: str) -> dict:
+    """The decoder's sizes under transformers' config names, read from the GGUF header alone
+    (metadata `<arch>.block_count` etc.; tensors are not read): what a recipe needs to derive
+    its KV-cache signature, without the minute-long conversion. A model transform prunes FFN
+    channels only, which none of these names."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(resolve(ref, where)).fields
+
+    def value(key: str):
+        field = fields.get(key)
+        if field is None or not field.data:
+            return None
+        part = field.parts[field.data[0]]
+        return bytes(part).decode() if key == "general.architecture" else part.tolist()[0]
+
+    arch = value("general.architecture")
+    sizes = {"num_hidden_layers": "block_count", "hidden_size": "embedding_length",
+             "num_attention_heads": "attention.head_count", "num_key_value_heads": "attention.head_count_kv",
+             "head_dim": "attention.key_length", "vocab_size": "vocab_size"}
+    config = {name: value(f"{arch}.{key}") for name, key in sizes.items()}
+    if config["vocab_size"] is None and "tokenizer.ggml.tokens" in fields:
+        config["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
+    missing = [f"{arch}.{sizes[k]}" for k, v in config.items() if v is None and k != "head_dim"]
+    if missing:
+        raise InputError(f"{where}: model.transformers.gguf: the header lacks {', '.join(missing)}",
+                         "give a GGUF of a Llama-family decoder written by llama.cpp's converter")
+    return {k: v for k, v in config.items() if v is not None}
+
+
 def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
     """The converted transformers folder of the GGUF `ref` (+ transform), converting once."""
     from pipeline.store import safe_files

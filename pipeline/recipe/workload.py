@@ -157,10 +157,10 @@ def decoder_shape(model) -> DecoderShape:
                              f"(model.transformers.task: logits), not task `{spec.task}`")
         if spec.config is not None:
             config = dict(spec.config)
-        elif spec.gguf is not None:  # the converted folder (converted once, then cached)
+        elif spec.gguf is not None:  # the file's header: no conversion to load a recipe
             from pipeline.model import gguf
 
-            config = json.loads((gguf.folder(spec.gguf, "model", spec.prune_ffn) / "config.json").read_text())
+            config = gguf.header_config(spec.gguf, "model")
         else:
             config = _pretrained_config(spec.pretrained)
         heads = config.get("num_attention_heads", 32)

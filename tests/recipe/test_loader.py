@@ -239,6 +239,17 @@ def test_every_shipped_recipe_is_valid():
         assert recipe_mod.load(path).targets
 
 
+def test_a_gguf_recipe_loads_from_the_files_header_without_converting(tmp_path, monkeypatch):
+    """Loading smollm2-flash derives its KV-cache signature from the GGUF header: the
+    minute-long conversion (and, for flash, the pruning calibration) waits for the export."""
+    monkeypatch.setenv("PIPELINE_GGUF_CACHE", str(tmp_path / "gguf"))
+    recipe = recipe_mod.load("smollm2-flash")
+    past = recipe.inputs[2]
+    assert past.name == "past_key_values.0.key" and past.shape[1] == 3 and past.shape[3] == 64
+    assert len(recipe.inputs) == 2 + 2 * 30
+    assert not (tmp_path / "gguf").exists() or not any((tmp_path / "gguf").iterdir())
+
+
 def test_a_registered_target_kind_changes_the_registry_not_the_recipe_class(chdir_project):
     """A plugin's target schema joins targets.SCHEMAS; the Recipe class (its fields and
     validator) stays the one imported, and a recipe validated after that takes the new kind,
