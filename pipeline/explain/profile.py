@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.generation.genai_config import in_place_cache, present_of
+
 CATEGORIES: dict[str, set[str]] = {
     "matmul/conv": {
         "MatMul", "Gemm", "Conv", "FusedMatMul", "FusedGemm", "FusedConv", "Einsum", "QLinearMatMul",
@@ -70,8 +72,6 @@ def profile_sessions(models: dict[str, Path], feed: dict, runs: int = 30, warmup
     """
     import onnxruntime as ort
 
-    from pipeline.generation.genai_config import in_place_cache
-
     with tempfile.TemporaryDirectory() as tmp:
         sessions = {}
         for i, (name, path) in enumerate(models.items()):
@@ -112,7 +112,7 @@ def _in_place_binding(session, feed: dict):
             room[:, :, : value.shape[2]] = value
             buffer = ort.OrtValue.ortvalue_from_numpy(room)  # keeps `room` alive
             binding.bind_ortvalue_input(name, buffer)
-            binding.bind_ortvalue_output(name.replace("past_key_values", "present"), buffer)
+            binding.bind_ortvalue_output(present_of(name), buffer)
         else:
             binding.bind_cpu_input(name, value)
     for output in session.get_outputs():

@@ -55,11 +55,16 @@ def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int
     }
 
 
+def present_of(past: str) -> str:
+    """The output a past input's cache comes back as: past_key_values.3.key -> present.3.key."""
+    return past.replace("past_key_values.", "present.", 1)
+
+
 def in_place_cache(graph: Path) -> bool:
     """True when each present.* output is written by a GroupQueryAttention (ONNX Runtime's
-    contrib op) that reads the matching past.* straight from the graph's inputs: the kernel
-    then takes a preallocated [B, KV, capacity, hd] buffer as past and present at once and
-    appends in place (seqlens_k from the mask says how much of it is filled)."""
+    contrib op) that reads its own past (`present_of`) straight from the graph's inputs: the
+    kernel then takes a preallocated [B, KV, capacity, hd] buffer as past and present at once
+    and appends in place (seqlens_k from the mask says how much of it is filled)."""
     import onnx
 
     model = onnx.load(str(graph), load_external_data=False)
@@ -71,7 +76,8 @@ def in_place_cache(graph: Path) -> bool:
         if node is None or node.op_type != "GroupQueryAttention" or node.domain != "com.microsoft":
             return False
         # GroupQueryAttention: inputs 3, 4 are past_key, past_value; outputs 1, 2 the presents
-        if list(node.output[1:3]).count(name) != 1 or not set(node.input[3:5]) <= inputs:
+        pairs = list(zip(node.input[3:5], node.output[1:3]))
+        if not any(present == name and past in inputs and present_of(past) == name for past, present in pairs):
             return False
     return bool(outputs)
 

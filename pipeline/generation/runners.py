@@ -31,9 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.generation.genai_config import in_place_cache
+from pipeline.generation.genai_config import in_place_cache, present_of
 
-# Tokens an in-place cache holds at first; it doubles (one copy) when a context outgrows it.
+# Tokens an in-place cache holds at first, and the room it keeps past a prompt that outgrows
+# it (a 5,120-token prompt then decodes without a second copy); it at least doubles each time.
 FIRST_CAPACITY = 256
 
 
@@ -109,11 +110,8 @@ class OrtLoopRunner(_Turns):
         self.session = ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
         inputs = self.session.get_inputs()
         self.past_names = [i.name for i in inputs[2:]]
-        self.present_names = [o.name for o in self.session.get_outputs()[1:]]
         _, self.kv_heads, _, self.head_dim = inputs[2].shape
-        self.in_place = in_place_cache(engine)
-        if self.in_place:  # each present is bound to its own past's buffer, matched by name
-            assert self.present_names == [n.replace("past_key_values", "present") for n in self.past_names]
+        self.in_place = in_place_cache(engine)  # then each present comes back into its past's buffer
 
     def new(self, batch: int) -> None:
         self.length, self.batch, self.last = 0, batch, None
@@ -126,9 +124,10 @@ class OrtLoopRunner(_Turns):
         return {n: self.ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for n in self.past_names}
 
     def _grow(self, needed: int) -> None:
-        """A larger in-place cache holding what the old one held (amortized: it doubles)."""
+        """A larger in-place cache holding what the old one held: room for `needed` tokens and
+        FIRST_CAPACITY more, at least twice the old (amortized: one copy per doubling)."""
         held = self.capacity
-        self.capacity = max(needed, 2 * held)
+        self.capacity = max(needed + FIRST_CAPACITY, 2 * held)
         grown = self._buffers(self.capacity)
         for name, value in self.past.items():
             grown[name].numpy()[:, :, :held] = value.numpy()  # numpy() of a CPU OrtValue is a view
@@ -144,15 +143,15 @@ class OrtLoopRunner(_Turns):
         for name, value in self.past.items():
             binding.bind_ortvalue_input(name, value)
         binding.bind_output("logits")
-        for name, past in zip(self.present_names, self.past.values()):
+        for name, past in self.past.items():
             if self.in_place:  # the kernel writes the new K/V into the past's own buffer
-                binding.bind_ortvalue_output(name, past)
+                binding.bind_ortvalue_output(present_of(name), past)
             else:
-                binding.bind_output(name)
+                binding.bind_output(present_of(name))
         self.session.run_with_iobinding(binding)
         outputs = binding.get_outputs()
-        if not self.in_place:
-            self.past = dict(zip(self.past_names, outputs[1:]))  # presents become the next pasts
+        if not self.in_place:  # presents (bound in the pasts' order) become the next pasts
+            self.past = dict(zip(self.past_names, outputs[1:]))
         self.last = _greedy(outputs[0].numpy()[:, -1], self.eos)
         return self.last
 

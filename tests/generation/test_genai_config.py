@@ -12,9 +12,10 @@ from pipeline.generation import genai_config
 KV = [1, 2, "past", 16]  # [B, KV heads, cached tokens, head size]
 
 
-def decoder_graph(path: Path, *, gqa: bool, through_identity: bool = False) -> Path:
+def decoder_graph(path: Path, *, gqa: bool, through_identity: bool = False, swapped: bool = False) -> Path:
     """A one-layer decoder's cache wiring (never run): past.* in, present.* out of either
-    ORT's GroupQueryAttention or ONNX Attention; optionally an Identity before present.0.value."""
+    ORT's GroupQueryAttention or ONNX Attention; optionally an Identity before present.0.value,
+    or the two presents' names swapped (the key's cache comes back as present.0.value)."""
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, "s"]),
               helper.make_tensor_value_info("attention_mask", TensorProto.INT64, [1, "t"]),
@@ -25,7 +26,8 @@ def decoder_graph(path: Path, *, gqa: bool, through_identity: bool = False) -> P
         attention = helper.make_node(
             "GroupQueryAttention", ["q", "k", "v", "past_key_values.0.key", "past_key_values.0.value",
                                     "seqlens_k", "total_len"],
-            ["logits", "present.0.key", value], domain="com.microsoft", num_heads=4, kv_num_heads=2)
+            ["logits", *(([value, "present.0.key"]) if swapped else ["present.0.key", value])],
+            domain="com.microsoft", num_heads=4, kv_num_heads=2)
     else:
         attention = helper.make_node(
             "Attention", ["q", "k", "v", "mask", "past_key_values.0.key", "past_key_values.0.value"],
@@ -44,6 +46,8 @@ def test_onnx_attention_or_a_present_made_by_another_node_is_not(tmp_path):
     assert not genai_config.in_place_cache(decoder_graph(tmp_path / "attention.onnx", gqa=False))
     # the kernel's output would be copied into the present: no single buffer to share
     assert not genai_config.in_place_cache(decoder_graph(tmp_path / "copy.onnx", gqa=True, through_identity=True))
+    # a runner binds present.0.key to past_key_values.0.key's buffer: it must be that cache
+    assert not genai_config.in_place_cache(decoder_graph(tmp_path / "swapped.onnx", gqa=True, swapped=True))
 
 
 def test_the_config_says_so():
