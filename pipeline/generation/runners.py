@@ -98,7 +98,10 @@ class OrtLoopRunner(_Turns):
     name = "onnxruntime-iobinding"
     turns = True
 
-    def __init__(self, engine: Path, eos: int, threads: int | None = None):
+    def __init__(self, engine: Path, eos: int, threads: int | None = None, in_place: bool | None = None):
+        """in_place: whether the graph keeps its cache in place (genai_config.in_place_cache),
+        when the caller knows it already: finding out parses the whole ONNX file (~4 s for
+        SmolLM2's 540 MB FP32 graph), on top of the session's own load."""
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -111,7 +114,8 @@ class OrtLoopRunner(_Turns):
         inputs = self.session.get_inputs()
         self.past_names = [i.name for i in inputs[2:]]
         _, self.kv_heads, _, self.head_dim = inputs[2].shape
-        self.in_place = in_place_cache(engine)  # then each present comes back into its past's buffer
+        # then each present comes back into its past's buffer
+        self.in_place = in_place_cache(engine) if in_place is None else in_place
 
     def new(self, batch: int) -> None:
         self.length, self.batch, self.last = 0, batch, None

@@ -147,8 +147,8 @@ def _torch_score(recipe: Recipe, model) -> tuple[list[dict], np.ndarray]:
     return _score(recipe, runners.TorchStaticRunner(decoder, None, recipe.validate_.threads), logits_of)
 
 
-def _engine_score(recipe: Recipe, engine_path: Path) -> tuple[list[dict], np.ndarray]:
-    runner = runners.OrtLoopRunner(engine_path, None, recipe.validate_.threads)
+def _engine_score(recipe: Recipe, engine_path: Path, in_place: bool) -> tuple[list[dict], np.ndarray]:
+    runner = runners.OrtLoopRunner(engine_path, None, recipe.validate_.threads, in_place)
     past = _empty_past(recipe)
 
     def logits_of(ids):
@@ -235,8 +235,9 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
         genai = None
         warnings.append("onnxruntime-genai is not installed (pip install onnxruntime-genai): "
                         "every request ran on the IOBinding loop")
-    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validate_.threads)
-    makers["onnxruntime-iobinding"] = (runners.OrtLoopRunner, (engine.path, eos, recipe.validate_.threads))
+    in_place = cfg["search"]["past_present_share_buffer"]  # read from the graph once, above
+    loop = runners.OrtLoopRunner(engine.path, eos, recipe.validate_.threads, in_place)
+    makers["onnxruntime-iobinding"] = (runners.OrtLoopRunner, (engine.path, eos, recipe.validate_.threads, in_place))
 
     outputs = [_run_feed(loop.session, f, recipe.outputs) for f in feeds]
     accuracy, kv_cache = split_cache_outputs(accuracy_metrics.compare(references, outputs, ["logits"]))
@@ -259,7 +260,7 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
     if monitor.contention(resources):
         warnings.append(monitor.contention(resources))
     if spec.chat is not None:  # the task score: the engine's answers and losses against PyTorch's
-        rows, nll = _engine_score(recipe, engine.path)
+        rows, nll = _engine_score(recipe, engine.path, in_place)
         base_rows = [{"tokens": base_tokens[f"answer/{i}"].tolist(), "correct": bool(c), "seconds": float(t)}
                      for i, (c, t) in enumerate(zip(base_tokens["answer_correct"], base_tokens["answer_seconds"]))]
         generation_score = {**score.compare(base_rows, rows, base_tokens["nll"], nll),
