@@ -14,6 +14,7 @@ conversion, the way "flash" variants of a chat model are made: see pipeline/mode
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -72,9 +73,19 @@ def header_config(ref: str, where: str) -> dict:
     (metadata `<arch>.block_count` etc.; tensors are not read): what a recipe needs to derive
     its KV-cache signature, without the minute-long conversion. A model transform prunes FFN
     channels only, which none of these names."""
+    path = resolve(ref, where)
+    stat = path.stat()
+    # GGUFReader parses every field, the tokenizer's ~50k strings too (~2 s here), and
+    # every recipe on the file asks: read once per file version in a process.
+    return dict(_header_config(str(path.resolve()), stat.st_ino, stat.st_size, stat.st_mtime_ns, where))
+
+
+@functools.lru_cache(maxsize=8)
+def _header_config(path: str, inode: int, size: int, mtime_ns: int, where: str) -> dict:
+    """header_config of the file at PATH as it is (its inode, size and mtime are the key)."""
     from gguf import GGUFReader
 
-    fields = GGUFReader(resolve(ref, where)).fields
+    fields = GGUFReader(path).fields
 
     def value(key: str):
         field = fields.get(key)
