@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import FAST, set_folder, shared_build
+from tests.conftest import FAST, scaled, set_folder, shared_build
 
 pytestmark = pytest.mark.slow
 
@@ -122,8 +122,9 @@ def test_serve_refuses_a_folder_verify_refuses_with_exit_5(tiny, tmp_path):
 def test_the_cli_answers_as_the_engine_in_process_and_records_its_cold_start(tiny):
     from pipeline.serving.app import free_port
 
+    # the module's recipe holds a batch 30 s for company: a lone first request would wait it out
     result = tiny.run("serve", FOLDER, "--check-only", "--num-cpus", "2", "--port", str(free_port()),
-                      timeout=600)
+                      "--set", "serve.max_queue_delay_us=1000", timeout=600)
     assert result.code == 0, result.err
     record = json.loads((tiny.engines / FOLDER / "serve-start-onnxruntime.json").read_text())
     assert record["checked"].startswith("max |diff|") and record["cold_start_s"] >= record["ready_s"] > 0
@@ -205,8 +206,10 @@ def test_a_full_queue_answers_503_over_http(tiny, ray_local):
 
     from pipeline.serving import app
 
-    # two requests fill the queue and wait there (batch 4 never fills; 20 s delay)
-    recipe = _recipe(tiny, max_queue_size=2, max_queue_delay_us=20_000_000)
+    # two requests fill the queue and wait there (batch 4 never fills) for as long as the
+    # batch delay: long enough to post a third, stretched on a busy machine
+    delay = scaled(3)
+    recipe = _recipe(tiny, max_queue_size=2, max_queue_delay_us=int(delay * 1e6))
     server = app.start(recipe, tiny.engines)
     body = {"inputs": {k: v.tolist() for k, v in _sample(np.random.default_rng(2), 8).items()}}
     waiting = []
@@ -214,7 +217,7 @@ def test_a_full_queue_answers_503_over_http(tiny, ray_local):
                for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + delay
     while _get(f"{server.url}/stats")["queued"] < 2:  # until both wait in the replica's queue
         assert time.monotonic() < deadline and not waiting, "the two requests never queued"
         time.sleep(0.05)
