@@ -230,12 +230,6 @@ def built_gpt2(tmp_path_factory) -> Project:
     return shared_build(tmp_path_factory, "gpt2", "gpt2-tiny", *FAST_OPT)
 
 
-@pytest.fixture(scope="session")
-def built_aoti(tmp_path_factory) -> Project:
-    """One real `pipeline run standard-aoti` (an AOTInductor compile: ~30 s on 2 cores)."""
-    return built(tmp_path_factory, "aoti", "standard-aoti", *FAST)
-
-
 @pytest.fixture
 def standard_copy(built_standard, tmp_path) -> Project:
     """A private copy of the built `standard` project, for tests that change its outputs
