@@ -21,6 +21,9 @@ class Pass(NamedTuple):
     summary: str
     options: tuple[str, ...] = ()  # option names the function accepts
     ort_only: bool = False  # writes ONNX Runtime contrib ops (com.microsoft) other runtimes lack
+    # "module:function" checking the options before any work, for what the schema cannot
+    # know without the pass's library (e.g. which fusions onnxscript has)
+    options_check: str | None = None
 
 
 PASSES: dict[str, Pass] = {
@@ -37,7 +40,7 @@ PASSES: dict[str, Pass] = {
     "ort_fusions": Pass(
         "pipeline.passes.onnx_passes:ort_fusions",
         "onnxscript ORT fusions: (multi-head) attention, (skip) layer/RMS norm, GELU, rotary",
-        ("skip",), ort_only=True),
+        ("skip",), ort_only=True, options_check="pipeline.passes.onnx_passes:check_ort_fusions"),
     "attention_with_past": Pass(
         "pipeline.passes.attention:attention_with_past",
         "KV cache: Concat(past, new) -> Attention folded into ONNX Attention's past/present (opset 23)"),
@@ -76,7 +79,17 @@ def names() -> tuple[str, ...]:
 
 def load(name: str):
     """The pass function registered under `name` (imports its module)."""
-    module, _, attr = PASSES[name].target.partition(":")
+    return _function(PASSES[name].target)
+
+
+def check_options(name: str, options: dict) -> None:
+    """The pass's own check of its options (RecipeError), where it has one."""
+    if PASSES[name].options_check:
+        _function(PASSES[name].options_check)(**options)
+
+
+def _function(target: str):
+    module, _, attr = target.partition(":")
     return getattr(importlib.import_module(module), attr)
 
 

@@ -55,17 +55,8 @@ def ort_fusions(model, skip: list[str] | tuple[str, ...] = ()):
     from onnxscript.rewriter import ort_fusions as fusions
     from onnxscript.rewriter.ort_fusions import _core
 
-    # fusion (as counted) -> the function of onnxscript's ort_fusions._core that applies it
-    functions = {name[len("fuse_"):]: name for name in dir(_core)
-                 if name.startswith("fuse_") and name != "fuse_xformers"}
-    functions.update(packed_qkv_for_gqa="fuse_qkv_gqa", erf_gelu="fuse_erfgelu")
-    unknown = sorted(set(skip) - set(functions))
-    if unknown:
-        from pipeline.errors import RecipeError
-
-        raise RecipeError(f"optimize.options.ort_fusions.skip: unknown fusion {', '.join(unknown)}",
-                          f"known: {', '.join(sorted(functions))}")
-
+    functions = _fusion_functions()
+    check_ort_fusions(skip)
     renamed = rms_as_simplified_layer_norm(model)
     ir, m = _ir(model)
     with contextlib.ExitStack() as stack:
@@ -80,6 +71,31 @@ def ort_fusions(model, skip: list[str] | tuple[str, ...] = ()):
                  **({"rms_as_simplified_layer_norm": renamed} if renamed else {}),
                  **({"skipped": list(skip)} if skip else {}),
                  **({"constant_concats_packed": packed} if packed else {})}
+
+
+def _fusion_functions() -> dict[str, str]:
+    """fusion (as ort_fusions counts it) -> the function of onnxscript's ort_fusions._core
+    that applies it."""
+    from onnxscript.rewriter.ort_fusions import _core
+
+    functions = {name[len("fuse_"):]: name for name in dir(_core)
+                 if name.startswith("fuse_") and name != "fuse_xformers"}
+    functions.update(packed_qkv_for_gqa="fuse_qkv_gqa", erf_gelu="fuse_erfgelu")
+    return functions
+
+
+def check_ort_fusions(skip: list[str] | tuple[str, ...] = ()) -> None:
+    """ort_fusions' options, checked before any work (the optimize stage's preflight): every
+    fusion named in `skip` is one onnxscript applies."""
+    if not skip:
+        return
+    functions = _fusion_functions()
+    unknown = sorted(set(skip) - set(functions))
+    if unknown:
+        from pipeline.errors import RecipeError
+
+        raise RecipeError(f"optimize.options.ort_fusions.skip: unknown fusion {', '.join(unknown)}",
+                          f"known: {', '.join(sorted(functions))}")
 
 
 def pack_constant_concats(model) -> int:

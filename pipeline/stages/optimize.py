@@ -43,7 +43,10 @@ def enabled(recipe: Recipe) -> bool:
 
 
 def preflight(recipe: Recipe) -> None:
-    """No user error of its own to find early: its passes and options are checked by the recipe schema."""
+    """The options of the recipe's passes, as far as the schema cannot check them (which
+    fusions onnxscript knows): a wrong name stops the run before the export."""
+    for name in recipe.optimize.passes:
+        passes.check_options(name, recipe.optimize.options.get(name, {}))
 
 
 def check_feeds(recipe: Recipe) -> dict[str, data.Feed]:

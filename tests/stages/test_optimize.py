@@ -275,3 +275,4 @@ def test_unknown_fusion_to_skip_is_one_error_line_exit_2(project):
     assert len(result.error_lines) == 1
     assert "optimize.options.ort_fusions.skip: unknown fusion gqa2" in result.error_lines[0]
     assert "gqa" in result.error_lines[0]
+    assert project.snapshot() == {}  # found by the optimize stage's preflight, before the export
