@@ -43,6 +43,21 @@ def compared(tmp_path_factory) -> tuple[Project, dict]:
     return proj, data
 
 
+def test_each_compared_recipe_is_built_and_validated_like_a_run(compared):
+    """compare runs each recipe up to its report: flash-int4 and standard-int8 are built end
+    to end here (stages/test_every_recipe.py leaves them to this test), gates included."""
+    proj, _ = compared
+    for name in (*INVERSION, INT8):
+        report = json.loads((proj.engines / set_folder(name, *SETTINGS) / "report.json").read_text())
+        assert report["optimize"]["nodes_after"] <= report["optimize"]["nodes_before"]
+        built = [e for e in report["engines"] if e["status"] == "built"]
+        assert [e["target"] for e in built] == ["onnxruntime"], name
+        assert all(e["status"] == "built" or e["reason"] for e in report["engines"])
+        for e in built:
+            assert e["accuracy"] and e["latency_ms"]["n"] > 0 and e["gates"], name
+            assert all(g["passed"] for g in e["gates"]), (name, e["gates"])
+
+
 def test_the_flash_engine_is_slower_with_an_interval(compared):
     _, data = compared
     a, b = INVERSION

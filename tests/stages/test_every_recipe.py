@@ -21,6 +21,9 @@ FIXTURES = {"standard": "built_standard", "minilm": "built_minilm",
 # Recipes another test builds end to end, or too slow for the suite's budget (built by hand,
 # figures in README.md).
 BUILT_ELSEWHERE = {
+    **{name: "built end to end, gates included, by the `pipeline compare` of tests/commands/test_compare.py "
+             "(a timing module: `make test` runs it after this part)"
+       for name in ("flash-int4", "standard-int8")},
     "standard-aoti": "standard plus an AOTInductor target (and TensorRT, not installed here): standard is built "
                      "here and tests/backends/test_torch.py builds standard-aoti's AOTInductor target end to "
                      "end (a second ~30 s C++ compile of the same model would add nothing)",
