@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import Project
-from tests.generation.test_run import TINY
-
-# TINY's workload with a long point: the phases and verdicts of a long request are timed too
-LONG = tuple(a if a != "workload.long=null" else "workload.long={prompt: 24, new_tokens: 4, bins: 1}"
-             for a in TINY)
+from tests.generation.test_run import LONG, built_gen  # noqa: F401  (the shared build fixture)
 
 
-def test_compare_times_the_task_and_the_long_point_with_verdicts(tmp_path):
-    proj = Project(tmp_path)
-    standard = proj.run("run", "standard-gen", "--target", "onnxruntime", *LONG)
-    assert standard.code == 0, standard.err
+def test_compare_times_the_task_and_the_long_point_with_verdicts(built_gen):  # noqa: F811
+    proj = built_gen  # standard-gen of the LONG workload, built once for the session
+    standard = proj.built
     flash = proj.run("run", "flash-gen", "--target", "onnxruntime", *LONG, "--set", "optimize.options={}")
     assert flash.code == 0, flash.err
-    res = proj.run("compare", proj.folder(standard).name, proj.folder(flash).name)  # <recipe>@<hash>
+    res = proj.run("compare", standard.name, proj.folder(flash).name)  # <recipe>@<hash>
     a, b = "standard-gen", "flash-gen"
     assert res.code == 0, res.err
     (folder,) = (proj.engines / "compare").iterdir()

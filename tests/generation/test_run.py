@@ -19,6 +19,9 @@ TINY = (
     "--set", "workload.task=[{prompt: 6, new_tokens: 3}, {prompt: 4, new_tokens: 3}]",
     "--set", "optimize.passes=[attention_with_past]",
 )
+# TINY with a long point: the phases of a long request are timed too
+LONG = tuple(a if a != "workload.long=null" else "workload.long={prompt: 24, new_tokens: 4, bins: 1}"
+             for a in TINY)
 
 
 def _recipe(**workload):
@@ -55,9 +58,10 @@ def test_generation_needs_a_decoder(project: Project):
 # ----------------------------------------------------------------------------- end to end
 @pytest.fixture(scope="module")
 def built_gen(tmp_path_factory) -> Project:
-    """`pipeline run standard-gen` of the TINY workload, built once for the session
-    (serving/test_generation.py takes it too), this module's own copy."""
-    return shared_build(tmp_path_factory, "standard-gen-tiny", "standard-gen", "--target", "onnxruntime", *TINY)
+    """`pipeline run standard-gen` of the LONG workload, built once for the session
+    (serving/test_generation.py and generation/test_compare.py take it too), this module's
+    own copy."""
+    return shared_build(tmp_path_factory, "standard-gen-long", "standard-gen", "--target", "onnxruntime", *LONG)
 
 
 def test_run_writes_the_generation_section(built_gen: Project):
@@ -70,7 +74,7 @@ def test_run_writes_the_generation_section(built_gen: Project):
     base = report["baseline"]["generation"]["points"]
     engine = report["engines"][0]
     gen = engine["generation"]
-    assert set(gen["points"]) == {"b1-p8", "b2-p8", "task"} == set(base)
+    assert set(gen["points"]) == {"b1-p8", "b2-p8", "task", "long"} == set(base)
     for key in ("ttft_ms", "tpot_ms"):
         assert {"p50", "p90", "p99"} <= set(gen[key]) and {"p50", "p90", "p99"} <= set(gen["baseline"][key])
     assert gen["points"]["b2-p8"]["tokens_per_s"]["aggregate"] == pytest.approx(
