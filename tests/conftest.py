@@ -31,7 +31,7 @@ FAST = (
     "--set", "validate.threads=1",
 )
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # One worker per core: each test's PyTorch (export, eager baseline, the CLI subprocesses
+    # As many workers as cores, or one more: each test's PyTorch (export, eager baseline, the CLI subprocesses
     # that inherit this environment) takes one thread, not every core.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
