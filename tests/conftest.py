@@ -31,8 +31,8 @@ FAST = (
     "--set", "validate.threads=1",
 )
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # As many workers as cores, or one more: each test's PyTorch (export, eager baseline, the CLI subprocesses
-    # that inherit this environment) takes one thread, not every core.
+    # As many workers as cores, or one more: each test's PyTorch (export, eager baseline,
+    # the CLI subprocesses that inherit this environment) takes one thread, not every core.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
