@@ -147,10 +147,15 @@ def project(tmp_path) -> Project:
     return Project(tmp_path)
 
 
-def built(tmp_path_factory, folder: str, *args: str, env: dict | None = None) -> Project:
+def built(tmp_path_factory, folder: str, *args: str, env: dict | None = None,
+          beside: Project | None = None) -> Project:
     """A fresh project in which `pipeline run ARGS` succeeded: what the shared build fixtures
-    (one real run, read by many tests) stand on."""
+    (one real run, read by many tests) stand on. BESIDE: a build whose engines/ the project
+    starts with, so stages with the same key are copied from it (a variant of its recipe
+    reuses its export), as they are in a user's engines/."""
     proj = Project(tmp_path_factory.mktemp(folder))
+    if beside is not None:
+        shutil.copytree(beside.engines, proj.engines)
     result = proj.run("run", *args, env=env)
     assert result.code == 0, result.err
     proj.built = proj.folder(result)
@@ -225,6 +230,13 @@ def built_minilm(tmp_path_factory) -> Project:
     short = "{name: sequence, min: 2, opt: 16, max: 32}"  # the real model is slow on 2 cores
     return shared_build(tmp_path_factory, "minilm", "minilm", *FAST_OPT,
                         "--set", f"inputs.0.shape.1={short}", "--set", f"inputs.1.shape.1={short}")
+
+
+@pytest.fixture(scope="session")
+def built_flash(tmp_path_factory) -> Project:
+    """`pipeline run flash` (the block-sparse tiny GLM), shared like built_minilm; the runs of
+    recipes and --set variants on the flash model start beside a copy of it."""
+    return shared_build(tmp_path_factory, "flash", "flash", *FAST_OPT)
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,10 @@ INT8 = ("--set", "precision.mode=int8", "--set", "precision.require_effective_pr
 
 
 @pytest.fixture(scope="session")
-def int8_flash(tmp_path_factory) -> Project:
-    """`pipeline run flash` with INT8 Q/DQ and an effective-precision gate."""
-    return built(tmp_path_factory, "int8", "flash", *INT8, *FAST)
+def int8_flash(tmp_path_factory, built_flash) -> Project:
+    """`pipeline run flash` with INT8 Q/DQ and an effective-precision gate (beside the fp32
+    flash build, whose export it reuses)."""
+    return built(tmp_path_factory, "int8", "flash", *INT8, *FAST, beside=built_flash)
 
 
 def _report(proj: Project) -> dict:

@@ -3,18 +3,22 @@
 Its own module (it was the end of stages/test_optimize.py): under `--dist loadfile` a module
 runs on one xdist worker, and these builds (minutes together) then ran after that module's
 own on the same worker while the other idled. The builds other modules also read (standard,
-minilm, gpt2-tiny, digits) are conftest's shared_build fixtures, made once for all workers.
+flash, minilm, gpt2-tiny, digits) are conftest's shared_build fixtures, made once for all
+workers; a recipe that extends one of them is built beside a copy of it, as it would be in
+a user's engines/, so the stages it shares (same key: its export) are copied, not redone.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import shutil
 
 import pytest
 
 from tests.conftest import FAST_OPT, ROOT, Project
 
-FIXTURES = {"standard": "built_standard", "minilm": "built_minilm",
+FIXTURES = {"standard": "built_standard", "flash": "built_flash", "minilm": "built_minilm",
             "gpt2-tiny": "built_gpt2", "digits": "built_digits"}
 
 
@@ -72,6 +76,10 @@ def test_every_recipe_builds_and_validates(request, tmp_path, name):
         code, folder = 0, proj.built
     else:
         proj = Project(tmp_path)
+        parent = re.search(r"^extends: (\S+)\.yaml$", (ROOT / "recipes" / f"{name}.yaml").read_text(), re.M)
+        if parent and parent[1] in FIXTURES:  # beside the recipe it extends, as in a user's
+            # engines/: the stages it shares with it (same key: its export) are copied
+            shutil.copytree(request.getfixturevalue(FIXTURES[parent[1]]).engines, proj.engines)
         result = proj.run("run", name, *FAST_OPT)
         code, folder = result.code, proj.folder(result)
         assert code in (0, 3), result.err
