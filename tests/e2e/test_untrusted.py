@@ -288,25 +288,24 @@ def test_a_data_file_of_10m_rows_without_samples_is_refused_by_its_size(project)
     _one_error(result, 2, "of memory", "feeds and reference outputs")
 
 
-def test_two_checkouts_export_byte_identical_graphs(tmp_path):
-    """The same recipe exported from two checkouts at different paths: the same bytes, and
-    neither checkout's path inside."""
-    procs, checkouts = [], [tmp_path / "a", tmp_path / "checkout-at-another-path"]
-    for checkout in checkouts:
-        shutil.copytree(ROOT / "pipeline", checkout / "pipeline",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copytree(ROOT / "recipes", checkout / "recipes")
-        env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONDONTWRITEBYTECODE": "1"}
-        env.pop("PIPELINE_ENGINES", None)
-        procs.append(subprocess.Popen([sys.executable, "-m", "pipeline", "export", "standard"],
-                                      cwd=checkout, env=env, stderr=subprocess.PIPE, text=True))
-    for proc in procs:
-        assert wait_exit(proc, 600) == 0, proc.stderr.read()
-    graphs = [(c / "engines" / "standard" / "model.onnx").read_bytes() for c in checkouts]
-    assert hashlib.sha256(graphs[0]).hexdigest() == hashlib.sha256(graphs[1]).hexdigest()
-    assert b'File "pipeline/zoo/glm.py"' in graphs[0]  # the trace is kept, relative
-    for checkout, graph in zip(checkouts, graphs):
-        assert str(checkout).encode() not in graph and str(tmp_path).encode() not in graph
+def test_two_checkouts_export_byte_identical_graphs(built_standard, tmp_path):
+    """The same recipe exported from two checkouts at different paths (this one, for the
+    shared standard build, and a copy): the same bytes, and neither checkout's path inside."""
+    checkout = tmp_path / "checkout-at-another-path"
+    shutil.copytree(ROOT / "pipeline", checkout / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "recipes", checkout / "recipes")
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PIPELINE_ENGINES", None)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "export", "standard"],
+                            cwd=checkout, env=env, stderr=subprocess.PIPE, text=True)
+    assert wait_exit(proc, 600) == 0, proc.stderr.read()
+    graphs = {ROOT: (built_standard.built / "model.onnx").read_bytes(),
+              checkout: (checkout / "engines" / "standard" / "model.onnx").read_bytes()}
+    assert len({hashlib.sha256(g).hexdigest() for g in graphs.values()}) == 1
+    assert b'File "pipeline/zoo/glm.py"' in graphs[ROOT]  # the trace is kept, relative
+    for where, graph in graphs.items():
+        assert str(where).encode() not in graph and str(tmp_path).encode() not in graph
+        assert str(built_standard.path).encode() not in graph
 
 
 def test_deploy_replaces_a_model_folder_whole_and_keeps_its_other_versions(standard_copy):
