@@ -47,7 +47,7 @@ recipes: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	builds=$$(mktemp -d) && trap 'rm -rf "$$builds"' EXIT && export PIPELINE_TEST_BUILDS=$$builds && \
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not timing" $(PYTEST_ARGS) && \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not timing" $(PYTEST_ARGS) && \
 	$(BIN)/python -m pytest -m timing $(PYTEST_ARGS)
 
 # On a CUDA machine: every GPU-capable target of the base GLM recipes -> benchmarks/results/.
