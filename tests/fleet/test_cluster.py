@@ -89,10 +89,10 @@ def proj(tmp_path_factory) -> Project:
     return Project(tmp_path_factory.mktemp("fleet"))
 
 
-def _build(proj, cluster, wanted, fleet_cls=jobs.Fleet, on_event=None):
+def _build(proj, cluster, wanted, fleet_cls=jobs.Fleet, on_event=None, values=VALUES):
     with contextlib.chdir(proj.path):
         return run.build(["standard"], False, cluster[0].address, wanted, 600, Path("engines"),
-                         VALUES, fleet_cls=fleet_cls, on_event=on_event)
+                         values, fleet_cls=fleet_cls, on_event=on_event)
 
 
 def _node_ids(cluster, kind) -> set[str]:
@@ -242,7 +242,12 @@ def test_a_node_lost_mid_job_is_retried_on_another(first, proj, cluster):
             trackers.extend(a["Address"]["NodeID"] for a in actors().values() if a["ActorClassName"] == "Tracker")
             threading.Thread(target=remove_when_building, args=(event,)).start()
 
-    outcome = _build(proj, cluster, [KIND_A], on_event=on_event)
+    # another folder (one --set value more): the job builds, not only reuses what the tests
+    # before accepted, so its `pipeline run` runs for seconds, not the ~1 s a thread polling
+    # for it on a loaded machine could miss
+    other = tuple("validate.latency.warmup=6" if v == "validate.latency.warmup=5" else v for v in VALUES)
+    assert other != VALUES
+    outcome = _build(proj, cluster, [KIND_A], on_event=on_event, values=other)
     # the progress tracker lives on the driver's (head) node, never on one that can be lost
     assert trackers and set(trackers) == {c.head_node.node_id}
     (pair,) = outcome.pairs
