@@ -2,9 +2,9 @@
 
 `make test` runs it in two parts: every test not marked `timing` across one worker more
 than the cores (`pytest -n 3 --dist loadfile -m "not timing"` on 2), then the `timing`
-tests one at a time (`pytest -m timing`). A `timing` test asserts what a wall-clock measurement showed (a
-verdict, an interval, the harness overhead), so it must not share the CPUs with other
-tests; under `pytest -n` it is skipped, saying so. `--dist loadfile` keeps a module on one
+tests one at a time (`pytest -m timing`). A `timing` test asserts what a wall-clock
+measurement showed (a verdict, an interval, the harness overhead), so it must not share
+the CPUs with other tests; under `pytest -n` it is skipped, saying so. `--dist loadfile` keeps a module on one
 worker, so a module-scoped fixture (a real `pipeline run`, 10-30 s) is built once; a build
 that several modules read is made once for all the workers (conftest.shared_build), and
 under `make test` once for both parts (PIPELINE_TEST_BUILDS, a folder the Makefile makes).
