@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,31 +38,42 @@ def free_port() -> int:
 @contextlib.contextmanager
 def local_ray(num_cpus: int | None = None, address: str | None = None):
     """A Ray instance of our own (stopped on exit), or the cluster at `address` (left running).
-    No dashboard; every port Ray picks itself, so it never meets another user's Ray."""
+
+    Our own is `address="local"` with a session folder of its own: `ray.init()` with no
+    address joins whatever Ray it finds on the machine (RAY_ADDRESS, the `ray_current_cluster`
+    note of a `ray start`, or a running GCS), another test's or the user's, and then refuses
+    `num_cpus`. No dashboard; every port Ray picks itself."""
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    for attempt in range(STARTS):
-        try:
-            if address:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                         log_to_driver=False, _system_config={"metrics_report_interval_ms": 60_000})
-            break
-        except Exception as e:
-            # Ray gives its raylet a fixed 30 s to register; a busy machine can miss that
-            if "timed out during startup" not in str(e) or attempt == STARTS - 1:
-                raise
-            ray.shutdown()
+    # short, under /tmp: Ray's unix sockets live in it (a socket path has ~107 bytes)
+    own = None if address else tempfile.mkdtemp(prefix="rayp", dir="/tmp")
     try:
-        yield
-    finally:
-        from ray import serve
+        for attempt in range(STARTS):
+            try:
+                if address:
+                    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+                else:
+                    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
+                             include_dashboard=False, log_to_driver=False, _temp_dir=own,
+                             _system_config={"metrics_report_interval_ms": 60_000})
+                break
+            except Exception as e:
+                # Ray gives its raylet a fixed 30 s to register; a busy machine can miss that
+                if "timed out during startup" not in str(e) or attempt == STARTS - 1:
+                    raise
+                ray.shutdown()
+        try:
+            yield
+        finally:
+            from ray import serve
 
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        ray.shutdown()
+            with contextlib.suppress(Exception):
+                serve.shutdown()
+            ray.shutdown()
+    finally:
+        if own:
+            shutil.rmtree(own, ignore_errors=True)
 
 
 def max_ongoing(spec, max_batch: int) -> int:

@@ -1,0 +1,56 @@
+"""A local `pipeline serve` (and every test that serves) starts a Ray of its own, even with
+another Ray running on the machine: `ray start --head` as docs/fleet.md teaches, whose
+`ray_current_cluster` note a plain `ray.init()` would join (and then refuse `num_cpus` with
+a ValueError), as two xdist workers' Rays once met in `make test`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import scaled
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_local_ray_is_our_own_beside_a_running_ray_start(monkeypatch):
+    pytest.importorskip("ray.serve")
+    import ray
+
+    from pipeline.serving.app import free_port, local_ray
+
+    other_tmp = tempfile.mkdtemp(prefix="rayo", dir="/tmp")  # short: Ray's sockets live in it
+    env = {**os.environ, "RAY_TMPDIR": other_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    ray_cli = Path(sys.executable).with_name("ray")
+    # --block: the head lives as long as this process group, stopped below without `ray stop`
+    # (which would stop every Ray of this user, another test's too)
+    head = subprocess.Popen([str(ray_cli), "start", "--head", "--block", f"--port={free_port()}",
+                             "--num-cpus=0", "--include-dashboard=false"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        note = Path(other_tmp) / "ray" / "ray_current_cluster"
+        deadline = time.monotonic() + scaled(120)
+        while not note.exists():  # written once the head's GCS is up
+            assert head.poll() is None, "ray start --head exited"
+            assert time.monotonic() < deadline, "ray start --head wrote no ray_current_cluster note"
+            time.sleep(0.2)
+        other = note.read_text().strip()
+        monkeypatch.setenv("RAY_TMPDIR", other_tmp)  # where a plain ray.init() looks for it
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        with local_ray(num_cpus=1):
+            ours = ray.get_runtime_context().gcs_address
+            assert ours != other and ray.cluster_resources().get("CPU") == 1
+        assert head.poll() is None  # the other Ray was left alone
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=scaled(60))
+        shutil.rmtree(other_tmp, ignore_errors=True)
