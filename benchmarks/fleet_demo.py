@@ -32,7 +32,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from pipeline import deps
+from pipeline.core import deps
 from pipeline.fleet import kinds, run
 from pipeline.fleet.summary import compare_table, table
 from tests.fleet.test_cluster import _children  # a process's children, from /proc

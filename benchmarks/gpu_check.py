@@ -33,10 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import backends, deps
+from pipeline import backends
 from pipeline import recipe as recipe_mod
 from pipeline.artifacts import dump
-from pipeline.bench import stats, timing
+from pipeline.bench import timing
+from pipeline.core import deps, stats
 from pipeline.metrics.accuracy import compare
 from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec

@@ -57,7 +57,7 @@ def main() -> int:
 
 
 def write_results(bench, cmd, protocol, load_before, load_after, engines: Path, quick: bool) -> None:
-    from pipeline import deps
+    from pipeline.core import deps
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M")
     name = f"{stamp}-{'quick-' if quick else ''}flash-vs-standard"

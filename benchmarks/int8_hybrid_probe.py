@@ -32,7 +32,8 @@ from benchmarks.peer_int8 import OUT, THREADS, PeerRunner, peer_models  # noqa: 
 from pipeline import backends  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
 from pipeline.backends import onnxruntime as ort_backend  # noqa: E402
-from pipeline.bench import stats, timing  # noqa: E402
+from pipeline.bench import timing  # noqa: E402
+from pipeline.core import stats
 from pipeline.metrics.budget import row_cosines  # noqa: E402
 from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec  # noqa: E402

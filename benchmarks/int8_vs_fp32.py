@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import backends, deps
+from pipeline import backends
 from pipeline import recipe as recipe_mod
-from pipeline.bench import stats, timing
+from pipeline.bench import timing
+from pipeline.core import deps, stats
 from pipeline.recipe import LatencySpec
 from pipeline.run.execute import Run
 from pipeline.run.openers import timing_feed

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
-    from pipeline import deps
+    from pipeline.core import deps
     from pipeline.loadgen import client, server
     from pipeline.loadgen.loadtest import LoadTest, Settings
 

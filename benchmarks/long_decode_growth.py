@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--engines", type=Path, default=ROOT / "engines")
     args = parser.parse_args()
 
-    from pipeline.bench import stats
+    from pipeline.core import stats
     from pipeline.generation import runners
     from pipeline.generation.workload import Request, measure
     from pipeline.metrics import generation as gm

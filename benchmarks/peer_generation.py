@@ -118,8 +118,7 @@ def main() -> None:
                         help="Keep the models and engines in this folder (default: a temporary one).")
     args = parser.parse_args()
 
-    from pipeline import deps
-    from pipeline.bench import stats
+    from pipeline.core import deps, stats
     from pipeline.generation import genai_config, runners
     from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.generation.workload import Request, measure

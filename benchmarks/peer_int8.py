@@ -41,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks import minilm_sentences as sentences  # noqa: E402
-from pipeline import backends, deps  # noqa: E402
+from pipeline import backends  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
-from pipeline.bench import stats, timing  # noqa: E402
+from pipeline.bench import timing  # noqa: E402
+from pipeline.core import deps, stats
 from pipeline.metrics.budget import row_cosines  # noqa: E402
 from pipeline.precision import isa  # noqa: E402
 from pipeline.recipe import LatencySpec  # noqa: E402

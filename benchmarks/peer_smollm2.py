@@ -21,7 +21,7 @@ Every runner: batch 1, greedy (EOS suppressed), `--threads` threads, the same pr
 chat-template question (short point) and a long prompt of repeated text (long point), 32 new
 tokens each; warm-up, then rounds in which the runners take turns (order alternating). TTFT,
 TPOT p50 with per-round ratios vs llama.cpp and vs the builder's int4 (95% sign-test
-intervals, pipeline.bench.stats), and greedy token agreement with PyTorch (untimed). Then,
+intervals, pipeline.core.stats), and greedy token agreement with PyTorch (untimed). Then,
 untimed: each runner answers `--answers` of data/chat's three-turn scripts (chat template,
 greedy, stopping at end of sequence) and is scored as the pipeline scores an engine
 (pipeline.generation.score: accuracy, answers identical to PyTorch's); the decode floor of
@@ -197,8 +197,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from pipeline import deps
-    from pipeline.bench import stats
+    from pipeline.core import deps, stats
     from pipeline.generation import genai_config, runners
     from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.generation.workload import Request, generate, measure

@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--engines", type=Path, default=ROOT / "engines")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve-minilm")
     args = parser.parse_args()
-    from pipeline import deps
+    from pipeline.core import deps
 
     path = args.out.with_suffix(".json")
     result = json.loads(path.read_text()) if path.is_file() else {"cold_start": {}, "same_embeddings": {}}

@@ -25,8 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline import deps  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
+from pipeline.core import deps  # noqa: E402
 from tests.bench.test_measurement import CpuShare, _ab, judge_planted, planted_experiment  # noqa: E402
 from tests.conftest import FAST, STANDARD  # noqa: E402
 

@@ -16,11 +16,11 @@ from pipeline import __version__
 from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
 from pipeline.commands.generate import generate_command
 from pipeline.commands.sign import keygen_command, sign_command, verify_command
-from pipeline.errors import PipelineError
-from pipeline.errors import RecipeError as PipelineRecipeError
+from pipeline.core.errors import PipelineError
+from pipeline.core.errors import RecipeError as PipelineRecipeError
+from pipeline.core.text import printable
 from pipeline.fleet.cli import fleet
 from pipeline.serving.cli import serve_command
-from pipeline.text import printable
 
 
 def recipe_options(fn=None, *, targets: bool = True):
@@ -65,10 +65,10 @@ def cli():
 def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose, only=()) -> None:
     from pipeline import workloads
     from pipeline.artifacts import dump
+    from pipeline.core.ui import Progress, console, out
     from pipeline.run.execute import Run, check_gates
     from pipeline.stages.report import table
     from pipeline.store import folder_names as folders
-    from pipeline.ui import Progress, console, out
 
     recipe = folders.load(recipe_ref, overrides, engines_dir)
     if recipe.overrides:  # a variant of the recipe: its own folder, the plain one is untouched
@@ -135,9 +135,9 @@ def deploy_command(recipe, out, targets, model_version, instances, allow_failed_
                    engines_dir):
     """Write a recipe's validated engines into a Triton Inference Server model repository."""
     from pipeline.commands import deploy
+    from pipeline.core.text import escape  # markup and control characters
+    from pipeline.core.ui import out as stdout
     from pipeline.store import folder_names as folders
-    from pipeline.text import escape  # markup and control characters
-    from pipeline.ui import out as stdout
 
     r = folders.load(recipe, overrides, engines_dir)
     for folder in deploy.deploy(r, engines_dir, out, targets, model_version, instances,
@@ -156,8 +156,8 @@ def bench_command(recipe, overrides, force, engines_dir, verbose, only, versus):
     Builds what is missing first; writes engines/RECIPE/bench.json and a latency PNG.
     """
     from pipeline.commands.bench import bench, tables
+    from pipeline.core.ui import Progress, console, out
     from pipeline.store import folder_names as folders
-    from pipeline.ui import Progress, console, out
 
     main = folders.load(recipe, overrides, engines_dir)
     other = folders.load(versus, overrides, engines_dir) if versus else None  # the same --set for both
@@ -183,8 +183,8 @@ def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     from pipeline.commands.compare import compare
+    from pipeline.core.ui import Progress, console, out
     from pipeline.store import folder_names as folders
-    from pipeline.ui import Progress, console, out
 
     if load:  # pipeline/loadgen/compare.py: no builds, the recorded load results only
         return __import__("pipeline.loadgen.compare", fromlist=["_"]).show(recipes, overrides, engines_dir)
@@ -204,8 +204,8 @@ def recipes_command(folder):
     from rich.table import Table
 
     from pipeline import recipe as recipe_mod
-    from pipeline.errors import InputError
-    from pipeline.ui import out
+    from pipeline.core.errors import InputError
+    from pipeline.core.ui import out
 
     where = folder if folder is not None else recipe_mod.recipes_dir()
     if not where.is_dir():
@@ -275,9 +275,9 @@ def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, max_ta
     """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
     from pipeline import recipe as recipe_mod
     from pipeline.commands import tune
+    from pipeline.core.ui import console
+    from pipeline.core.ui import out as stdout
     from pipeline.metrics.budget import Budget
-    from pipeline.ui import console
-    from pipeline.ui import out as stdout
 
     loaded = recipe_mod.load(recipe, overrides)
     result, folder, written = tune.command(
@@ -308,8 +308,8 @@ def inspect_command(onnx_file, as_json):
     """Op histogram, inputs and outputs with shapes, and size of an ONNX file."""
     import json
 
+    from pipeline.core.ui import out
     from pipeline.model import onnx_info
-    from pipeline.ui import out
 
     info = onnx_info.describe(onnx_file)
     if as_json:

@@ -257,7 +257,7 @@ def standard_copy(built_standard, tmp_path) -> Project:
 def pytest_collection_modifyitems(config, items):
     """`tensorrt` and `gpu` tests are collected everywhere and skipped, with the reason,
     where the machine lacks what they need."""
-    from pipeline import deps
+    from pipeline.core import deps
 
     no_trt = pytest.mark.skip(reason="TensorRT is not installed (it needs an NVIDIA GPU and NVIDIA's index)")
     no_gpu = pytest.mark.skip(reason="no NVIDIA GPU on this machine (nvidia-smi found none)")

@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.store.paths import NAME
+from pipeline.core.paths import NAME
 
 # `strict`: JSON the pipeline wrote has its own types; "3" is not 3, 1 is not True (an int
 # is still a valid float). NaN and infinities are kept and written back as JSON's NaN /

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.store import safe_files
+from pipeline.core import safe_files
 
 FORMAT_OF_KIND = {"onnxruntime": "onnx", "tensorrt": "plan", "aotinductor": "pt2 archive"}
 _ZIP = b"PK\x03\x04"

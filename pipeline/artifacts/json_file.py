@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipeline.store import safe_files
+from pipeline.core import safe_files
 
 MAX_BYTES = 64 << 20     # the largest artifact written here is a report of a few hundred KB
 MAX_DEPTH = 64           # the deepest the pipeline writes is ~8 (report > engine > sweep > ...)

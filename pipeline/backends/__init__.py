@@ -22,8 +22,8 @@ import importlib
 from types import ModuleType
 
 from pipeline.backends.base import Backend, TritonModel, check  # noqa: F401
-from pipeline.errors import DependencyError
-from pipeline.text import first_line
+from pipeline.core.errors import DependencyError
+from pipeline.core.text import first_line
 
 ENTRY_POINTS = "pipeline.backends"
 

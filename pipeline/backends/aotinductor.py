@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
-from pipeline import deps
+from pipeline.core import deps
 from pipeline.recipe import AOTInductorTarget, Recipe
 
 TARGET = AOTInductorTarget

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 
 
 @dataclass(frozen=True)

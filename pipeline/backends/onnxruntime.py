@@ -13,11 +13,11 @@ from pathlib import Path
 
 from polygraphy.backend.base import BaseRunner
 
-from pipeline import deps
 from pipeline.backends.base import TritonModel
-from pipeline.errors import StageFailed
+from pipeline.core import deps
+from pipeline.core.errors import StageFailed
+from pipeline.core.text import first_line
 from pipeline.recipe import OnnxRuntimeTarget, Recipe
-from pipeline.text import first_line
 
 TARGET = OnnxRuntimeTarget
 EXTENSION = ".onnx"

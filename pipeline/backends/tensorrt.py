@@ -23,10 +23,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps
 from pipeline.backends import tensorrt_layers
 from pipeline.backends.base import TritonModel
-from pipeline.errors import InputError, StageFailed
+from pipeline.core import deps
+from pipeline.core.errors import InputError, StageFailed
 from pipeline.model import onnx_info
 from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
@@ -258,7 +258,7 @@ def sidecars(engine: Path) -> tuple[Path, Path]:
 def _build_info(info_path: Path, key: str) -> dict:
     """One section of <id>.build.json, read bounded (a planted file is refused in one line)."""
     from pipeline.artifacts import json_file
-    from pipeline.errors import IntegrityError
+    from pipeline.core.errors import IntegrityError
 
     try:
         data = json_file.read(info_path)

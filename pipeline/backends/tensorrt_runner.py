@@ -26,7 +26,7 @@ from collections import OrderedDict
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 
 
 def _torch_dtype(trt, torch, dtype):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pipeline.artifacts.report import Versus
 from pipeline.bench import plots, protocol, sweep
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 from pipeline.recipe import Recipe
 from pipeline.store.recipe_folder import Artifact
 
@@ -122,7 +122,7 @@ def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
 
 def write(result: dict, samples: dict, folder: Path) -> tuple[Path, Path]:
     """bench.json (or bench-vs-OTHER.json) and its latency PNG, into the recipe's folder."""
-    from pipeline.store.safe_files import write_atomic
+    from pipeline.core.safe_files import write_atomic
 
     stem = "bench" + (f"-vs-{result['vs']}" if result["vs"] else "")
     png = folder / f"{stem}.png"

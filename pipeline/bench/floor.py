@@ -23,7 +23,7 @@ import os
 import time
 from pathlib import Path
 
-from pipeline import deps
+from pipeline.core import deps
 
 COPY_MB = 256  # >> any last-level cache here; 2 x 256 MB live while measuring
 REPEATS = 5
@@ -63,7 +63,7 @@ def bandwidth() -> dict:
              "method": f"numpy streaming copy of {COPY_MB} MiB, best of {REPEATS}, read + write bytes",
              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
-        from pipeline.store import safe_files
+        from pipeline.core import safe_files
 
         path.parent.mkdir(parents=True, exist_ok=True)
         # an exclusive temp under a random name, renamed into place: no fixed name to plant

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pipeline.artifacts import EngineResult, Gate
 from pipeline.artifacts.report import TaskMetric
+from pipeline.core.text import speedup, time_ratio_speedup
 from pipeline.recipe import Recipe
-from pipeline.text import speedup, time_ratio_speedup
 
 
 def _gate(name: str, passed: bool, detail: str) -> Gate:

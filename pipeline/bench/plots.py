@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.store import safe_files
+from pipeline.core import safe_files
 
 
 def latency_png(path: Path, samples: dict[str, np.ndarray], title: str) -> Path:

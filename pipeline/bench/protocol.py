@@ -19,9 +19,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from pipeline.bench import stats, timing
+from pipeline.bench import timing
 from pipeline.bench.clock import HostTimer
 from pipeline.bench.monitor import ResourceMonitor, contention
+from pipeline.core import stats
 from pipeline.recipe import LatencySpec
 
 Opener = Callable[[], object]  # returns a runner that is not yet entered

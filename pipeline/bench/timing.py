@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.bench import stats
 from pipeline.bench.clock import HostTimer, timer_for
+from pipeline.core import stats
 from pipeline.recipe import LatencySpec
 
 

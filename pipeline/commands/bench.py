@@ -12,10 +12,10 @@ from pathlib import Path
 from rich.table import Table
 
 from pipeline import backends
+from pipeline.core.text import time_ratio_speedup
 from pipeline.recipe import Recipe
 from pipeline.run import openers
 from pipeline.store.folder_names import folder_name
-from pipeline.text import time_ratio_speedup
 
 
 def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bool,

@@ -21,8 +21,8 @@ import re
 import sys
 from pathlib import Path
 
-from pipeline import deps
 from pipeline import recipe as recipe_mod
+from pipeline.core import deps
 from pipeline.store.recipe_folder import MANIFEST, Store
 
 
@@ -51,7 +51,7 @@ def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> dict[str, str
 
 
 def main(argv: list[str]) -> int:
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     if not 1 <= len(argv) <= 2:
         print("usage: python -m pipeline.commands.ci RECIPE [ENGINES_DIR]", file=sys.stderr)

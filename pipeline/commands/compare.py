@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import workloads
-from pipeline.errors import RecipeError
+from pipeline.core import safe_files
+from pipeline.core.errors import RecipeError
 from pipeline.recipe import Recipe
-from pipeline.store import safe_files
 
 
 def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> workloads.Compared:

@@ -27,13 +27,19 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import backends, deps
+from pipeline import backends
 from pipeline.artifacts import engine_format
-from pipeline.errors import DependencyError, GateFailed, InputError, IntegrityError, RecipeError
+from pipeline.core import deps, paths, safe_files
+from pipeline.core.errors import (
+    DependencyError,
+    GateFailed,
+    InputError,
+    IntegrityError,
+    RecipeError,
+)
 from pipeline.recipe import Dim, Recipe
 from pipeline.recipe.serve import batching
 from pipeline.run import gate_recheck
-from pipeline.store import paths, safe_files
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, dumps, now, sha256_file
 
@@ -109,8 +115,8 @@ def engines(recipe: Recipe, store: Store, wanted: tuple[str, ...], allow_failed:
     if refused and (wanted or not out):
         raise InputError("cannot deploy: " + "; ".join(refused))
     if refused:
-        from pipeline.text import escape  # markup and control characters
-        from pipeline.ui import console
+        from pipeline.core.text import escape  # markup and control characters
+        from pipeline.core.ui import console
 
         for why in refused:
             console.print(f"[yellow]-[/] not deployed: {escape(why)}")

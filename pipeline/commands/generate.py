@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli_options import debug_option, engines_dir_option
-from pipeline.errors import DependencyError, InputError
+from pipeline.core.errors import DependencyError, InputError
 
 
 @click.command("generate")

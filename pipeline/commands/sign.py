@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.errors import InputError, IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
 
 
 @click.command("verify")
@@ -40,9 +40,9 @@ def sign_command(folder, key):
     """Sign DIR (an engines/<recipe>/ folder): an in-toto SLSA provenance statement over its
     manifest and every recorded file, written to DIR/provenance.intoto.json."""
     from pipeline.commands import verify
+    from pipeline.core.ui import out
     from pipeline.store import provenance
     from pipeline.store.recipe_folder import MANIFEST, Store, dumps, sha256_file, write_atomic
-    from pipeline.ui import out
 
     if not (folder / MANIFEST).is_file():
         raise InputError(f"{folder}: no {MANIFEST}", "sign an engines/<recipe>/ folder written by `pipeline run`")
@@ -67,8 +67,8 @@ def sign_command(folder, key):
 def keygen_command(key):
     """Write a new Ed25519 key pair for `sign` / `verify --key`: KEY (private, mode 0600;
     keep it secret, e.g. as the CI secret PIPELINE_SIGNING_KEY) and KEY.pub (public)."""
+    from pipeline.core.ui import out
     from pipeline.store import provenance
-    from pipeline.ui import out
 
     try:
         public = provenance.generate(key)

@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.core import safe_files
 from pipeline.metrics import budget as tune_metrics
-from pipeline.store import safe_files
 
 FP32 = "fp32"
 EXTEND = 3  # an indistinguishable pair is timed again with this many times the requests
@@ -143,7 +143,8 @@ class Search:
         import numpy as np
 
         from pipeline import backends
-        from pipeline.bench import stats, timing
+        from pipeline.bench import timing
+        from pipeline.core import stats
 
         spec = self.recipe.validate_.latency
         backend = backends.get(self.target.kind)
@@ -243,7 +244,7 @@ def table(result: dict):
     """The candidates as a rich table, the chosen one marked."""
     from rich.table import Table
 
-    from pipeline.text import fmt
+    from pipeline.core.text import fmt
 
     t = Table(title=f"tune: fastest within budget ({', '.join(_bound_text(result['budget']))})")
     task = _task_column(result)
@@ -308,9 +309,9 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
     """Run the search; write tune.json/tune.md beside the engines and the chosen recipe.
     max_task_loss (default: the recipe's expect.max_task_loss) bounds the task metric."""
     from pipeline import data
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
+    from pipeline.core.ui import Progress
     from pipeline.recipe.data import parse_task_loss
-    from pipeline.ui import Progress
 
     if feeds_ref:  # held-out feeds from a loader: the recipe's validation split replaced by it,
         # as a --set value, so that every candidate's run (a reload with more --set) keeps it

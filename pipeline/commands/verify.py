@@ -21,9 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import deps
-from pipeline.errors import InputError, IntegrityError
-from pipeline.store import paths, safe_files
+from pipeline.core import deps, paths, safe_files
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.store.recipe_folder import MANIFEST, Store, read_recorded_json, sha256_file
 
 
@@ -185,7 +184,7 @@ def _environment(manifest: dict) -> list[Check]:
 def run(path: Path, environment: bool = True, key: Path | str | None = None) -> list[Verdict]:
     """Verify, print one line per check, and raise IntegrityError naming every mismatch;
     with `key` (a public key), the folder's signed provenance too."""
-    from pipeline.ui import out
+    from pipeline.core.ui import out
 
     public = None
     if key is not None:

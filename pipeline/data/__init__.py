@@ -20,6 +20,7 @@ import dataclasses
 import types
 from typing import Literal
 
+from pipeline.core.errors import InputError
 from pipeline.data.checks import check_feeds
 from pipeline.data.feeds import (
     Feed,
@@ -34,7 +35,6 @@ from pipeline.data.feeds import (
 )
 from pipeline.data.random_source import Point, random_feed, random_feeds
 from pipeline.data.sources import DataSource, RandomSource, source_for
-from pipeline.errors import InputError
 from pipeline.recipe import Recipe
 
 Split = Literal["validation", "calibration", "export"]

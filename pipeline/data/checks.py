@@ -8,8 +8,8 @@ random feeds are all ones).
 
 from __future__ import annotations
 
+from pipeline.core.errors import InputError
 from pipeline.data.feeds import Feed, numpy_dtype
-from pipeline.errors import InputError
 from pipeline.recipe import Dim, InputSpec
 
 TOKEN_INPUTS = ("input_ids",)

@@ -93,8 +93,8 @@ def load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.n
     not one (damaged, or planted with its digest rewritten) is IntegrityError, one line."""
     import zipfile
 
-    from pipeline.errors import IntegrityError
-    from pipeline.text import first_line
+    from pipeline.core.errors import IntegrityError
+    from pipeline.core.text import first_line
 
     try:
         return _load_all(path)
@@ -110,7 +110,7 @@ def _load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.
     import os
 
     import pipeline.data.npz_files as npz_files
-    from pipeline.errors import IntegrityError
+    from pipeline.core.errors import IntegrityError
 
     groups: dict[str, dict[int, Feed]] = {"in": {}, "out": {}}
     masks: dict[int, np.ndarray] = {}

@@ -12,9 +12,9 @@ import numpy as np
 
 import pipeline.data.npz_files as npz_files
 from pipeline.artifacts import json_file
-from pipeline.errors import InputError
-from pipeline.store import safe_files
-from pipeline.text import first_line
+from pipeline.core import safe_files
+from pipeline.core.errors import InputError
+from pipeline.core.text import first_line
 
 NPZ_HINT = ("write it with numpy.savez(path, <input name>=array, ...): one array per input, "
             "samples on the first axis")

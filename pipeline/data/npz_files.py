@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.store import safe_files
+from pipeline.core import safe_files
 
 # A Fortran-ordered array cannot be read row by row; one this large is refused instead.
 FORTRAN_MAX_BYTES = 256 << 20

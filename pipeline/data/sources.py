@@ -15,11 +15,11 @@ import numpy as np
 
 import pipeline.data.files as files
 import pipeline.data.tokenize as tokenize
+from pipeline.core.errors import InputError, RecipeError
+from pipeline.core.text import display_path, first_line
 from pipeline.data.feeds import Feed, SplitData, feeds_sha256
 from pipeline.data.random_source import random_feeds
-from pipeline.errors import InputError, RecipeError
 from pipeline.recipe import Recipe
-from pipeline.text import display_path, first_line
 
 
 class DataSource:
@@ -106,7 +106,7 @@ class LoaderSource(DataSource):
         return f"data.{self.split}.loader {self.spec.loader}"
 
     def load(self) -> SplitData:
-        from pipeline.model import user_code
+        from pipeline.core import user_code
 
         ref, where = self.spec.loader, self.where
         module_name, _, attr = ref.partition(":")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.errors import InputError, RecipeError
 from pipeline.data.feeds import Feed, numpy_dtype
-from pipeline.errors import InputError, RecipeError
 from pipeline.recipe import Dim, Recipe
 
 _FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -69,7 +69,7 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None):
             return HFTokenizer(transformers_dir(spec, where), where)
         ref = spec.pretrained
     if _FUNCTION.match(ref):
-        from pipeline.model import user_code
+        from pipeline.core import user_code
 
         module_name, _, attr = ref.partition(":")
         try:

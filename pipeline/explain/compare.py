@@ -26,7 +26,8 @@ import contextlib
 from pathlib import Path
 
 from pipeline import backends, data
-from pipeline.bench import ab, protocol, stats, sweep
+from pipeline.bench import ab, protocol, sweep
+from pipeline.core import stats
 from pipeline.explain import causes, layers, profile
 from pipeline.recipe import Recipe
 from pipeline.run.openers import baseline_opener, engine_opener, timing_feed

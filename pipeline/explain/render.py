@@ -12,9 +12,9 @@ import numpy as np
 from rich.table import Table
 
 from pipeline.bench import plots
+from pipeline.core.safe_files import write_atomic, write_atomic_with
+from pipeline.core.text import fmt, time_ratio_speedup
 from pipeline.explain.profile import CATEGORY_ORDER
-from pipeline.store.safe_files import write_atomic, write_atomic_with
-from pipeline.text import fmt, time_ratio_speedup
 
 # ------------------------------------------------------------------ tables as rows
 ENGINE_HEADERS = ["recipe", "engine", "status", "precision", "cosine (worst)", "top-1",

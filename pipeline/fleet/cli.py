@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli_options import debug_option, engines_dir_option
-from pipeline.errors import PipelineError, RecipeError
+from pipeline.core.errors import PipelineError, RecipeError
 
 SUBCOMMANDS = ("build", "node", "compare")
 
@@ -95,7 +95,7 @@ def node_command(kind, address, start):
     """The `ray start` that makes this machine a fleet node of its device kind."""
     import subprocess
 
-    from pipeline import deps
+    from pipeline.core import deps
     from pipeline.fleet import kinds
 
     kind = kind or kinds.here()
@@ -113,9 +113,9 @@ def node_command(kind, address, start):
 @debug_option
 def compare_command(recipe, engines_dir):
     """RECIPE's engines across the device kinds the fleet built it for, from their reports."""
+    from pipeline.core.ui import out
     from pipeline.fleet import run
     from pipeline.fleet.summary import compare_table
-    from pipeline.ui import out
 
     out.print(compare_table(recipe, run.reports(Path(engines_dir), recipe)))
 

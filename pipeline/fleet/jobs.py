@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import IntegrityError, PipelineError, StageFailed
+from pipeline.core.errors import IntegrityError, PipelineError, StageFailed
+from pipeline.core.text import first_line
 from pipeline.fleet import kinds, transfer, worker
 from pipeline.fleet.summary import Attempt, Pair
-from pipeline.text import first_line
 
 ATTEMPTS = 2  # the first try, and one retry on another node of the same kind
 LOST = StageFailed.exit_code  # a job whose worker or node died never finished its stages

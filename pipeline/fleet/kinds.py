@@ -14,7 +14,7 @@ import json
 import re
 import shlex
 
-from pipeline import deps
+from pipeline.core import deps
 
 PREFIX = "device:"
 # Best first: each of these implies the ones after it on the CPUs that matter here.

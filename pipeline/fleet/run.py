@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from pipeline.errors import DependencyError, IntegrityError
+from pipeline.core.errors import DependencyError, IntegrityError
 from pipeline.fleet import jobs, kinds
 from pipeline.fleet.summary import FILE, FleetRun, engine_lines, table
 
@@ -40,7 +40,7 @@ def connected(address: str | None, ship: bool = False):
     for the whole job, at ray.init)."""
     import ray
 
-    from pipeline import deps
+    from pipeline.core import deps
     from pipeline.fleet import kinds
 
     common = {"log_to_driver": False, "logging_level": "ERROR"}
@@ -93,8 +93,8 @@ def build(names: list[str], everything: bool, address: str | None, wanted: list[
     do not have the checkout at this path."""
     from rich.live import Live
 
+    from pipeline.core.ui import console, out
     from pipeline.store.recipe_folder import now
-    from pipeline.ui import console, out
 
     refs = _recipes(names, everything, tuple(overrides))
     with connected(address, ship) as where:
@@ -134,8 +134,8 @@ def build(names: list[str], everything: bool, address: str | None, wanted: list[
 
 def write(outcome: FleetRun, path: Path) -> None:
     from pipeline.artifacts import recorded
+    from pipeline.core.safe_files import write_atomic
     from pipeline.store.recipe_folder import dumps
-    from pipeline.store.safe_files import write_atomic
 
     write_atomic(path, dumps(recorded.dump(outcome)))  # an exclusive, random temp name: no planted link
 
@@ -149,7 +149,7 @@ def read(path: Path) -> FleetRun:
 def reports(engines_dir: Path, recipe: str) -> dict:
     """{kind: Report} of every kind the fleet accepted `recipe` for (each verified)."""
     from pipeline.artifacts import recorded
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
     from pipeline.store.recipe_folder import Store
 
     found = {}

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from pipeline.artifacts.base import Closed, Count
 from pipeline.artifacts.report import Gate, Interval, Report
-from pipeline.text import fmt, speedup
+from pipeline.core.text import fmt, speedup
 
 SCHEMA = 1
 FILE = "fleet.json"
@@ -125,7 +125,7 @@ def compare_table(recipe: str, reports: dict[str, Report]):
     """One recipe across device kinds: each target's time and verdict per kind, side by side."""
     from rich.table import Table
 
-    from pipeline import deps
+    from pipeline.core import deps
 
     t = Table(title=f"{recipe} across device kinds")
     for col in ("target", "kind", "device", "precision", "p50 ms", "vs PyTorch", "gates"):

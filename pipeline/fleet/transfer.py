@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifacts import recorded
-from pipeline.errors import IntegrityError
-from pipeline.store import paths
+from pipeline.core import paths
+from pipeline.core.errors import IntegrityError
 from pipeline.store.recipe_folder import MANIFEST, Store
 
 

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline import deps
-from pipeline.errors import DependencyError, GateFailed
+from pipeline.core import deps
+from pipeline.core.errors import DependencyError, GateFailed
 from pipeline.fleet import kinds, transfer
 
 FINISHED = (0, GateFailed.exit_code)  # a run whose folder is a result (gates are verdicts)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.errors import InputError
 from pipeline.data import files
-from pipeline.errors import InputError
 
 
 @dataclass(frozen=True)

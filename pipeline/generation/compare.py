@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import backends
-from pipeline.bench import stats
-from pipeline.errors import RecipeError
+from pipeline.core import safe_files, stats
+from pipeline.core.errors import RecipeError
 from pipeline.generation import compare_score
 from pipeline.generation.runners import OrtLoopRunner
 from pipeline.generation.validate import eos_token, workload_requests
@@ -31,7 +31,6 @@ from pipeline.metrics import generation as gm
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.stages.build import engine_name
-from pipeline.store import safe_files
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
 from pipeline.workloads.base import Compared, compare_folder, shared_targets

@@ -20,12 +20,12 @@ import io
 import time
 from pathlib import Path
 
-from pipeline.errors import StageFailed
-from pipeline.logs import quiet_torch_onnx
+from pipeline.core.errors import StageFailed
+from pipeline.core.logs import quiet_torch_onnx
+from pipeline.core.text import first_line
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
-from pipeline.text import first_line
 
 PREFILL, DECODE = 6, 3  # parity: tokens of the prefill, then of the decode step
 # Opset 23: scaled_dot_product_attention exports as ONNX Attention (grouped-query heads

@@ -9,7 +9,7 @@ KV-cache outputs in one line.
 
 from __future__ import annotations
 
-from pipeline.text import fmt, speedup
+from pipeline.core.text import fmt, speedup
 
 MB = 1 << 20
 

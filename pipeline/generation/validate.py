@@ -15,8 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import backends, data, deps
+from pipeline import backends, data
 from pipeline.bench import monitor
+from pipeline.core import deps
 from pipeline.generation import chat, genai_config, memory, runners, score
 from pipeline.generation.workload import can_run, measure, requests
 from pipeline.metrics import accuracy as accuracy_metrics

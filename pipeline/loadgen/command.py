@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 
 @dataclass
@@ -75,12 +75,12 @@ def mode_of(req: Request) -> str:
 
 
 def run(req: Request) -> None:
-    from pipeline import deps
+    from pipeline.core import deps
+    from pipeline.core.ui import console
     from pipeline.loadgen import artifact, client, payloads, plots, schedule, server, slo
     from pipeline.loadgen.loadtest import LoadTest, Settings
     from pipeline.store import folder_names as folders
     from pipeline.store.recipe_folder import Store, now
-    from pipeline.ui import console
 
     mode = mode_of(req)
     recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder

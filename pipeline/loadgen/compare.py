@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 SAME_RATE = 0.02
 
@@ -152,7 +152,7 @@ def lines(result: dict) -> list[str]:
 
 def show(refs: list[str], overrides: tuple[str, ...], root: Path) -> None:
     """compare --load: write and print."""
-    from pipeline.ui import console, out
+    from pipeline.core.ui import console, out
 
     result, folder = compare_loads(list(refs), overrides, root)
     for line in lines(result):

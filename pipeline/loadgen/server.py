@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from pipeline.errors import InputError, StageFailed
+from pipeline.core.errors import InputError, StageFailed
 
 SERVING_LINE = "Ctrl-C or SIGTERM stops it"  # what `pipeline serve` prints once it serves for good
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 _TERM = re.compile(r"^(p\d+(?:\.\d+)?|ttft|tpot)=(\d+(?:\.\d+)?)(ms|s)$")
 HINT = "write e.g. --slo p99=50ms, or for generation --slo ttft=500ms,tpot=100ms"

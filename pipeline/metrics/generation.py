@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.bench import stats
+from pipeline.core import stats
 from pipeline.generation.workload import Request, Trace
 
 

@@ -22,9 +22,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from pipeline.errors import InputError, RecipeError
+from pipeline.core.errors import InputError, RecipeError
+from pipeline.core.text import first_line
 from pipeline.model import prune
-from pipeline.text import first_line
 
 FORMAT = 1  # bump when the converted folder's layout changes: old folders are converted again
 
@@ -47,7 +47,7 @@ def cache_root() -> Path:
 def resolve(ref: str, where: str) -> Path:
     """The GGUF file `ref` names: a path, or `module:function` returning one."""
     if ":" in ref and not Path(ref).exists():
-        from pipeline.model.user_code import call_ref
+        from pipeline.core.user_code import call_ref
 
         path = Path(call_ref(ref, f"{where}: model.transformers.gguf", "a .gguf file"))
     else:
@@ -63,7 +63,7 @@ def resolve(ref: str, where: str) -> Path:
 
 
 def file_sha256(path: Path) -> str:
-    from pipeline.store import safe_files
+    from pipeline.core import safe_files
 
     return safe_files.sha256(path)
 
@@ -110,7 +110,7 @@ def _header_config(path: str, inode: int, size: int, mtime_ns: int, where: str) 
 
 def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
     """The converted transformers folder of the GGUF `ref` (+ transform), converting once."""
-    from pipeline.store import safe_files
+    from pipeline.core import safe_files
 
     path = resolve(ref, where)
     digest = file_sha256(path)
@@ -140,9 +140,8 @@ def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
 
 def _convert(path: Path, out: Path, where: str, prune_ffn: float | None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from pipeline import deps
     from pipeline.artifacts import json_file
-    from pipeline.store import safe_files
+    from pipeline.core import deps, safe_files
 
     deps.require("gguf", "model.transformers.gguf")
     deps.require("accelerate", "model.transformers.gguf")

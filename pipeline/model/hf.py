@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 
 
 class Wrapped(nn.Module):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 
 def _shape(value) -> list:
@@ -110,7 +110,7 @@ def render(info: dict):
     """Rich renderables: a header line, inputs/outputs, the op histogram."""
     from rich.table import Table
 
-    from pipeline.text import escape  # markup and control characters
+    from pipeline.core.text import escape  # markup and control characters
 
     head = (f"{info['path']}: {info['bytes']:,} bytes, {info['nodes']} nodes, "
             f"{info['parameters']:,} parameters in {info['initializers']} initializers; "

@@ -16,7 +16,7 @@ questions, so the pruning does not see what it is judged by.
 
 from __future__ import annotations
 
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 
 METHOD = "act"  # in the converted folder's name: a change of criterion converts again
 

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
-from pipeline.errors import InputError, PipelineError, RecipeError
-from pipeline.model import user_code
+from pipeline.core import deps, user_code
+from pipeline.core.errors import InputError, PipelineError, RecipeError
+from pipeline.core.text import first_line
 from pipeline.recipe import ModelSpec, Recipe
-from pipeline.text import first_line
 from pipeline.zoo import ZOO
 
 

@@ -92,7 +92,7 @@ def check_ort_fusions(skip: list[str] | tuple[str, ...] = ()) -> None:
     functions = _fusion_functions()
     unknown = sorted(set(skip) - set(functions))
     if unknown:
-        from pipeline.errors import RecipeError
+        from pipeline.core.errors import RecipeError
 
         raise RecipeError(f"optimize.options.ort_fusions.skip: unknown fusion {', '.join(unknown)}",
                           f"known: {', '.join(sorted(functions))}")

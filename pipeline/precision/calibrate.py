@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from pipeline import data
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 
 
 def reader(feeds: list[dict]):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 
 
 class Quantizer:

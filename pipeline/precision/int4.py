@@ -19,7 +19,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 from pipeline.precision import calibrate, nodes
 
 
@@ -54,7 +54,7 @@ def untranspose_weights(model) -> int:
 
 def checkpoint_file(recipe) -> Path:
     """The GGUF file of `model.transformers.gguf` (a path or `module:function`)."""
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
 
     ref = getattr(recipe.model.transformers, "gguf", None) if recipe.model.transformers else None
     if not ref:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 
 
 def quantizable(model, op_types: list[str], weight_only: bool = False) -> list[str]:

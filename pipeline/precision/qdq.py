@@ -18,7 +18,7 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 from pipeline.precision import (
     calibrate,
     cpu_pairs,

@@ -5,8 +5,8 @@ Rendered from report.json alone, like the rest of the report.
 
 from __future__ import annotations
 
-from pipeline import text
-from pipeline.text import fmt
+from pipeline.core import text
+from pipeline.core.text import fmt
 
 
 def markdown(p: dict) -> list[str]:

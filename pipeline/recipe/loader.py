@@ -10,7 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline.errors import RecipeError
+from pipeline.core import paths
+from pipeline.core.errors import RecipeError
+from pipeline.core.text import display_path
 from pipeline.recipe.messages import (
     Origin,
     allowed_keys,
@@ -19,8 +21,6 @@ from pipeline.recipe.messages import (
     source_of,
 )
 from pipeline.recipe.schema import Recipe
-from pipeline.store import paths
-from pipeline.text import display_path
 
 
 def recipes_dir() -> Path:

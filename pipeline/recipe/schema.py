@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.core.text import display_path
 from pipeline.passes import names as _pass_names
 from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
@@ -42,7 +43,6 @@ from pipeline.recipe.targets import (  # noqa: F401
 )
 from pipeline.recipe.validate import ExpectSpec, LatencySpec, ToleranceSpec, ValidateSpec  # noqa: F401
 from pipeline.recipe.workload import WorkloadSpec, kv_signature
-from pipeline.text import display_path
 from pipeline.zoo import ZOO
 
 PASS_NAMES = _pass_names()

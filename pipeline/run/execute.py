@@ -16,14 +16,14 @@ from pathlib import Path
 
 from pipeline import workloads
 from pipeline.artifacts import EngineResult, Report, dump
-from pipeline.errors import GateFailed, IntegrityError, RecipeError, StageFailed
+from pipeline.core.errors import GateFailed, IntegrityError, RecipeError, StageFailed
+from pipeline.core.ui import Progress
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.run import chain, gate_recheck, preflight
 from pipeline.run.stage_cache import GRAPH_STAGES, STOPS, Result, StageCache, build_keys
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Artifact, Store
-from pipeline.ui import Progress
 
 ORDER = STOPS  # where a run may stop: export, optimize, precision, build, validate, report
 

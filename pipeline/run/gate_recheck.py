@@ -45,7 +45,7 @@ def against_recipe(recipe: Any, engine: Any) -> list[str]:
 def refuse_failing(recipe: Any, path: Any, engines: list) -> None:
     """IntegrityError (exit 5) naming the file and the first problem: a kind that is not its
     target's, or a gate recorded as passed that the recipe's thresholds fail."""
-    from pipeline.errors import IntegrityError
+    from pipeline.core.errors import IntegrityError
 
     kinds = {t.id: t.kind for t in recipe.targets}
     for e in map(_typed, engines):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import InputError, RecipeError
+from pipeline.core.errors import InputError, RecipeError
 
 MEMORY_ENV, HOURS_ENV = "PIPELINE_MAX_MEMORY_GB", "PIPELINE_MAX_HOURS"
 DEFAULT_HOURS = 24.0

@@ -31,7 +31,7 @@ def baseline_runner(recipe: Recipe, model, device: str = "cpu", cls=None, dtype:
 
 def baseline_device(recipe: Recipe) -> str:
     """Where the PyTorch baseline runs: validate.device, `auto` resolved on this machine."""
-    from pipeline import deps
+    from pipeline.core import deps
 
     choice = recipe.validate_.device
     return ("cuda" if deps.gpus() else "cpu") if choice == "auto" else choice

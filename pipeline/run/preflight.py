@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import backends, deps
-from pipeline.errors import DependencyError, RecipeError
+from pipeline import backends
+from pipeline.core import deps
+from pipeline.core.errors import DependencyError, RecipeError
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.run.limits import check_limits

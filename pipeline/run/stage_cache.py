@@ -26,15 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
-from pipeline.errors import PipelineError, StageFailed
+from pipeline.core import deps
+from pipeline.core.errors import PipelineError, StageFailed
+from pipeline.core.text import first_line
+from pipeline.core.ui import Progress
 from pipeline.recipe import Recipe, sha256_json
 from pipeline.run import code_digest
 from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
 from pipeline.store.recipe_folder import Artifact, Interrupted, Store, now
-from pipeline.text import first_line
-from pipeline.ui import Progress
 
 Produce = Callable[[Path], Produced]
 

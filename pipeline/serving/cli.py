@@ -24,7 +24,7 @@ def _serve_overrides(recipe, items: tuple[str, ...]):
     the engines folder is the recipe's own, whatever is served from it)."""
     import yaml
 
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
     from pipeline.recipe.serve import ServeSpec
     from pipeline.recipe.serve import check as check_serve
 
@@ -71,11 +71,11 @@ def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overr
     /generate for generation engines; GET .../ready, .../stats, /health. See docs/serving.md.
     """
     started = time.perf_counter()
+    from pipeline.core.ui import console
     from pipeline.serving import app, coldstart
     from pipeline.serving.engine import choose
     from pipeline.store.folder_names import load
     from pipeline.store.recipe_folder import now
-    from pipeline.ui import console
 
     when = now()
     loaded = load(recipe, (), engines_dir)

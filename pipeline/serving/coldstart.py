@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 
 TOLERANCE = 1e-4  # max |HTTP - in process|, relative to the output's largest magnitude
 PROBE_TOKENS = 4
@@ -94,9 +94,9 @@ def check(recipe, engines_root: Path, engine: str | None, body: dict, answer: di
 def record(recipe, engines_root: Path, fields: dict) -> Path:
     """Write serve-start-<engine>.json into the recipe's folder (its own stage, under the
     folder's lock, recorded in the manifest like every artifact)."""
-    from pipeline import deps
     from pipeline.artifacts import recorded
     from pipeline.artifacts.serve_start import ServeStart
+    from pipeline.core import deps
     from pipeline.store.folder_names import folder_name
     from pipeline.store.recipe_folder import Store, dumps, now
 

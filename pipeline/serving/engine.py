@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline import backends
 from pipeline.commands import verify
-from pipeline.errors import InputError, IntegrityError
+from pipeline.core.errors import InputError, IntegrityError
 from pipeline.recipe.serve import variable_dims
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import MANIFEST, Store
@@ -95,7 +95,7 @@ def output_axes(recipe, graph: Path | None) -> dict[str, dict[int, str]]:
         return {}
     import onnx
 
-    from pipeline.store import safe_files
+    from pipeline.core import safe_files
 
     symbols = set(variable_dims(recipe.inputs))
     model = onnx.load_from_string(safe_files.read_bytes(graph))

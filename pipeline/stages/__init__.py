@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 
 
 @dataclass

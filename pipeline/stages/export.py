@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 from pipeline import data
-from pipeline.errors import PipelineError, RecipeError, StageFailed
-from pipeline.logs import quiet_torch_onnx
+from pipeline.core.errors import PipelineError, RecipeError, StageFailed
+from pipeline.core.logs import quiet_torch_onnx
+from pipeline.core.text import first_line
 from pipeline.metrics import accuracy as metrics
 from pipeline.model import sources as models
 from pipeline.model.shapes import dynamic_axes, dynamic_shapes
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
-from pipeline.text import first_line
 
 NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export")

@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 
 from pipeline import data, passes
-from pipeline.bench import stats, timing
-from pipeline.errors import RecipeError, StageFailed
+from pipeline.bench import timing
+from pipeline.core import stats
+from pipeline.core.errors import RecipeError, StageFailed
+from pipeline.core.text import speedup
 from pipeline.metrics import accuracy as metrics
 from pipeline.passes import check
 from pipeline.recipe import LatencySpec, Recipe
 from pipeline.stages import Produced
-from pipeline.text import speedup
 
 NAME = "optimize"
 SECTIONS = ("optimize", "inputs", "outputs")
@@ -180,7 +181,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
 
 def summary(meta: dict) -> str:
     """One line for the terminal (rich markup): nodes, fusions and rejected passes."""
-    from pipeline.text import escape  # markup and control characters
+    from pipeline.core.text import escape  # markup and control characters
 
     fused = ", ".join(f"{op} x{n}" for op, n in meta["fused"].items()) or "no fusions"
     line = f"{meta['nodes_before']} -> {meta['nodes_after']} nodes; {fused}"

@@ -12,10 +12,10 @@ import shutil
 from pathlib import Path
 
 from pipeline import data
-from pipeline.errors import PipelineError, StageFailed
+from pipeline.core.errors import PipelineError, StageFailed
+from pipeline.core.text import first_line
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
-from pipeline.text import first_line
 
 NAME = "precision"
 SECTIONS = ("precision", "data", "inputs", "outputs")

@@ -11,17 +11,17 @@ from pathlib import Path
 
 from rich.table import Table
 
-from pipeline import deps
 from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
-from pipeline.recipe import Recipe
-from pipeline.stages import Produced
-from pipeline.store.recipe_folder import now
-from pipeline.text import (  # escape: markup and control characters
+from pipeline.core import deps
+from pipeline.core.text import (  # escape: markup and control characters
     escape,
     fmt,
     speedup,
     time_ratio_speedup,
 )
+from pipeline.recipe import Recipe
+from pipeline.stages import Produced
+from pipeline.store.recipe_folder import now
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],

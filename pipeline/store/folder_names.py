@@ -14,7 +14,7 @@ import hashlib
 import re
 from pathlib import Path
 
-from pipeline.errors import IntegrityError, RecipeError
+from pipeline.core.errors import IntegrityError, RecipeError
 from pipeline.recipe import Recipe
 from pipeline.recipe import load as load_recipe
 from pipeline.recipe.code_keys import naming_code

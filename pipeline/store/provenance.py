@@ -110,7 +110,7 @@ def _key_text(key: str | Path) -> bytes:
         if not text.strip():
             raise ProvenanceError(f"{key}: the environment variable is empty or unset")
         return text.encode()
-    from pipeline.store import safe_files
+    from pipeline.core import safe_files
 
     try:
         return safe_files.read_bytes(Path(key))

@@ -45,12 +45,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import deps
 from pipeline.artifacts import json_file, recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
 from pipeline.artifacts.manifest import Manifest
-from pipeline.errors import InputError, IntegrityError, LockError
-from pipeline.store import paths, safe_files
+from pipeline.core import deps, paths, safe_files
+from pipeline.core.errors import InputError, IntegrityError, LockError
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>

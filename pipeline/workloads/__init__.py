@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 from pipeline.workloads.base import COMPARER_NEEDS, Compared, Comparer, Measured, Workload, check
 
 __all__ = ["Compared", "Comparer", "Measured", "Workload", "get", "of", "comparer", "kinds"]

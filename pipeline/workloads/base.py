@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 
 
 @dataclass
@@ -108,7 +108,7 @@ def shared_targets(recipes: list, reports: dict[str, dict], accept=lambda entry:
 
 def compare_folder(root: Path, recipes: list) -> Path:
     """engines/compare/<A>-vs-<B>...: where a comparison's files go."""
-    from pipeline.store import safe_files
+    from pipeline.core import safe_files
 
     # a real folder, never a link (a planted link would carry the writes elsewhere)
     return safe_files.folder(root, "compare", "-vs-".join(r.name for r in recipes))

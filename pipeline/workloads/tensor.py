@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 from pipeline import backends, data
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.run.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.workloads.base import Measured
@@ -32,7 +32,8 @@ PROTOCOL = (
 
 
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
-    from pipeline.bench import protocol, stats, timing
+    from pipeline.bench import protocol, timing
+    from pipeline.core import stats
     from pipeline.model import sources as models
 
     validation = data.split(recipe, "validation")
@@ -62,7 +63,8 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
 def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
     """The engine on the baseline's feeds (accuracy, task), then timed interleaved with the
     baseline at the opt shape and every sweep shape."""
-    from pipeline.bench import plots, protocol, stats, sweep
+    from pipeline.bench import plots, protocol, sweep
+    from pipeline.core import stats
     from pipeline.metrics import accuracy as metrics
     from pipeline.model import sources as models
 
@@ -132,7 +134,8 @@ def _vs_cudagraph(recipe: Recipe, target, runner, spec) -> dict:
     in the engine's own float type where the target declares one (AOTInductor's fp16), so
     the ratio measures compilation, not precision."""
     from pipeline.backends.torch import CudaGraphRunner
-    from pipeline.bench import stats, timing
+    from pipeline.bench import timing
+    from pipeline.core import stats
     from pipeline.model import sources as models
 
     dtype = getattr(target, "dtype", "fp32")
@@ -174,7 +177,7 @@ def headlines(report: dict) -> list[str]:
 
 def engine_markdown(entry: dict) -> list[str]:
     """Cold start and the sweep of one engine against PyTorch eager."""
-    from pipeline.text import speedup
+    from pipeline.core.text import speedup
 
     lines = []
     cold, bcold = entry.get("cold_start_ms"), entry.get("baseline_cold_start_ms")

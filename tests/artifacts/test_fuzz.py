@@ -188,7 +188,7 @@ def read_planted(path: Path) -> None:
     """What every command does with a recorded file: read it through its reader. Returns or
     raises the one-line refusal (IntegrityError, Unusable); anything else is a bug."""
     from pipeline import data
-    from pipeline.errors import IntegrityError
+    from pipeline.core.errors import IntegrityError
     from pipeline.store.recipe_folder import Store, read_recorded_json
 
     if path.name == "baseline.npz":

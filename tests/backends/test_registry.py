@@ -12,7 +12,7 @@ import types
 import pytest
 
 from pipeline import backends
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 from pipeline.recipe.targets import SCHEMAS, TARGET_KINDS
 from tests.conftest import FAST, ROOT
 

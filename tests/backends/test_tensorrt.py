@@ -17,7 +17,7 @@ from polygraphy.backend.trt import CreateConfig, EngineFromNetwork, NetworkFromO
 from pipeline import recipe as recipe_mod
 from pipeline.backends import tensorrt as trt_backend
 from pipeline.backends import tensorrt_layers
-from pipeline.errors import InputError, RecipeError
+from pipeline.core.errors import InputError, RecipeError
 from tests.conftest import STANDARD
 
 H200 = {"tensorrt": "10.8.0.43", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
@@ -247,7 +247,7 @@ LONG = {"input_ids": ((1, 64), (2, 128), (8, 128))}
 
 def test_runner_chooses_the_profile_tuned_nearest_the_shapes():
     from pipeline.backends.tensorrt_runner import choose_profile
-    from pipeline.errors import StageFailed
+    from pipeline.core.errors import StageFailed
 
     engine = EngineQueries([FULL, DECODE, LONG])
     shapes = lambda b, s: {"input_ids": (b, s)}  # noqa: E731
@@ -280,7 +280,7 @@ def test_runner_switches_profile_only_when_the_index_changes():
 
 def test_runner_refuses_an_address_tensorrt_refuses():
     from pipeline.backends.tensorrt_runner import set_address
-    from pipeline.errors import StageFailed
+    from pipeline.core.errors import StageFailed
 
     context = ContextCalls(refuse="logits")
     set_address(context, "input_ids", 0x7F0000000000)
@@ -500,7 +500,7 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
 def test_a_graph_with_onnx_runtime_ops_is_refused_before_tensorrt_parses_it(built_standard):
     """ort_fusions writes com.microsoft ops that TensorRT's parser has no importer or plugin
     for; a build handed such a graph says so instead of failing inside the parser."""
-    from pipeline.errors import StageFailed
+    from pipeline.core.errors import StageFailed
     from pipeline.model import onnx_info
 
     folder = built_standard.engines / STANDARD
@@ -534,7 +534,7 @@ def test_onnx_runtime_ops_in_the_default_domain_are_foreign_too(tmp_path):
     there, no com.microsoft prefix); ONNX has no such op, TensorRT's parser neither."""
     import onnxruntime as ort
 
-    from pipeline.errors import StageFailed
+    from pipeline.core.errors import StageFailed
     from pipeline.model import onnx_info
 
     simplified = _norm_graph("SimplifiedLayerNormalization", 17, tmp_path / "simplified.onnx", axis=-1)

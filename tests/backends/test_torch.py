@@ -79,7 +79,7 @@ def test_cuda_graph_runner_matches_eager_and_recaptures_per_shape():
 def test_gpu_check_refuses_cleanly_without_a_gpu(project):
     import os
 
-    from pipeline import deps
+    from pipeline.core import deps
 
     if deps.gpus():
         pytest.skip("this machine has a GPU: the refusal path does not apply")

@@ -33,7 +33,7 @@ def test_bandwidth_is_measured_once_per_device_identity(tmp_path, monkeypatch):
     (identity,) = cached
     assert json.loads(identity)["cpu"]  # keyed by the device identity
     monkeypatch.setenv("PIPELINE_DEVICE_OVERRIDE", json.dumps({"cpu": "another CPU"}))
-    from pipeline import deps
+    from pipeline.core import deps
 
     deps._device.cache_clear()
     try:

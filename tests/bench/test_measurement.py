@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from pipeline import recipe as recipe_mod
-from pipeline.bench import protocol, stats, timing
+from pipeline.bench import protocol, timing
 from pipeline.bench.clock import HostTimer, timer_for
 from pipeline.bench.monitor import ResourceMonitor
+from pipeline.core import stats
 from tests.conftest import FAST, STANDARD, Project, set_folder
 
 # Verdicts, intervals and overheads of real timings: `make test` runs these alone, after

@@ -196,7 +196,7 @@ def test_a_feed_that_does_not_fit_the_other_model_is_refused_before_building(pro
 def test_check_compatible_checks_ranges_and_shapes(project, monkeypatch):
     from pipeline import recipe as recipe_mod
     from pipeline.bench import ab
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
 
     monkeypatch.chdir(project.path)
     standard, int8 = recipe_mod.load("standard"), recipe_mod.load("flash-int8")

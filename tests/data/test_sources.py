@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import data
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.recipe import Recipe
 from tests.conftest import ROOT
 

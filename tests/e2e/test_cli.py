@@ -176,7 +176,7 @@ def test_a_bad_calibration_file_is_named_before_any_work(project):
 
 
 def test_a_model_function_of_the_wrong_kind_is_a_recipe_error(project):
-    from pipeline import deps
+    from pipeline.core import deps
 
     if deps.has("transformers"):
         _refused(project, ("export", "minilm", "--set", "model.transformers.pretrained=json:dumps"), 2,
@@ -189,7 +189,7 @@ def test_a_model_function_of_the_wrong_kind_is_a_recipe_error(project):
 
 
 def test_expectations_and_devices_are_checked_before_any_work(project):
-    from pipeline import deps
+    from pipeline.core import deps
 
     _refused(project, ("run", "standard", "--set", "expect.faster_than=[nosuch]"), 2,
              "recipes/standard.yaml: expect.faster_than: unknown recipe `nosuch`")

@@ -5,7 +5,7 @@ the project (links, files and folders the attacks point at), hashed before and a
 case, proves that nothing outside the command's own folders was written, truncated or
 deleted.
 
-The rule these cases hold the pipeline to (pipeline/store/safe_files.py): every folder written
+The rule these cases hold the pipeline to (pipeline/core/safe_files.py): every folder written
 into is a real folder (never a link), temporary names are created exclusively, no file
 with more than one link is written or truncated, nothing read from a folder chooses code,
 and no FIFO or device is read as data.
@@ -213,7 +213,7 @@ def test_a_loader_is_read_only_as_far_as_samples(project):
     """A loader that would go on forever (here: one that fails on the 4th feed) is read only
     as far as `samples`; the run then stops at the next preflight check (validate.device
     cuda, on this GPU-less machine), which it could reach only past the data."""
-    from pipeline import deps
+    from pipeline.core import deps
 
     if deps.gpus():
         pytest.skip("needs a machine without a GPU: validate.device cuda is the stop after the data")
@@ -282,7 +282,7 @@ WRITERS = {"write_text", "write_bytes", "savefig", "save", "savez", "savez_compr
 # Modules that call those plainly, and why that is safe: a stage's own work folder is made
 # new under the lock (store.workdir), so no name in it can have been planted.
 PLAIN_WRITERS = {
-    "store/safe_files.py": "the rule itself", "store/recipe_folder.py": "the store: folder checked, under the lock",
+    "core/safe_files.py": "the rule itself", "store/recipe_folder.py": "the store: folder checked, under the lock",
     "commands/deploy.py": "OUT/.<model>.<pid>.tmp made new; links refused", "commands/tune.py": "folders checked",
     "run/stage_cache.py": "the stage's work folder", "data/feeds.py": "save_feeds: the work folder",
     "bench/ab.py": "versus: the work folder", "bench/plots.py": "savefig into an exclusive temp",

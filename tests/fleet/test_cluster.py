@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import deps
-from pipeline.errors import IntegrityError
+from pipeline.core import deps
+from pipeline.core.errors import IntegrityError
 from pipeline.fleet import jobs, kinds, run, transfer
 from pipeline.store.folder_names import overrides_digest
 from pipeline.store.recipe_folder import Store

@@ -149,7 +149,7 @@ def test_a_gguf_reference_chooses_code_so_a_folder_may_not_set_it():
 def test_a_gguf_function_that_exits_is_a_recipe_error(tmp_path, monkeypatch):
     """The `module:function` of model.transformers.gguf runs under exits_refused: its
     sys.exit is one RecipeError naming the reference, never the pipeline's own exit."""
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
     from pipeline.model.gguf import resolve
 
     (tmp_path / "exits_here.py").write_text("import sys\n\ndef path():\n    sys.exit(0)\n")

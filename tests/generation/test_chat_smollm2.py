@@ -58,7 +58,7 @@ def test_it_answers_through_its_chat_template_and_stops_at_its_eos(smollm2):
 
 
 def test_a_ref_that_is_not_a_gguf_file_is_refused(tmp_path):
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     bad = tmp_path / "model.gguf"
     bad.write_bytes(b"not a gguf file")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pipeline.errors import InputError
+from pipeline.core.errors import InputError
 from pipeline.model import gguf
 
 

@@ -42,7 +42,7 @@ def test_a_channel_with_large_activations_and_small_weights_is_kept():
 
 
 def test_a_share_outside_0_1_is_a_recipe_error():
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
     from pipeline.model.prune import prune_ffn
 
     with pytest.raises(RecipeError, match="between 0 and 1"):

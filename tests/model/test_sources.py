@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 from pipeline.recipe import Recipe
 
 

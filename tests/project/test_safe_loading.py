@@ -98,7 +98,7 @@ def test_a_pickle_payload_in_an_npz_is_refused_not_executed(tmp_path, monkeypatc
         z["in/0/x"]
     assert (tmp_path / "PWNED").exists()
     os.remove(tmp_path / "PWNED")
-    from pipeline.errors import IntegrityError
+    from pipeline.core.errors import IntegrityError
 
     with pytest.raises(IntegrityError, match="holds Python objects"):  # read header first, never unpickled
         data.load_feeds(tmp_path / "evil.npz")

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from pipeline import recipe as recipe_mod
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.recipe import loader as recipe_loader
 
 # A fixed, fast sample in the suite; PIPELINE_FUZZ_EXAMPLES=5000 for a long random hunt.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline import recipe as recipe_mod
-from pipeline.errors import RecipeError
+from pipeline.core.errors import RecipeError
 from pipeline.recipe import Dim
 
 

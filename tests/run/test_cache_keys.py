@@ -97,7 +97,7 @@ def test_computing_every_key_imports_no_torch_and_cli_is_in_no_stage():
 
 
 def test_device_line_names_what_decides_speed():
-    from pipeline.deps import device_line
+    from pipeline.core.deps import device_line
 
     assert device_line({"cpu": "AMD EPYC 7B13", "cpu_isa": ["avx2", "avx512f", "avx512_vnni"],
                         "cores": 2, "gpu": None}) == "AMD EPYC 7B13, 2 cores, avx512_vnni, no GPU"

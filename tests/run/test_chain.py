@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 
 from pipeline import backends
+from pipeline.core.ui import Progress
 from pipeline.recipe import load
 from pipeline.run.chain import GraphChain, needs_graph
 from pipeline.run.stage_cache import GRAPH_STAGES, StageCache, graph_stage
 from pipeline.stages import GRAPH_STAGE_NEEDS
 from pipeline.store.recipe_folder import Store
-from pipeline.ui import Progress
 from tests.conftest import ROOT
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import deps
-from pipeline.errors import DependencyError, RecipeError
+from pipeline.core import deps
+from pipeline.core.errors import DependencyError, RecipeError
 from pipeline.recipe import load
 from pipeline.run import preflight
 from pipeline.store.recipe_folder import Store

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import deps
 from pipeline.artifacts import Gate, Versus
-from pipeline.errors import StageFailed
+from pipeline.core import deps
+from pipeline.core.errors import StageFailed
+from pipeline.core.ui import Progress
 from pipeline.recipe import load
 from pipeline.run import code_digest
 from pipeline.run.stage_cache import GRAPH_STAGES, STAGES, STOPS, StageCache, build_keys, code
 from pipeline.stages import Produced
 from pipeline.store.recipe_folder import Store
-from pipeline.ui import Progress
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.errors import StageFailed
+from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
 
 

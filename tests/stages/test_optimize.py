@@ -158,7 +158,7 @@ def test_a_tighter_tolerance_rejects_more_and_a_looser_one_accepts_the_trap(trap
 ])
 def test_bad_optimize_and_transformers_settings_are_named(override, expected):
     from pipeline import recipe
-    from pipeline.errors import RecipeError
+    from pipeline.core.errors import RecipeError
 
     with pytest.raises(RecipeError) as error:
         recipe.load(ROOT / "recipes" / "standard.yaml", ["model.zoo=null", override]

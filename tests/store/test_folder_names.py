@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import IntegrityError, RecipeError
+from pipeline.core.errors import IntegrityError, RecipeError
 from pipeline.recipe import load
 from pipeline.store.folder_names import folder_name, overrides_digest
 from pipeline.store.folder_names import load as load_folder

@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from pipeline.errors import IntegrityError, LockError
+from pipeline.core.errors import IntegrityError, LockError
 from pipeline.store.recipe_folder import ASIDE, MANIFEST, Interrupted, Store
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipeline import data, workloads
 from pipeline.cli import main
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 from pipeline.recipe import load
 from pipeline.stages.validate import engine_result
 from pipeline.store.recipe_folder import Artifact

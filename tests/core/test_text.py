@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from pipeline import text
+from pipeline.core import text
 
 
 def test_speedups_read_engine_vs_reference_faster_or_slower():
-    from pipeline.text import speedup, time_ratio_speedup
+    from pipeline.core.text import speedup, time_ratio_speedup
 
     assert speedup(2.0, [1.9, 2.1]) == "2.00x faster [1.90, 2.10]"
     assert speedup(0.5, [0.4, 0.8]) == "2.00x slower [1.25, 2.50]"  # interval turned with it

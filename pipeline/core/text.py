@@ -53,7 +53,7 @@ def speedup(ratio: float, ci95=None) -> str:
     writes it: `2.00x faster [1.90, 2.10]`, or below 1 as its reciprocal, `1.22x slower
     [1.18, 1.25]` (the interval turned the same way). Read it as "engine vs reference"; JSON
     keeps the plain numbers."""
-    from pipeline.bench.stats import speedup_from_time_ratio
+    from pipeline.core.stats import speedup_from_time_ratio
 
     if ratio >= 1:
         return f"{ratio:.2f}x faster" + _interval(ci95)
@@ -63,7 +63,7 @@ def speedup(ratio: float, ci95=None) -> str:
 
 def time_ratio_speedup(time_ratio: float, ci95=None) -> str:
     """`speedup` of B vs A from a comparison's time ratio (B time / A time, the JSON's)."""
-    from pipeline.bench.stats import speedup_from_time_ratio
+    from pipeline.core.stats import speedup_from_time_ratio
 
     return speedup(*speedup_from_time_ratio(time_ratio, ci95))
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from pipeline.errors import IntegrityError
+from pipeline.core.errors import IntegrityError
 
 _NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 

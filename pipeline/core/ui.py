@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from rich.console import Console
 
-from pipeline.text import escape  # markup and control characters
+from pipeline.core.text import escape  # markup and control characters
 
 console = Console(stderr=True, highlight=False)
 # stdout: tables and results; wide enough for the summary table when piped to a file or CI log

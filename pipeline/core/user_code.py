@@ -19,8 +19,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.errors import PipelineError, RecipeError
-from pipeline.text import first_line
+from pipeline.core.errors import PipelineError, RecipeError
+from pipeline.core.text import first_line
 
 
 def search_path(recipe_source: Path | None) -> list[str]:

@@ -1,4 +1,4 @@
-"""bench/stats.py: the paired ratio and its sign-test interval, verdicts against the noise
+"""core/stats.py: the paired ratio and its sign-test interval, verdicts against the noise
 threshold, robustness to bursts of load, and speed-ups and time ratios named once."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pipeline import recipe as recipe_mod
-from pipeline.bench import protocol, stats, timing
+from pipeline.bench import protocol, timing
+from pipeline.core import stats
 
 
 def _blocks(rng, scale=1.0, blocks=40, block=25):

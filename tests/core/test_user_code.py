@@ -1,4 +1,4 @@
-"""model/user_code.py: a factory module beside the recipe, or in the current directory,
+"""core/user_code.py: a factory module beside the recipe, or in the current directory,
 imports the way `python -m` would, also from the `pipeline` console script."""
 
 from __future__ import annotations

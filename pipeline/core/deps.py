@@ -16,7 +16,7 @@ import platform
 import shutil
 import subprocess
 
-from pipeline.errors import DependencyError
+from pipeline.core.errors import DependencyError
 
 # import name -> distribution names that provide it (first installed one wins)
 _DISTRIBUTIONS = {
