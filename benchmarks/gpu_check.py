@@ -36,13 +36,13 @@ import numpy as np
 from pipeline import backends
 from pipeline import recipe as recipe_mod
 from pipeline.artifacts import dump
+from pipeline.backends import engine_name
 from pipeline.bench import timing
 from pipeline.core import deps, stats
 from pipeline.metrics.accuracy import compare
 from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec
 from pipeline.run.execute import Run
-from pipeline.stages import build
 from pipeline.stages.validate import gates
 from pipeline.store.recipe_folder import write_atomic
 
@@ -148,7 +148,7 @@ def check_recipe(name: str, engines_dir: Path, entry: dict, save, *, device: str
         entry["engines"] = report["engines"]
         entry["baseline"] = report["baseline"]
         if aoti is not None:
-            engine = outcome.store.dir / build.engine_name(aoti)
+            engine = outcome.store.dir / engine_name(aoti)
         save()
     entry["shapes"] = []
     for row in shape_study(recipe, engine, aoti, device=device, shapes=shapes, protocol=protocol):

@@ -32,13 +32,13 @@ from benchmarks.peer_int8 import OUT, THREADS, PeerRunner, peer_models  # noqa: 
 from pipeline import backends  # noqa: E402
 from pipeline import recipe as recipe_mod  # noqa: E402
 from pipeline.backends import onnxruntime as ort_backend  # noqa: E402
+from pipeline.backends.openers import baseline_runner  # noqa: E402
 from pipeline.bench import timing  # noqa: E402
 from pipeline.core import stats
 from pipeline.metrics.budget import row_cosines  # noqa: E402
 from pipeline.model import sources as models
 from pipeline.recipe import LatencySpec  # noqa: E402
 from pipeline.recipe.precision import PrecisionSpec  # noqa: E402
-from pipeline.run.openers import baseline_runner  # noqa: E402
 from pipeline.stages import precision as precision_stage  # noqa: E402
 
 GRAPH = Path("engines/minilm/optimized.onnx")

@@ -25,11 +25,11 @@ import numpy as np
 
 from pipeline import backends
 from pipeline import recipe as recipe_mod
+from pipeline.backends.openers import timing_feed
 from pipeline.bench import timing
 from pipeline.core import deps, stats
 from pipeline.recipe import LatencySpec
 from pipeline.run.execute import Run
-from pipeline.run.openers import timing_feed
 from pipeline.store.recipe_folder import now
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -28,9 +28,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from pipeline.core import stats
+    from pipeline.generation import figures as gm
     from pipeline.generation import runners
     from pipeline.generation.workload import Request, measure
-    from pipeline.metrics import generation as gm
     from pipeline.recipe.workload import WorkloadSpec
 
     names = ("smollm2-long", "smollm2-flash-long")

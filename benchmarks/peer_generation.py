@@ -119,10 +119,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from pipeline.core import deps, stats
+    from pipeline.generation import figures as gm
     from pipeline.generation import genai_config, runners
     from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.generation.workload import Request, measure
-    from pipeline.metrics import generation as gm
     from pipeline.recipe.workload import WorkloadSpec
     from pipeline.store.recipe_folder import now
 

@@ -122,8 +122,8 @@ def peer_models(folder: Path) -> dict[str, Path]:
 def runners(recipes: list, folder: Path):
     import torch
 
+    from pipeline.backends.openers import baseline_runner
     from pipeline.model import sources as models
-    from pipeline.run.openers import baseline_runner
 
     torch.set_num_threads(THREADS)
     with contextlib.ExitStack() as stack:

@@ -97,7 +97,7 @@ def decode_floors(onnx_paths: dict[str, Path], gguf: Path, c, contexts: dict[str
     from gguf import GGUFReader
 
     from pipeline.bench import floor
-    from pipeline.metrics import generation as gm
+    from pipeline.generation import figures as gm
 
     head_dim = c.hidden_size // c.num_attention_heads
     kv = gm.kv_bytes_per_token(layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads, head_dim=head_dim)
@@ -198,10 +198,10 @@ def main() -> None:
     import transformers
 
     from pipeline.core import deps, stats
+    from pipeline.generation import figures as gm
     from pipeline.generation import genai_config, runners
     from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.generation.workload import Request, generate, measure
-    from pipeline.metrics import generation as gm
     from pipeline.recipe.workload import WorkloadSpec
     from pipeline.store.recipe_folder import now
 

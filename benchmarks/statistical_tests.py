@@ -60,7 +60,7 @@ def series(pair, n: int, label: str) -> list[dict[str, str]]:
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     from pipeline.backends import onnxruntime as ort_backend
-    from pipeline.run.openers import timing_feed
+    from pipeline.backends.openers import timing_feed
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         folder = build(Path(tmp))

@@ -66,8 +66,8 @@ def _execute(recipe_ref: str, until: str, overrides, force, engines_dir, verbose
     from pipeline import workloads
     from pipeline.artifacts import dump
     from pipeline.core.ui import Progress, console, out
+    from pipeline.render.report_table import table
     from pipeline.run.execute import Run, check_gates
-    from pipeline.stages.report import table
     from pipeline.store import folder_names as folders
 
     recipe = folders.load(recipe_ref, overrides, engines_dir)

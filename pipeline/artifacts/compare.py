@@ -1,10 +1,10 @@
 """compare.json and compare-generation.json as pydantic models: what `pipeline compare` wrote.
 
     CompareBase     schema, created, recipes, reference (A), shared_targets, method
-      ForwardCompare      the forward workload (explain/compare.py): models and whether they
+      ForwardCompare      the forward workload (compare/tensor.py): models and whether they
                           differ, side-by-side rows, the interleaved timing, where the time
                           went (profiles, deltas, cause tags), where the error came from
-      GenerationCompare   generation (generation/compare.py): time per task and per phase,
+      GenerationCompare   generation (compare/generation.py): time per task and per phase,
                           per engine and B against A, op-category profiles per phase,
                           task scores (workload.chat)
 
@@ -54,4 +54,4 @@ class GenerationCompare(CompareBase):
                                         "{prompt, new_tokens, engines, versus}, timed like the task.")
     scores: dict[str, Any] = Field(default_factory=dict, description="workload.chat: each recipe's "
                                    "task score and its PyTorch baseline's, B-vs-A answer accuracy "
-                                   "(generation/compare_score.py); {} without workload.chat.")
+                                   "(compare/generation_scores.py); {} without workload.chat.")

@@ -99,3 +99,8 @@ def load_plugins() -> list[str]:
                                   f"`{kind}`; the entry point's name must be its kind")
         found.append(kind)
     return found
+
+
+def engine_name(target) -> str:
+    """The engine's file name in a recipe's folder: the target's id and its backend's suffix."""
+    return f"{target.id}{get(target.kind).EXTENSION}"

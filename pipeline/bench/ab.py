@@ -1,7 +1,7 @@
 """A/B of engines from different recipes, interleaved in one process.
 
 - `versus`: the `expect.faster_than` stage: this recipe's engine against another recipe's
-  engine of the same target (stages/versus.py builds the other recipe and opens both).
+  engine of the same target (run/versus.py builds the other recipe and opens both).
 - `bench`: `pipeline bench RECIPE [--vs OTHER]`: every built engine of RECIPE and its
   PyTorch baseline (and OTHER's, with --vs) timed together at every shape; comparisons
   engine vs baseline, and RECIPE vs OTHER runner by runner (stages/bench.py opens them).

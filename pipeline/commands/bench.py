@@ -12,9 +12,9 @@ from pathlib import Path
 from rich.table import Table
 
 from pipeline import backends
+from pipeline.backends import openers
 from pipeline.core.text import time_ratio_speedup
 from pipeline.recipe import Recipe
-from pipeline.run import openers
 from pipeline.store.folder_names import folder_name
 
 
@@ -22,8 +22,8 @@ def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bo
                   only: tuple[str, ...] = ()) -> dict[str, Path]:
     """Build (or find cached) every target of `recipe` that can be built here (or those
     named in `only`); target id -> engine file."""
+    from pipeline.backends import engine_name
     from pipeline.run.execute import Run
-    from pipeline.stages.build import engine_name
 
     run = Run(recipe, root, force=force, progress=progress, verbose=verbose, only=only)
     run.execute("build")

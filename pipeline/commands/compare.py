@@ -4,8 +4,8 @@
    check before anything is built (the forward pass: the first recipe's timing feed fits
    every other one; generation: the same script of requests).
 1. Each recipe is run up to its report (cached stages are reused).
-2. The workload's comparer times and explains them (workloads.comparer: explain/compare.py
-   for the forward pass, generation/compare.py) and writes engines/compare/<A>-vs-<B>.../.
+2. The workload's comparer times and explains them (workloads.comparer: compare/tensor.py
+   for the forward pass, compare/generation.py) and writes engines/compare/<A>-vs-<B>.../.
 """
 
 from __future__ import annotations

@@ -103,8 +103,8 @@ class Search:
     # ---------------------------------------------------------------- one candidate
     def prepare(self) -> None:
         """PyTorch's outputs on the held-out feeds: what every candidate is measured against."""
+        from pipeline.backends.openers import baseline_runner
         from pipeline.model import sources as models
-        from pipeline.run.openers import baseline_runner
 
         with baseline_runner(self.recipe, models.load(self.recipe)) as torch_runner:
             self.reference = [dict(torch_runner.infer(f, check_inputs=False)) for f in self.feeds]

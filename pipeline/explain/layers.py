@@ -71,10 +71,10 @@ def _with_outputs(model, names: list[str]):
 
 
 def _run(model, feeds: list[dict], names: list[str]) -> list[dict[str, np.ndarray]]:
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check
 
     # unoptimized, so tensor names survive; Q/DQ kept as written (FP8 on CPU)
-    return check.run(model.SerializeToString(), feeds, names, keep_qdq=True)
+    return graph_check.run(model.SerializeToString(), feeds, names, keep_qdq=True)
 
 
 def _relative_error(ref: list[np.ndarray], act: list[np.ndarray]) -> float | None:

@@ -54,9 +54,7 @@ def recorded_loads(store) -> list[dict]:
 def _rerender_report(store, workload=None) -> None:
     """report.md again with the Serving section, when the folder has a report (its report.json
     unchanged); the report stage's record stays, so a later run keeps using it."""
-    from pipeline.stages.report import (
-        markdown,  # report.md's renderer, which calls loadgen.markdown
-    )
+    from pipeline.render.report_markdown import markdown  # with the Serving section
 
     record = store.manifest["stages"].get("report")
     if not record or "report.md" not in record["outputs"] or "report.json" not in store.manifest["files"]:

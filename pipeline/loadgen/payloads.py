@@ -77,7 +77,7 @@ def _generation_bodies(recipe: Recipe) -> tuple[list[dict], dict]:
         rows, source = _rows(recipe)
         prompts = [row["input_ids"][0, :longest].tolist() for row in rows]
     else:
-        from pipeline.generation.validate import workload_requests
+        from pipeline.generation.decoder import workload_requests
 
         prompts = [r.turns[0][0][0].tolist() for r in workload_requests(recipe)
                    if r.kind == "point" and r.batch == 1]

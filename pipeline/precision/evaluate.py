@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.metrics import accuracy as metrics
-from pipeline.passes import check
+from pipeline.metrics import graph_check
 
 
 def run(path: Path, feeds: list[dict], outputs: list[str], fp8: bool = False) -> list[dict]:
     # ORT's default optimization (extended): Q/DQ groups run the kernels the engine will run
-    return check.run(str(path), feeds, outputs, optimize=True, keep_qdq=fp8)
+    return graph_check.run(str(path), feeds, outputs, optimize=True, keep_qdq=fp8)
 
 
 def compare(reference: list[dict], actual: list[dict], top1_outputs: list[str]) -> dict:

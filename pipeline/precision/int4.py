@@ -61,7 +61,7 @@ def checkpoint_file(recipe) -> Path:
         raise RecipeError(f"{recipe.where}: precision.int4_source checkpoint needs a GGUF model "
                           "(model.transformers.gguf)", "or use int4_source: requantize")
     try:
-        from pipeline.model.gguf import resolve
+        from pipeline.recipe.gguf_header import resolve
     except ImportError:  # a plain path where the GGUF model source is not installed
         return Path(ref)
     return resolve(ref, recipe.where)

@@ -158,9 +158,9 @@ def decoder_shape(model) -> DecoderShape:
         if spec.config is not None:
             config = dict(spec.config)
         elif spec.gguf is not None:  # the file's header: no conversion to load a recipe
-            from pipeline.model import gguf
+            from pipeline.recipe.gguf_header import header_config
 
-            config = gguf.header_config(spec.gguf, "model")
+            config = header_config(spec.gguf, "model")
         else:
             config = _pretrained_config(spec.pretrained)
         heads = config.get("num_attention_heads", 32)

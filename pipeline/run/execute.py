@@ -5,7 +5,7 @@
 
 The parts live beside it: preflight.py (the checks before any work), stage_cache.py (a
 stage's key, lookup and commit), chain.py (the graph stages and the plain-ONNX chain),
-stages/versus.py (the cross-recipe A/B). A run writes into engines/<folder>/, the recipe's
+run/versus.py (the cross-recipe A/B). A run writes into engines/<folder>/, the recipe's
 name plus `@<digest>` when it was loaded with --set overrides (folders.py).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import workloads
+from pipeline import backends, workloads
 from pipeline.artifacts import EngineResult, Report, dump
 from pipeline.core.errors import GateFailed, IntegrityError, RecipeError, StageFailed
 from pipeline.core.ui import Progress
@@ -157,7 +157,7 @@ class Run:
             [graph] if graph is not None else [],
             lambda wd: build.build(self.recipe, target, graph, wd),
             device_keys=build_keys(target),
-        ).outputs[build.engine_name(target)]
+        ).outputs[backends.engine_name(target)]
 
     def _validate(self, target, engine: Artifact, base: Result) -> EngineResult:
         from pipeline.stages import validate
@@ -178,8 +178,8 @@ class Run:
 
     def _expect(self, engines: list[EngineResult], faster_than: dict[str, Recipe]) -> None:
         """expect: gates on every built engine; faster_than first times the A/Bs it needs."""
-        from pipeline.bench import gates
-        from pipeline.stages import versus
+        from pipeline.metrics import gates
+        from pipeline.run import versus
 
         def build_other(other: Recipe) -> Store:  # its own Run, folder and lock
             return Run(other, self.store.dir.parent, progress=self.progress,

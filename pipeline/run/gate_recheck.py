@@ -27,7 +27,7 @@ def _typed(engine: Any):
 def against_recipe(recipe: Any, engine: Any) -> list[str]:
     """The accuracy and expect: gates of a built engine recomputed with the recipe's
     thresholds: `gate (recomputed detail)` for each the file records as passed but fails."""
-    from pipeline.bench.gates import expect
+    from pipeline.metrics.gates import expect
     from pipeline.stages.validate import gates as accuracy_gates
 
     if engine.status != "built" or not engine.accuracy:

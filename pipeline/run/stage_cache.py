@@ -76,7 +76,7 @@ STAGES: dict[str, Stage] = {s.kind: s for s in (
     Stage("baseline", "pipeline.stages.validate", (), ALL, stop=False),
     Stage("build", "pipeline.stages.build", _GRAPH, None),
     Stage("validate", "pipeline.stages.validate", (*_GRAPH, "build", "baseline"), ALL),
-    Stage("versus", "pipeline.stages.versus", (*_GRAPH, "build"), ALL, stop=False),
+    Stage("versus", "pipeline.run.versus", (*_GRAPH, "build"), ALL, stop=False),
     Stage("report", "pipeline.stages.report",
           (*_GRAPH, "baseline", "build", "validate", "versus"), ALL),
 )}

@@ -29,7 +29,7 @@ def probe(recipe) -> dict:
         high = int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else 256
         prompt = [int(t) for t in np.random.default_rng(0).integers(1, min(high, 256), 8)]
         return {"prompt_ids": prompt, "max_new_tokens": PROBE_TOKENS, "stream": False}
-    from pipeline.run.openers import timing_feed
+    from pipeline.backends.openers import timing_feed
 
     feed = timing_feed(recipe)
     return {"inputs": {k: np.asarray(v)[:1].tolist() for k, v in feed.items()}}

@@ -114,8 +114,8 @@ class ServedEngine:
         if self.generation:
             self._gen, self.eos = _generation_runner(recipe, choice, threads)
         elif choice.kind == PYTORCH:
+            from pipeline.backends.openers import baseline_runner
             from pipeline.model import sources as models
-            from pipeline.run.openers import baseline_runner
 
             self._runner = baseline_runner(recipe, models.load(recipe))
             self._runner.threads = threads
@@ -147,13 +147,13 @@ class ServedEngine:
 
 def _generation_runner(recipe, choice: Choice, threads: int | None):
     from pipeline.generation import runners
-    from pipeline.generation.validate import _context, eos_token
+    from pipeline.generation.decoder import context_length, eos_token
 
     eos = eos_token(recipe)
     if choice.kind == PYTORCH:
         from pipeline.model import sources as models
 
-        decoder = runners.torch_decoder(recipe, models.load(recipe), _context(recipe))
+        decoder = runners.torch_decoder(recipe, models.load(recipe), context_length(recipe))
         return runners.TorchStaticRunner(decoder, eos, threads), eos
     if choice.kind != "onnxruntime":
         raise InputError(f"generation engines are served on ONNX Runtime or PyTorch here, not "

@@ -13,10 +13,6 @@ from pipeline.store.recipe_folder import Artifact
 NAME = "build"
 
 
-def engine_name(target) -> str:
-    return f"{target.id}{backends.get(target.kind).EXTENSION}"
-
-
 def build(recipe: Recipe, target, graph: Artifact | None, workdir: Path) -> Produced:
     """`graph` is None when the target builds from the PyTorch model and no graph was made."""
     backend = backends.get(target.kind)
@@ -24,4 +20,4 @@ def build(recipe: Recipe, target, graph: Artifact | None, workdir: Path) -> Prod
     extra = meta.pop("files", {})  # e.g. TensorRT's inspector JSON, committed beside the engine
     source = ({"source": graph.name, "source_sha256": graph.sha256} if graph
               else {"source": None, "source_sha256": None})  # built from the PyTorch model
-    return Produced({engine_name(target): path, **extra}, {**source, **meta})
+    return Produced({backends.engine_name(target): path, **extra}, {**source, **meta})

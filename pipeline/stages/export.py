@@ -229,11 +229,11 @@ def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:
     import numpy as np
 
     from pipeline.backends.torch import TorchRunner
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check
 
     rng = np.random.default_rng([recipe.data.seed, 99])
     feeds = [data.random_feed(recipe.inputs, p, rng) for p in ("opt", "max")]
-    onnx_out = check.run(str(onnx_path), feeds, recipe.outputs)  # unoptimized: the export alone
+    onnx_out = graph_check.run(str(onnx_path), feeds, recipe.outputs)  # unoptimized: the export alone
     with TorchRunner(model, [i.name for i in recipe.inputs], recipe.outputs) as runner:
         torch_out = [runner.infer(f, check_inputs=False) for f in feeds]
     result = metrics.compare(torch_out, onnx_out, top1_outputs=[])

@@ -19,7 +19,7 @@ from pipeline.core import stats
 from pipeline.core.errors import RecipeError, StageFailed
 from pipeline.core.text import speedup
 from pipeline.metrics import accuracy as metrics
-from pipeline.passes import check
+from pipeline.metrics import graph_check
 from pipeline.recipe import LatencySpec, Recipe
 from pipeline.stages import Produced
 
@@ -108,7 +108,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     exported = onnx.load(str(graph.path))
     named = check_feeds(recipe)
     feeds = list(named.values())
-    first_reference = reference = check.run(exported.SerializeToString(), feeds, recipe.outputs)
+    first_reference = reference = graph_check.run(exported.SerializeToString(), feeds, recipe.outputs)
     current, records = exported, []
     for name in spec.passes:
         before = passes.histogram(current)
@@ -117,7 +117,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         if unchanged:  # found nothing to rewrite: said so, never "accepted" (nothing to check)
             error = NO_MATCH
         elif error is None:
-            verdict = check.judge(candidate, feeds, recipe.outputs, reference,
+            verdict = graph_check.judge(candidate, feeds, recipe.outputs, reference,
                                   spec.tolerance.max_abs, spec.tolerance.cosine_min)
             error = verdict.reason
         after = passes.histogram(candidate) if candidate is not None else {}
@@ -165,7 +165,7 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
     """Exported vs optimized graph, interleaved in one process (ORT CPU, its own optimizer on)."""
     spec = recipe.optimize.latency or DEFAULT_LATENCY
     feed = data.feeds(recipe, "export")[0]  # the opt point, as validation times engines
-    runners = [check.Timed(m.SerializeToString(), recipe.outputs, None, spec.spin)
+    runners = [graph_check.Timed(m.SerializeToString(), recipe.outputs, None, spec.spin)
                for m in (exported, optimized)]
     base_blocks, opt_blocks = timing.time_interleaved(runners, feed, spec)
     return {

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pipeline import backends, workloads
 from pipeline.artifacts import EngineResult, Gate
+from pipeline.backends.openers import timing_feed
 from pipeline.recipe import Recipe
-from pipeline.run.openers import timing_feed
 from pipeline.stages import Produced
 from pipeline.store.recipe_folder import Artifact
 

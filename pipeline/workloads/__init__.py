@@ -1,9 +1,9 @@
 """Workloads, by the recipe's `workload.kind`: the registry (the contract: base.py).
 
     forward     one forward pass at the inputs' shapes: workloads/tensor.py; compared by
-                explain/compare.py
+                compare/tensor.py
     generation  prefill + token-by-token decode with a KV cache: workloads/generation.py
-                over pipeline/generation/; compared by generation/compare.py
+                over pipeline/generation/; compared by compare/generation.py
 
 `of(recipe)` and `comparer(recipe)` are the one place a recipe's workload kind is looked
 up. Modules are imported on first use. The comparers are named without the package prefix

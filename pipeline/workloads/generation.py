@@ -11,20 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.generation import validate
 from pipeline.recipe import Recipe
+from pipeline.workloads import generation_measure
 from pipeline.workloads.base import Measured
 
 KIND = "generation"
-BASELINE = validate.BASELINE
+BASELINE = generation_measure.BASELINE
 
 
 def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
-    return validate.baseline(recipe, workdir)
+    return generation_measure.baseline(recipe, workdir)
 
 
 def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
-    measured = validate.measure_engine(recipe, target, engine, base, workdir)
+    measured = generation_measure.measure_engine(recipe, target, engine, base, workdir)
     generation = measured.fields.get("generation") if measured.skipped is None else None
     if generation and Path(engine.path).suffix == ".onnx":
         generation["floor"] = decode_floor(recipe, Path(engine.path), generation)
@@ -36,7 +36,7 @@ def decode_floor(recipe: Recipe, engine: Path, generation: dict) -> dict:
     at each batch-1 point's mean decode context, for the engine (its stored weights) and the
     PyTorch baseline (the exported FP32 graph's weights, beside the engine)."""
     from pipeline.bench import floor
-    from pipeline.metrics.generation import kv_bytes_per_token
+    from pipeline.generation.figures import kv_bytes_per_token
     from pipeline.recipe.workload import decoder_shape
 
     layers, kv_heads, head_dim = decoder_shape(recipe.model)[:3]
@@ -58,7 +58,7 @@ def decode_floor(recipe: Recipe, engine: Path, generation: dict) -> dict:
 
 def headlines(report: dict) -> list[str]:
     """One line per built engine: the task score, TTFT/TPOT, the task and the long point."""
-    from pipeline.generation.report import headline
+    from pipeline.workloads.generation_markdown import headline
 
     return [headline(e) for e in report["engines"] if e["status"] == "built" and e.get("generation")]
 
@@ -66,7 +66,7 @@ def headlines(report: dict) -> list[str]:
 def engine_markdown(entry: dict) -> list[str]:
     """The task score, TTFT/TPOT/tokens/s per point and time per task against PyTorch's
     (interleaved), the long point along its context, memory and the KV-cache outputs."""
-    from pipeline.generation.report import markdown
+    from pipeline.workloads.generation_markdown import markdown
 
     g = entry.get("generation")
     if not g:

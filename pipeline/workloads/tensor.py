@@ -14,9 +14,9 @@ import zipfile
 from pathlib import Path
 
 from pipeline import backends, data
+from pipeline.backends.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
-from pipeline.run.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.workloads.base import Measured
 
 KIND = "forward"

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from pipeline.artifacts import Unusable, parse
 from pipeline.artifacts.recorded import manifest as parse_manifest
+from pipeline.render.report_table import rows
 from pipeline.run.execute import failed_gates
-from pipeline.stages.report import rows
 from tests.conftest import FAST, STANDARD, Project
 
 HOSTILE = st.one_of(

@@ -15,7 +15,8 @@ import yaml
 
 from pipeline.artifacts import EngineResult, Report, Unusable, dump, parse
 from pipeline.artifacts.recorded import manifest as parse_manifest
-from pipeline.stages.report import markdown, rows
+from pipeline.render.report_markdown import markdown
+from pipeline.render.report_table import rows
 from tests.conftest import FAST, ROOT, STANDARD
 
 

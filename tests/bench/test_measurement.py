@@ -85,7 +85,7 @@ def standard_recipe(built_standard):
 def ort_pair(built_standard, standard_recipe):
     """Two sessions of the very same engine file (one thread each, no spinning)."""
     from pipeline.backends import onnxruntime as ort_backend
-    from pipeline.run.openers import timing_feed
+    from pipeline.backends.openers import timing_feed
 
     path = built_standard.engines / STANDARD / "onnxruntime.onnx"
     target = standard_recipe.targets[0]

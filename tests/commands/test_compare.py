@@ -126,7 +126,8 @@ def test_float_fallback_states_the_bar_it_used(compared, tmp_path):
     import onnx
 
     from pipeline import recipe as recipe_mod
-    from pipeline.explain import causes, compare
+    from pipeline.compare import tensor as compare
+    from pipeline.explain import causes
     from pipeline.precision import effective
 
     proj, data = compared
@@ -156,7 +157,9 @@ def test_different_models_are_said_up_front_and_ranked_first(compared):
     """A bigger model, or one tuned for another shape, is not a variant: compare says so and
     does not offer precision causes as the explanation."""
     from pipeline import recipe as recipe_mod
-    from pipeline.explain import causes, compare, render
+    from pipeline.compare import render
+    from pipeline.compare import tensor as compare
+    from pipeline.explain import causes
 
     proj, data = compared
     a, b = INVERSION

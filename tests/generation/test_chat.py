@@ -58,7 +58,7 @@ def test_memory_precheck_does_not_count_the_kv_cache_as_activations():
 
 def test_end_of_sequence_defaults_to_the_models_own():
     """Defect 8: the default was the last vocabulary id, not the model's eos_token_id."""
-    from pipeline.generation.validate import eos_token
+    from pipeline.generation.decoder import eos_token
 
     r = load("gpt2-tiny", ["workload.kind=generation", "model.transformers.task=logits",
                            "model.transformers.config={model_type: llama, vocab_size: 128, "
@@ -109,8 +109,8 @@ def test_memory_is_measured_per_runner():
 
 
 def test_score_compares_answers_and_perplexity_with_intervals():
-    from pipeline.bench.gates import score_gates
     from pipeline.generation import score
+    from pipeline.metrics.gates import score_gates
 
     rng = np.random.default_rng(0)
     base = [{"tokens": [1, 2], "correct": i % 2 == 0, "seconds": 1.0} for i in range(40)]
@@ -150,7 +150,7 @@ def test_a_gguf_function_that_exits_is_a_recipe_error(tmp_path, monkeypatch):
     """The `module:function` of model.transformers.gguf runs under exits_refused: its
     sys.exit is one RecipeError naming the reference, never the pipeline's own exit."""
     from pipeline.core.errors import RecipeError
-    from pipeline.model.gguf import resolve
+    from pipeline.recipe.gguf_header import resolve
 
     (tmp_path / "exits_here.py").write_text("import sys\n\ndef path():\n    sys.exit(0)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -160,7 +160,7 @@ def test_a_gguf_function_that_exits_is_a_recipe_error(tmp_path, monkeypatch):
 
 def test_genai_config_names_the_engine_and_stops_at_the_models_eos(tmp_path):
     """Defect 1: it named model.onnx (the raw export), min_length = max_length, bos/pad 0."""
-    from pipeline.generation.validate import deployed_config
+    from pipeline.generation.decoder import deployed_config
     from tests.generation.test_genai_config import decoder_graph
 
     r = load("gpt2-tiny", ["workload.kind=generation", "model.transformers.task=logits",
@@ -238,7 +238,7 @@ def test_deployed_folder_runs_under_genai_as_is(built_chat: Project):
 
 def test_compare_shows_each_recipes_score_and_a_paired_verdict():
     """Defect 10: the generation compare showed no accuracy, agreement or PyTorch baseline."""
-    from pipeline.generation import compare_score
+    from pipeline.compare import generation_scores as compare_score
 
     def report(right: list[bool]) -> dict:
         answers = [{"id": i, "correct": c} for i, c in enumerate(right)]

@@ -44,7 +44,7 @@ def test_the_wheel_file_is_converted_once_and_keyed_by_its_digest(smollm2):
 
 def test_it_answers_through_its_chat_template_and_stops_at_its_eos(smollm2):
     from pipeline.generation import chat, runners, score
-    from pipeline.generation.validate import eos_token
+    from pipeline.generation.decoder import eos_token
 
     recipe, _, model = smollm2
     assert eos_token(recipe) == 2  # <|im_end|>, from the model's config (not vocab - 1)

@@ -1,5 +1,5 @@
 """`pipeline compare` of two generation recipes end to end (tiny GLM): time per task and at the
-long point, each phase with a verdict, and the op-category profiles (pipeline/generation/compare.py)."""
+long point, each phase with a verdict, and the op-category profiles (pipeline/compare/generation.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""generation/report.py: report.md's generation sections: decode against the bandwidth floor
+"""workloads/generation_markdown.py: report.md's generation sections: decode against the bandwidth floor
 for the engine and PyTorch, memory per runner (each in a process of its own)."""
 
-from pipeline.generation import report as generation_report
+from pipeline.workloads import generation_markdown as generation_report
 
 
 def _floor(tpot_engine, tpot_torch):

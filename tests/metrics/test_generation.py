@@ -1,10 +1,10 @@
-"""metrics/generation.py: token agreement and its first divergence, the KV cache's bytes per token."""
+"""generation/figures.py: token agreement and its first divergence, the KV cache's bytes per token."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from pipeline.metrics import generation as gm
+from pipeline.generation import figures as gm
 
 
 def test_agreement_names_the_first_divergence():

@@ -123,7 +123,7 @@ def test_smoothing_is_exact_in_float_and_moves_outliers_into_weights(int8_projec
     import onnx
     from onnx import numpy_helper
 
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check as check
     from pipeline.precision import nodes, smooth
 
     graph = int8_project.engines / set_folder("mlp", *FAST) / "model.onnx"
@@ -186,7 +186,7 @@ def test_split_attention_keeps_the_float_graph_and_lets_the_projection_quantize(
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check as check
     from pipeline.precision import dynamic
 
     rng = np.random.default_rng(0)
@@ -222,7 +222,7 @@ def test_excluded_matmuls_run_blockwise_int8_under_fallback_blockwise(int8_proje
     import onnx
 
     from pipeline import recipe as recipe_mod
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check as check
     from pipeline.precision import qdq
 
     exported = int8_project.run("export", "mlp", *FAST)
@@ -293,7 +293,7 @@ def test_key_mask_makes_a_padding_bias_attention_take_qattention(tmp_path):
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check as check
     from pipeline.precision import key_mask
 
     src = _padding_attention(tmp_path)

@@ -202,7 +202,7 @@ INT4_FEED = {"input_ids": np.arange(128, dtype=np.int64).reshape(2, 64) % 512}
 def test_int4_is_blockwise_dq_that_ort_runs_as_matmulnbits(int4_engine, tmp_path):
     import onnx
 
-    from pipeline.passes import check
+    from pipeline.metrics import graph_check as check
     from pipeline.precision import effective
     from pipeline.precision.report import effective_markdown
 

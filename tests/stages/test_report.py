@@ -1,7 +1,7 @@
 """stages/report.py: report.md's optimize section for a 30-layer KV-cache model (61 outputs
 of drift in two entries)."""
 
-from pipeline.stages.report import _drift
+from pipeline.render.report_markdown import _drift
 
 
 def test_sixty_kv_cache_outputs_are_one_drift_entry():

@@ -21,8 +21,8 @@ def test_the_registry_picks_the_workload_and_its_comparer_from_the_recipe():
     forward, generation = load("standard"), load("standard-gen")
     assert workloads.of(forward).KIND == "forward" and workloads.of(generation).KIND == "generation"
     assert workloads.of(forward).BASELINE == "torch-eager"
-    assert workloads.comparer(forward).__name__ == "pipeline.explain.compare"
-    assert workloads.comparer(generation).__name__ == "pipeline.generation.compare"
+    assert workloads.comparer(forward).__name__ == "pipeline.compare.tensor"
+    assert workloads.comparer(generation).__name__ == "pipeline.compare.generation"
     with pytest.raises(DependencyError, match="no workload `serving`"):
         workloads.get("serving")
 

@@ -26,12 +26,12 @@ import contextlib
 from pathlib import Path
 
 from pipeline import backends, data
+from pipeline.backends import engine_name
+from pipeline.backends.openers import baseline_opener, engine_opener, timing_feed
 from pipeline.bench import ab, protocol, sweep
 from pipeline.core import stats
 from pipeline.explain import causes, layers, profile
 from pipeline.recipe import Recipe
-from pipeline.run.openers import baseline_opener, engine_opener, timing_feed
-from pipeline.stages.build import engine_name
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
 from pipeline.workloads.base import Compared, built, compare_folder, shared_targets
@@ -256,7 +256,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     """`reports`: each recipe's report.json, built (check_comparable ran before)."""
     from pipeline.artifacts import dump
     from pipeline.artifacts.compare import ForwardCompare
-    from pipeline.explain import render
+    from pipeline.compare import render
 
     names = [r.name for r in recipes]
     info = models(recipes, root)

@@ -13,12 +13,11 @@ import dataclasses
 from collections.abc import Callable
 
 from pipeline.artifacts import EngineResult, Versus
+from pipeline.backends import engine_name, openers
 from pipeline.bench import ab
 from pipeline.recipe import Recipe
-from pipeline.run import openers
 from pipeline.run.stage_cache import StageCache
 from pipeline.stages import Produced
-from pipeline.stages.build import engine_name
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store
 

@@ -21,16 +21,16 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import backends
+from pipeline.backends import engine_name
+from pipeline.compare import generation_scores
 from pipeline.core import safe_files, stats
 from pipeline.core.errors import RecipeError
-from pipeline.generation import compare_score
+from pipeline.generation import figures as gm
+from pipeline.generation.decoder import eos_token, workload_requests
 from pipeline.generation.runners import OrtLoopRunner
-from pipeline.generation.validate import eos_token, workload_requests
 from pipeline.generation.workload import measure
-from pipeline.metrics import generation as gm
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
-from pipeline.stages.build import engine_name
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
 from pipeline.workloads.base import Compared, compare_folder, shared_targets
@@ -122,7 +122,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         "engines": engines["task"], "versus": versus["task"], "profiles": profiles,
         "long": {"prompt": spec.long.prompt, "new_tokens": spec.long.new_tokens,
                  "engines": engines["long"], "versus": versus["long"]} if spec.long else None,
-        "scores": compare_score.scores([r.name for r in recipes], reports, shared),
+        "scores": generation_scores.scores([r.name for r in recipes], reports, shared),
         "reports": {r.name: {e["target"]: (e.get("generation") or {}).get("time_per_task_s")
                              for e in reports[r.name]["engines"]} for r in recipes},
         "method": {"timing": f"the task ({len(spec.task)} turns)"
@@ -162,7 +162,7 @@ def lines(result: dict) -> list[str]:
         out.append(f"{v['b']} vs {v['a']}, long point ({long['prompt']}-token prompt + "
                    f"{long['new_tokens']}): whole request {_words(v['task'])}; prefill "
                    f"{_words(v['prefill'])}; decode {_words(v['decode'])}")
-    return out + compare_score.lines(result.get("scores") or {})
+    return out + generation_scores.lines(result.get("scores") or {})
 
 
 def markdown(result: dict) -> str:
@@ -170,7 +170,7 @@ def markdown(result: dict) -> str:
           f"- timing: {result['method']['timing']}", f"- profiles: {result['method']['profiles']}", "",
           "## Time per task and at the long point (B time / A time; > 1: B is slower)", ""]
     md += [f"- {line}" for line in lines(result)]
-    md += compare_score.markdown(result.get("scores") or {})
+    md += generation_scores.markdown(result.get("scores") or {})
     md += ["", "| engine | time per task s | prefill s | decode s | TTFT p50 ms | TPOT p50 ms |",
            "|---|---|---|---|---|---|"]
     long = result.get("long") or {}

@@ -19,9 +19,15 @@ from pipeline import backends, data
 from pipeline.bench import monitor
 from pipeline.core import deps
 from pipeline.generation import chat, genai_config, memory, runners, score
-from pipeline.generation.workload import can_run, measure, requests
+from pipeline.generation import figures as gm
+from pipeline.generation.decoder import (
+    context_length,
+    deployed_config,
+    eos_token,
+    workload_requests,
+)
+from pipeline.generation.workload import can_run, measure
 from pipeline.metrics import accuracy as accuracy_metrics
-from pipeline.metrics import generation as gm
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
@@ -32,54 +38,8 @@ BASELINE = "torch-static-cache"
 ACCURACY_PREFILL = 24
 
 
-def eos_token(recipe: Recipe) -> int:
-    """workload.eos_token_id, else the model's own (its config's eos_token_id), else the last
-    vocabulary id (a model without one, e.g. the byte-level GLM)."""
-    if recipe.workload.eos_token_id is not None:
-        return recipe.workload.eos_token_id
-    own = _model_config(recipe).get("eos_token_id")
-    if isinstance(own, list) and own:
-        own = own[0]
-    return own if isinstance(own, int) else decoder_shape(recipe.model).vocab - 1
-
-
-def _model_config(recipe: Recipe) -> dict:
-    """The transformers model's config (its bos/eos/pad ids); {} for other sources."""
-    from pipeline.artifacts import json_file
-
-    hf = recipe.model.transformers
-    if hf is None:
-        return {}
-    if hf.config is not None:
-        return dict(hf.config)
-    folder = models.transformers_dir(hf, recipe.where)
-    found = json_file.loads((folder / "config.json").read_bytes())
-    return found if isinstance(found, dict) else {}
-
-
-def prompt_vocab(recipe: Recipe) -> int:
-    """Prompt tokens are drawn below the input_ids range's end (a byte-level LM: 256), within
-    the model's vocabulary."""
-    high = recipe.inputs[0].range[1] if recipe.inputs[0].range else decoder_shape(recipe.model).vocab
-    return min(int(high), decoder_shape(recipe.model).vocab)
-
-
-def workload_requests(recipe: Recipe):
-    text = None
-    if recipe.workload.chat is not None:  # prompts of real text
-        from pipeline.generation.workload import prompt_tokens
-
-        text = chat.text_ids(chat.ChatTokenizer(recipe), recipe.workload.chat.text,
-                             prompt_tokens(recipe.workload), decoder_shape(recipe.model).vocab)
-    return requests(recipe.workload, prompt_vocab(recipe), eos_token(recipe), text)
-
-
-def _context(recipe: Recipe) -> int:
-    return recipe.workload.context_max() + 1  # + the token a turn carries over
-
-
 def _torch_runner(recipe: Recipe) -> runners.TorchStaticRunner:
-    decoder = runners.torch_decoder(recipe, models.load(recipe), _context(recipe))
+    decoder = runners.torch_decoder(recipe, models.load(recipe), context_length(recipe))
     return runners.TorchStaticRunner(decoder, eos_token(recipe), recipe.validate_.threads)
 
 
@@ -197,21 +157,6 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     }
 
 
-def deployed_config(recipe: Recipe, engine: Path) -> tuple[dict, list[Path]]:
-    """genai_config.json for the engine file, and the tokenizer files to ship beside it (the
-    model's own: bos/eos/pad ids from its config)."""
-    shape, own = decoder_shape(recipe.model), _model_config(recipe)
-    hf = recipe.model.transformers
-    folder = models.transformers_dir(hf, recipe.where) if hf is not None else None
-    ids = {k: own.get(k) if isinstance(own.get(k), int) else None for k in ("bos_token_id", "pad_token_id")}
-    cfg = genai_config.config(layers=shape.layers, kv_heads=shape.kv_heads, heads=shape.heads,
-                              head_dim=shape.head_dim, hidden=shape.hidden, vocab=shape.vocab,
-                              eos_token_id=eos_token(recipe), context_length=_context(recipe),
-                              filename=engine.name, threads=recipe.validate_.threads,
-                              in_place=genai_config.in_place_cache(engine), **ids)
-    return cfg, genai_config.tokenizer_files(folder)
-
-
 def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, workdir: Path) -> Measured:
     """The engine's measured fields (the validate stage builds the EngineResult and its
     gates from them) and the file beside it (genai_config.json)."""
@@ -230,8 +175,8 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
     torch_runner = _torch_runner(recipe)
     makers = {BASELINE: (_torch_runner, (recipe,))}  # memory: each in a process of its own
     if deps.has("onnxruntime_genai"):
-        genai = runners.GenaiRunner(folder, _context(recipe))
-        makers["onnxruntime-genai"] = (runners.GenaiRunner, (folder, _context(recipe)))
+        genai = runners.GenaiRunner(folder, context_length(recipe))
+        makers["onnxruntime-genai"] = (runners.GenaiRunner, (folder, context_length(recipe)))
     else:
         genai = None
         warnings.append("onnxruntime-genai is not installed (pip install onnxruntime-genai): "

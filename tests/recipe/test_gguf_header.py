@@ -1,4 +1,4 @@
-"""pipeline/model/gguf.py: the decoder's sizes from a GGUF header, read once per file version."""
+"""recipe/gguf_header.py: a GGUF's decoder sizes from its header alone, read once per file version."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from pipeline.core.errors import InputError
-from pipeline.model import gguf
+from pipeline.recipe import gguf_header
 
 
 def _write(path, layers: int) -> None:
@@ -29,16 +29,16 @@ def _write(path, layers: int) -> None:
 def test_the_header_names_the_decoders_sizes_and_a_rewritten_file_is_read_again(tmp_path):
     path = tmp_path / "model.gguf"
     _write(path, layers=2)
-    first = gguf.header_config(str(path), "recipes/x.yaml")
+    first = gguf_header.header_config(str(path), "recipes/x.yaml")
     assert first == {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
                      "num_key_value_heads": 2, "vocab_size": 3}
     first["num_hidden_layers"] = 99  # the caller's copy: the next read is not changed
-    assert gguf.header_config(str(path), "recipes/x.yaml")["num_hidden_layers"] == 2
+    assert gguf_header.header_config(str(path), "recipes/x.yaml")["num_hidden_layers"] == 2
     stat = path.stat()
     _write(path, layers=5)  # rewritten in place: the same inode and size
     # its mtime moves on, as a rewrite's does (set here: two writes may share a clock tick)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
-    assert gguf.header_config(str(path), "recipes/x.yaml")["num_hidden_layers"] == 5
+    assert gguf_header.header_config(str(path), "recipes/x.yaml")["num_hidden_layers"] == 5
 
 
 def test_a_header_without_the_decoders_sizes_is_one_input_error(tmp_path):
@@ -52,4 +52,4 @@ def test_a_header_without_the_decoders_sizes_is_one_input_error(tmp_path):
     writer.close()
     with pytest.raises(InputError, match=r"recipes/x.yaml: model.transformers.gguf: the header lacks "
                                          r"llama.block_count"):
-        gguf.header_config(str(path), "recipes/x.yaml")
+        gguf_header.header_config(str(path), "recipes/x.yaml")
