@@ -40,14 +40,16 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.generation.runners import DecoderRunner
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 NEW = 32
 QUESTION = "What is the capital of France? Answer in one sentence."
 
 
-class LlamaCppRunner:
-    """llama.cpp (llama-cpp-python) on the GGUF, the runner interface of pipeline/generation."""
+class LlamaCppRunner(DecoderRunner):
+    """llama.cpp (llama-cpp-python) on the GGUF, behind pipeline/generation's runner contract."""
 
     name = "llama.cpp"
     turns = True
@@ -79,6 +81,9 @@ class LlamaCppRunner:
     def step(self) -> np.ndarray:
         self.llm.eval([self.last])
         return self._next()
+
+    def close(self) -> None:
+        self.llm = None
 
 
 # (A, B): B's time over A's. This pipeline's engines against each peer, INT4 and flash against FP32.

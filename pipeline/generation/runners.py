@@ -27,6 +27,7 @@ its prompt (that token was chosen but never fed).
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,35 @@ def _greedy(logits: np.ndarray, eos: int | None) -> np.ndarray:
     return logits.argmax(axis=-1).astype(np.int64)
 
 
-class GenaiRunner:
+class DecoderRunner(abc.ABC):
+    """The contract of a generation runner (the module docstring says what each call does).
+    As with the engine backends' Polygraphy-style runners, a runner is a context manager that
+    closes itself; `name` labels its figures, `turns` says whether it can append a turn after
+    generating. The workload, serving and the benchmarks drive any runner through these."""
+
+    name: str
+    turns: bool
+
+    @abc.abstractmethod
+    def new(self, batch: int) -> None: ...
+
+    @abc.abstractmethod
+    def prefill(self, tokens: np.ndarray) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def step(self) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> DecoderRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class GenaiRunner(DecoderRunner):
     name = "onnxruntime-genai"
     turns = False  # cannot append a turn after generating (see the module docstring)
 
@@ -79,11 +108,15 @@ class GenaiRunner:
         self.model = None
 
 
-class _Turns:
+class _Turns(DecoderRunner):
     """prefill/step over one `_run(tokens [B, T]) -> next tokens [B]` that sets self.last:
     the runners that keep their own context across turns (OrtLoopRunner, TorchStaticRunner)."""
 
+    turns = True
     last: np.ndarray | None = None
+
+    @abc.abstractmethod
+    def _run(self, tokens: np.ndarray) -> np.ndarray: ...
 
     def prefill(self, tokens: np.ndarray) -> np.ndarray:
         if self.last is not None:  # a later turn: the reply's last token goes in first

@@ -32,6 +32,13 @@ class TargetBase(Strict):
     def check(self, recipe) -> None:  # recipe: a pipeline.recipe.Recipe
         """Cross-checks against the whole recipe (raise ValueError); none by default."""
 
+    def may_use_gpu(self) -> bool:
+        """Whether the build may run on (and so depend on) the GPU: a `cuda` or `auto`
+        provider or device. Read from the target alone, so the stage cache's keys need no
+        backend (whose module imports its runtime)."""
+        where = getattr(self, "provider", None) or getattr(self, "device", None)
+        return where in ("cuda", "auto")
+
 
 class OnnxRuntimeTarget(TargetBase):
     kind: Literal["onnxruntime"] = "onnxruntime"
@@ -49,6 +56,9 @@ class TensorRTTarget(TargetBase):
     """A TensorRT engine built through Polygraphy from the final (strongly typed) ONNX graph."""
 
     kind: Literal["tensorrt"] = "tensorrt"
+
+    def may_use_gpu(self) -> bool:
+        return True  # a TensorRT plan is built for, and tied to, one GPU
     profiles: list[dict[str, Dim]] = Field(
         default_factory=list,
         description="Extra optimization profiles after the first (which is always the inputs' "

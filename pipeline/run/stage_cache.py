@@ -96,8 +96,7 @@ def build_keys(target) -> tuple[str, ...]:
     Runtime CPU build saves a graph; at optimization level `all` that graph holds layout
     transforms chosen for this CPU's instruction set (ORT's documentation). Read from the
     target alone: asking the backend would import its runtime on an unchanged rerun."""
-    where = getattr(target, "provider", None) or getattr(target, "device", None)
-    keys = deps.GPU_KEYS if target.kind == "tensorrt" or where in ("cuda", "auto") else ()
+    keys = deps.GPU_KEYS if target.may_use_gpu() else ()
     if getattr(target, "optimization_level", None) == "all":
         keys = (*keys, "cpu_isa")
     return keys

@@ -155,7 +155,7 @@ def _generation_runner(recipe, choice: Choice, threads: int | None):
 
         decoder = runners.torch_decoder(recipe, models.load(recipe), context_length(recipe))
         return runners.TorchStaticRunner(decoder, eos, threads), eos
-    if choice.kind != "onnxruntime":
+    if not getattr(backends.lookup(choice.kind), "ENGINE_IS_ONNX", False):  # the loop binds an ONNX graph
         raise InputError(f"generation engines are served on ONNX Runtime or PyTorch here, not "
                          f"`{choice.kind}`", f"--engine onnxruntime or --engine {PYTORCH}")
     return runners.OrtLoopRunner(choice.path, eos, threads), eos
