@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline import backends
-from pipeline.commands import verify
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.recipe.serve import variable_dims
+from pipeline.store import integrity
 from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import MANIFEST, Store
 
@@ -42,7 +42,7 @@ def check_folder(recipe, engines_root: Path) -> Path:
     if not (folder / MANIFEST).is_file():
         raise InputError(f"{folder}: no {MANIFEST}; nothing was built there",
                          f"run `pipeline run {recipe.name}` first")
-    verdict = verify.verify(folder)
+    verdict = integrity.verify(folder)
     bad = verdict.mismatches
     if bad:
         names = ", ".join(f"{c.what} ({c.detail})" for c in bad[:4]) + (" ..." if len(bad) > 4 else "")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli_options import debug_option
+from pipeline.cli.options import debug_option
 
 
 def _serve_overrides(recipe, items: tuple[str, ...]):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli_options import debug_option, engines_dir_option
+from pipeline.cli.options import debug_option, engines_dir_option
 from pipeline.core.errors import PipelineError, RecipeError
 
 SUBCOMMANDS = ("build", "node", "compare")

@@ -27,7 +27,7 @@ from pipeline.core.errors import InputError, IntegrityError
 def verify_command(folder, files_only, key):
     """Check DIR (engines/<recipe>/, or a folder of them) against its manifest: every file's
     sha256, and the tool versions and device it was built with against this machine."""
-    from pipeline.commands import verify
+    from pipeline.store import integrity as verify
 
     verify.run(folder, environment=not files_only, key=key)
 
@@ -39,8 +39,8 @@ def verify_command(folder, files_only, key):
 def sign_command(folder, key):
     """Sign DIR (an engines/<recipe>/ folder): an in-toto SLSA provenance statement over its
     manifest and every recorded file, written to DIR/provenance.intoto.json."""
-    from pipeline.commands import verify
     from pipeline.core.ui import out
+    from pipeline.store import integrity as verify
     from pipeline.store import provenance
     from pipeline.store.recipe_folder import MANIFEST, Store, dumps, sha256_file, write_atomic
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import click
 
 from pipeline import __version__
-from pipeline.cli_options import DEBUG, debug_option, engines_dir_option
+from pipeline.cli.fleet import fleet
+from pipeline.cli.options import DEBUG, debug_option, engines_dir_option
+from pipeline.cli.serve import serve_command
+from pipeline.cli.sign import keygen_command, sign_command, verify_command
 from pipeline.commands.generate import generate_command
-from pipeline.commands.sign import keygen_command, sign_command, verify_command
 from pipeline.core.errors import PipelineError
 from pipeline.core.errors import RecipeError as PipelineRecipeError
 from pipeline.core.text import printable
-from pipeline.fleet.cli import fleet
-from pipeline.serving.cli import serve_command
 
 
 def recipe_options(fn=None, *, targets: bool = True):
@@ -321,7 +321,7 @@ def inspect_command(onnx_file, as_json):
 
 cli.add_command(fleet)  # pipeline/fleet/cli.py: `pipeline fleet` builds on a Ray cluster
 cli.add_command(serve_command)  # pipeline/serving/cli.py: `pipeline serve` on Ray Serve
-cli.add_command(__import__("pipeline.loadgen.cli", fromlist=["_"]).load_command)  # `pipeline load`
+cli.add_command(__import__("pipeline.cli.load", fromlist=["_"]).load_command)  # `pipeline load`
 
 
 def _fail(message: str, code: int, debug: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli_options import debug_option, engines_dir_option
+from pipeline.cli.options import debug_option, engines_dir_option
 
 MODES_HELP = """Modes: --rate R (one point), --sweep R1,R2,... (the knee), --slo alone (capacity
 search), --concurrency N (closed loop), --rate R --soak (drift over --duration)."""
