@@ -4,6 +4,7 @@
     pipeline fleet node [--kind KIND] [--address ADDR] [--start]
     pipeline fleet compare RECIPE
 
+The work is fleet/'s (run.build, kinds, summary); this module holds the commands only.
 Top-level imports stay light: ray is imported when a command runs, never by `--help`.
 """
 
@@ -118,4 +119,3 @@ def compare_command(recipe, engines_dir):
     from pipeline.fleet.summary import compare_table
 
     out.print(compare_table(recipe, run.reports(Path(engines_dir), recipe)))
-

@@ -1,5 +1,5 @@
-"""`pipeline load RECIPE`: the load generator's command (light imports: click only; aiohttp,
-numpy and the recipe's data load when it runs)."""
+"""`pipeline load RECIPE`: the load generator's command; the work is loadgen/command.py's
+(light imports: click only; aiohttp, numpy and the recipe's data load when it runs)."""
 
 from __future__ import annotations
 

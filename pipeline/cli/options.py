@@ -1,9 +1,11 @@
-"""Options every command module shares: `--debug` (and whether it was given) and
-`--engines-dir`. Their own module, so that a command defined outside cli.py (e.g.
-pipeline/fleet/cli.py) takes them without importing cli.py, which imports it."""
+"""Options the command modules share: `--debug` (and whether it was given), `--engines-dir`,
+and the set every recipe-running command takes (`recipe_options`). Their own module, so that
+each command module takes them without importing the group (pipeline/cli/__init__.py), which
+imports every command module."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -36,3 +38,27 @@ def engines_dir_option(help_text: str = "Where the engines/<recipe>/ folders are
     return click.option("--engines-dir", type=click.Path(file_okay=False), callback=_engines_dir,
                         default=lambda: os.environ.get("PIPELINE_ENGINES", "engines"),
                         show_default="engines", help=help_text)
+
+
+def recipe_options(fn=None, *, targets: bool = True):
+    """Options shared by every command that runs a recipe. `targets`: the command builds
+    engines, so --target (build only these targets) means something for it."""
+    if fn is None:
+        return functools.partial(recipe_options, targets=targets)
+
+    @click.argument("recipe")
+    @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
+                  help="Override a recipe value, e.g. --set validate.threads=2 (repeatable).")
+    @click.option("--force", is_flag=True, help="Redo every stage even when its inputs are unchanged "
+                  "(an unreadable manifest.json is kept aside under another name).")
+    @engines_dir_option("Where engines/<recipe>/ folders go (env PIPELINE_ENGINES).")
+    @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
+    @click.option("--target", "only", multiple=True, metavar="ID|KIND", hidden=not targets,
+                  help="Build only this target (id or kind, repeatable); default: all. The report "
+                  "keeps the other targets' entries from the last run of the same recipe.")
+    @debug_option
+    @functools.wraps(fn)
+    def wrapper(**kwargs):
+        return fn(**kwargs)
+
+    return wrapper

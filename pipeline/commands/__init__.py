@@ -1,2 +1,3 @@
-"""Commands other than `run`: deploy, verify, tune, bench, compare and the CI helpers. Each is
-called by cli.py and chains stages or reads recorded artifacts; none is a cached stage."""
+"""What the commands other than `run` do: deploy, tune, bench, compare, generate's chat and the
+CI helpers. Libraries called by the command modules in pipeline/cli/; each chains stages or
+reads recorded artifacts, none is a cached stage, and none defines a click command."""

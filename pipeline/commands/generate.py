@@ -1,6 +1,6 @@
-"""`pipeline generate RECIPE [--prompt TEXT | --chat]`: talk to a built generation engine.
+"""What `pipeline generate RECIPE` (cli/generate.py) talks to: a built generation engine.
 
-It runs the deployed folder the way a user would: onnxruntime-genai on engines/<recipe>/
+`Chat` runs the deployed folder the way a user would: onnxruntime-genai on engines/<recipe>/
 (genai_config.json naming the engine file, the model's tokenizer files beside it), the
 model's chat template, greedy, tokens streamed as they come, stopping at end of sequence.
 A conversation (--chat) is run again from its whole text each turn: genai 0.18 cannot
@@ -14,44 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-import click
-
-from pipeline.cli.options import debug_option, engines_dir_option
 from pipeline.core.errors import DependencyError, InputError
-
-
-@click.command("generate")
-@click.argument("recipe")
-@click.option("--prompt", default=None, help="One message; the reply is printed as it is generated.")
-@click.option("--chat", "interactive", is_flag=True, help="A conversation: one message a line on stdin.")
-@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True,
-              help="Most tokens a reply may take.")
-@click.option("--raw", is_flag=True, help="Feed the text as is, without the chat template.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
-              help="The --set values the engine was built with.")
-@engines_dir_option()
-@debug_option
-def generate_command(recipe, prompt, interactive, max_tokens, raw, overrides, engines_dir):
-    """Generate with RECIPE's built engine through onnxruntime-genai (chat template, greedy)."""
-    from pipeline.store import folder_names as folders
-
-    if (prompt is None) == (not interactive):
-        raise click.UsageError("give --prompt TEXT or --chat")
-    r = folders.load(recipe, tuple(overrides), Path(engines_dir))
-    if r.workload.served_as != "generate":
-        raise InputError(f"{r.where}: `generate` needs a generation recipe (workload.kind: "
-                         f"generation), not {r.workload.kind}")
-    folder = Path(engines_dir) / folders.folder_name(r)
-    chat = Chat(folder, raw)
-    if prompt is not None:
-        chat.reply([{"role": "user", "content": prompt}], max_tokens)
-        return
-    messages: list[dict] = []
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": line.strip()})
-        messages.append({"role": "assistant", "content": chat.reply(messages, max_tokens)})
 
 
 class Chat:

@@ -1,4 +1,5 @@
-"""`pipeline verify DIR`: is this folder of engines what its manifest says it is?
+"""Is this folder of engines what its manifest says it is? (`pipeline verify DIR`, serving's
+refusal of a folder, and `pipeline sign`'s precondition.)
 
 Checks, for an engines/<recipe>/ folder (a CI artifact, a copy on a server):
   - every file recorded in manifest.json still has its sha256 and size;
@@ -6,7 +7,8 @@ Checks, for an engines/<recipe>/ folder (a CI artifact, a copy on a server):
   - the tool versions and the device recorded at build time are this machine's (a TensorRT
     plan only runs on the GPU and TensorRT version it was built for; an ORT engine saved at
     optimization level `all` is tied to the CPU's instruction set).
-Every mismatch is one line; any mismatch makes the command fail (IntegrityError, exit 5).
+Every check is one `Check`; the command (cli/verify.py) prints them and fails (IntegrityError,
+exit 5) on any mismatch.
 A file with the digest the manifest announced as `pending` was renamed in by a commit that
 was killed: it is named as an interrupted commit (rerun to finish it), not as tampering.
 Nothing is followed out of the folder: a symlink, FIFO or folder where a recorded file
@@ -180,36 +182,3 @@ def _environment(manifest: dict) -> list[Check]:
                                 f"built with {built}, this machine has {here}"))
     return checks
 
-
-def run(path: Path, environment: bool = True, key: Path | str | None = None) -> list[Verdict]:
-    """Verify, print one line per check, and raise IntegrityError naming every mismatch;
-    with `key` (a public key), the folder's signed provenance too."""
-    from pipeline.core.ui import out
-
-    public = None
-    if key is not None:
-        from pipeline.store import provenance
-
-        try:
-            public = provenance.load_public(key)
-        except provenance.ProvenanceError as e:
-            raise InputError(str(e), "pass the PEM public key `pipeline keygen` wrote (KEY.pub)") from None
-    verdicts = [verify(folder, environment, public) for folder in folders(path)]
-    for v in verdicts:
-        out.print(f"[bold]{v.folder}[/]")
-        for c in v.checks:
-            mark = "[green]✓[/]" if c.ok else "[yellow]✗ INTERRUPTED[/]" if c.interrupted else "[red]✗ MISMATCH[/]"
-            out.print(f"  {mark} {c.what}: {c.detail}", soft_wrap=True)
-    bad = [(v.folder, c) for v in verdicts for c in v.mismatches]
-    if bad:
-        total = sum(len(v.checks) for v in verdicts)
-        names = ", ".join(f"{folder.name}/{c.what}" for folder, c in bad)
-        if all(c.interrupted for _, c in bad):
-            rerun = " / ".join(f"`pipeline run {name}`" for name in dict.fromkeys(f.name for f, _ in bad))
-            raise IntegrityError(f"{len(bad)} of {total} checks failed: an interrupted commit left "
-                                 f"{names}", f"finish it with {rerun}")
-        rebuild = " / ".join(f"`pipeline run {name} --force`"
-                             for name in dict.fromkeys(folder.name for folder, _ in bad))
-        raise IntegrityError(f"{len(bad)} of {total} checks failed: {names}",
-                             f"rebuild with {rebuild}, or use the engines only where they were built")
-    return verdicts

@@ -1,4 +1,4 @@
-"""`pipeline verify` on a real build (commands/verify.py): every recorded file's sha256 and
+"""`pipeline verify` on a real build (store/integrity.py, cli/verify.py): every recorded file's sha256 and
 the tool versions and device against this machine, a changed byte or version named."""
 
 from __future__ import annotations
