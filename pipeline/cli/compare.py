@@ -1,5 +1,6 @@
 """`pipeline compare RECIPES...`: recipes side by side, the first the reference (the work is
-commands/compare.py's); with --load, their recorded `pipeline load` results (loadgen's)."""
+commands/compare_recipes.py's); with --load, their recorded `pipeline load` results
+(loadgen/load_compare.py's)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ def compare_command(recipes, overrides, force, engines_dir, verbose, load):
     """Compare recipes side by side: verdicts with 95% CIs, where the time went (category
     deltas and likely causes), where the error came from. The first recipe is the reference."""
     if load:  # no builds, the recorded load results only
-        from pipeline.loadgen import compare as load_compare
+        from pipeline.loadgen import load_compare
 
         return load_compare.show(recipes, overrides, engines_dir)
-    from pipeline.commands.compare import compare
+    from pipeline.commands.compare_recipes import compare
     from pipeline.core.ui import Progress, console, out
     from pipeline.store import folder_names as folders
 

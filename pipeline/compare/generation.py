@@ -81,7 +81,7 @@ def _loop_runs(entry: dict) -> bool:
 def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progress) -> Compared:
     """reports: each recipe's report.json, built (check_comparable ran before)."""
     from pipeline.artifacts import dump
-    from pipeline.artifacts.compare import GenerationCompare
+    from pipeline.artifacts.comparison import GenerationCompare
     from pipeline.explain import profile
 
     first, spec = recipes[0], recipes[0].workload

@@ -1,5 +1,5 @@
-"""How the forward workload's recipes are compared (`pipeline compare`, commands/compare.py),
-with verdicts and explanations:
+"""How the forward workload's recipes are compared (`pipeline compare`,
+commands/compare_recipes.py), with verdicts and explanations:
 
 0. The first recipe's timing feed must fit every other recipe's inputs (check_comparable:
    exit 2 otherwise, before anything is built).
@@ -255,7 +255,7 @@ def check_comparable(recipes: list[Recipe]) -> None:
 def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progress) -> Compared:
     """`reports`: each recipe's report.json, built (check_comparable ran before)."""
     from pipeline.artifacts import dump
-    from pipeline.artifacts.compare import ForwardCompare
+    from pipeline.artifacts.comparison import ForwardCompare
     from pipeline.compare import render
 
     names = [r.name for r in recipes]

@@ -10,7 +10,7 @@ its bracket: the capacity lies in it as far as each point's verdict is right. Ev
 uses the same seed, so arrival schedules at two rates are the same draw, scaled (common
 random numbers: a point is not lucky because its schedule was calmer).
 
-`measure(rate) -> point` is any function: the real client in cli.py, a simulated queue in
+`measure(rate) -> point` is any function: the real client (loadtest.py), a simulated queue in
 the tests.
 """
 

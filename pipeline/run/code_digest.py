@@ -3,7 +3,7 @@
 A stage's cache key holds the sha256 of its module and of every pipeline module that module
 imports, transitively, so editing pipeline/stages/optimize.py reruns the optimize stage (and
 the stages after it, whose keys hold their upstream stages' code too) while editing
-pipeline/cli.py reruns nothing. The imports are read from every `import` and `from ... import`
+pipeline/cli/ reruns nothing. The imports are read from every `import` and `from ... import`
 statement, function-level ones included, plus the registries' string references
 (`pipeline.backends.onnxruntime`, `pipeline.passes.onnx_passes:fold_constants`), which name
 modules that are imported by name at run time. Nothing here imports torch, so an unchanged

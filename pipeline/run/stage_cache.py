@@ -6,7 +6,7 @@ A stage's key hashes:
   - the pipeline code it runs: its module and every pipeline module that imports,
     transitively, plus the same for the stages before it (code_digest), so editing
     pipeline/stages/optimize.py reruns optimize and every stage after it, and editing
-    pipeline/cli.py reruns none;
+    pipeline/cli/ reruns none;
   - the part of this machine's identity its result depends on (Stage.device_keys): a latency
     measured on another CPU or GPU is never reused, a graph made on another machine is.
 

@@ -7,8 +7,8 @@
     http_api.py   the HTTP routes (FastAPI)
     app.py        the Ray Serve deployment, local Ray or a cluster, the in-process handle
     coldstart.py  the first request, checked in process, and serve-start-<engine>.json
-    cli.py        `pipeline serve`
+    launch.py     what `pipeline serve` (pipeline/cli/serve.py) does: start, check, record, serve
 
-Nothing here is imported by `import pipeline` or `pipeline --help` except cli.py, whose
-top-level imports are click only; ray, fastapi and the runtimes load when a command runs.
+Nothing here is imported by `import pipeline` or `pipeline --help`; ray, fastapi and the
+runtimes load when a command runs.
 """

@@ -48,7 +48,7 @@ class Measured:
 
 @dataclass
 class Compared:
-    """What `pipeline compare` made: the result (a pydantic model, artifacts/compare.py),
+    """What `pipeline compare` made: the result (a pydantic model, artifacts/comparison.py),
     what the terminal prints (rich renderables or lines) and the files a person opens."""
 
     result: Any
