@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--engines", type=Path, default=ROOT / "engines")
     args = parser.parse_args()
 
+    from pipeline.artifacts import dump
     from pipeline.core import stats
     from pipeline.generation import figures as gm
     from pipeline.generation import runners
@@ -41,7 +42,7 @@ def main() -> None:
     decode = {n: np.array([[sum(map(sum, t.step_ns))] for t in traces[n]], dtype=np.float64) for n in names}
     out = {
         "capacity_after": {n: loops[n].capacity for n in names},
-        "tpot_ms": {n: gm.summarize(request, traces[n])["tpot_ms"] for n in names},
+        "tpot_ms": {n: dump(gm.summarize(request, traces[n]).tpot_ms) for n in names},
         "decode_s": {n: float(np.median(decode[n])) / 1e9 for n in names},
         "flash decode vs standard": stats.compare(decode[names[0]], decode[names[1]], noise=0.02),
         "flash tpot vs standard": stats.compare(gm.tpot_blocks(traces[names[0]]), gm.tpot_blocks(traces[names[1]]), noise=0.02),

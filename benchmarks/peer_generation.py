@@ -118,6 +118,7 @@ def main() -> None:
                         help="Keep the models and engines in this folder (default: a temporary one).")
     args = parser.parse_args()
 
+    from pipeline.artifacts import dump
     from pipeline.core import deps, stats
     from pipeline.generation import figures as gm
     from pipeline.generation import genai_config, runners
@@ -170,10 +171,10 @@ def main() -> None:
     figures = {}
     for name, t in traces.items():
         s = gm.summarize(request, t)
-        figures[name] = {"ttft_ms": s["ttft_ms"], "tpot_ms": s["tpot_ms"],
-                         "token_agreement": gm.agreement(base[0].tokens, t[0].tokens)}
+        figures[name] = {"ttft_ms": dump(s.ttft_ms), "tpot_ms": dump(s.tpot_ms),
+                         "token_agreement": dump(gm.agreement(base[0].tokens, t[0].tokens))}
         if name != "torch-static-cache":
-            figures[name]["speedup_vs_torch"] = gm.speedups(base, t, noise)
+            figures[name]["speedup_vs_torch"] = dump(gm.speedups(base, t, noise))
     versus = {p: {"tpot": stats.compare(gm.tpot_blocks(traces[f"builder-{p}"]), gm.tpot_blocks(traces[f"pipeline-{p}"]), noise=noise),
                   "ttft": stats.compare(gm.ttft_blocks(traces[f"builder-{p}"]), gm.ttft_blocks(traces[f"pipeline-{p}"]), noise=noise)}
               for p in ("fp32", "int4")}

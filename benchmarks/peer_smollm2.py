@@ -101,18 +101,20 @@ def decode_floors(onnx_paths: dict[str, Path], gguf: Path, c, contexts: dict[str
     copy bandwidth (pipeline.bench.floor), next to its measured TPOT."""
     from gguf import GGUFReader
 
+    from pipeline.artifacts import dump
     from pipeline.bench import floor
     from pipeline.generation import figures as gm
 
     head_dim = c.hidden_size // c.num_attention_heads
     kv = gm.kv_bytes_per_token(layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads, head_dim=head_dim)
-    out = {name: floor.decode_floor(path, kv, contexts, tpot_ms.get(name)) for name, path in onnx_paths.items()}
+    out = {name: dump(floor.decode_floor(path, kv, contexts, tpot_ms.get(name))) for name, path in onnx_paths.items()}
     # llama.cpp: every tensor of the GGUF as stored (the tied LM head reads all of token_embd),
     # and its KV cache in f16 (its default): half the fp32 cache's bytes per token
     weights = sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors)
     rate = floor.bandwidth()["bytes_per_s"]
     out["llama.cpp"] = {"bandwidth_gb_s": rate / 1e9, "weights_bytes": weights, "kv_bytes_per_token": kv // 2,
-                        "points": floor.floor_points(weights, kv // 2, contexts, rate, tpot_ms.get("llama.cpp"))}
+                        "points": {k: dump(p) for k, p in floor.floor_points(
+                            weights, kv // 2, contexts, rate, tpot_ms.get("llama.cpp")).items()}}
     return out
 
 
@@ -148,7 +150,7 @@ def chat_answers(args, onnx_paths: dict[str, Path], hf) -> dict:
         return {}
     recipe = load("smollm2-fp32")
     spec = recipe.workload.chat
-    tok = chat.ChatTokenizer(recipe)
+    tok = chat.chat_tokenizer(recipe)
     scripts = chat.scripts(spec.tasks, chat.questions(spec.questions), args.answers)
     stop = tok.stop_ids(None)  # answers stop at end of sequence: no runner suppresses it
     reference = runners.TorchStaticRunner(StaticCacheLlama(hf, spec.max_context + 1), None, args.threads)
@@ -202,6 +204,7 @@ def main() -> None:
     import torch
     import transformers
 
+    from pipeline.artifacts import dump
     from pipeline.core import deps, stats
     from pipeline.generation import figures as gm
     from pipeline.generation import genai_config, runners
@@ -244,9 +247,9 @@ def main() -> None:
         request = Request(point, "point", 1, ((prompt, NEW),))
         want = generate(reference, request).tokens  # PyTorch's greedy tokens, untimed
         traces = measure(timed, request, spec)
-        figures[point] = {name: {**{k: v for k, v in gm.summarize(request, t).items()
+        figures[point] = {name: {**{k: v for k, v in dump(gm.summarize(request, t)).items()
                                     if k in ("ttft_ms", "tpot_ms", "tokens_per_s", "prompt_tokens")},
-                                 "token_agreement": gm.agreement(want, t[0].tokens)}
+                                 "token_agreement": dump(gm.agreement(want, t[0].tokens))}
                           for name, t in traces.items()}
         pairs = [(a, b) for a, b in PAIRS if a in traces and b in traces]
         versus[point] = {f"{b} vs {a}": {"tpot": stats.compare(gm.tpot_blocks(traces[a]), gm.tpot_blocks(traces[b]), noise=0.02),

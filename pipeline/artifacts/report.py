@@ -5,7 +5,7 @@
       engines: [EngineResult]   (validate-<target>.json is one EngineResult)
         accuracy {output: OutputAccuracy}, latency_ms / baseline_latency_ms (LatencySummary),
         speedup_vs_baseline (Speedup), cold_start_ms (ColdStart), sweep [SweepPoint],
-        resources, gates [Gate], versus [Versus], task, generation
+        resources, gates [Gate], versus [Versus], task, generation (artifacts/generation.py)
 
 Extra keys: `Closed` (refused) wherever the pipeline writes the whole shape (the report, an
 engine, a gate, a speedup...): a key no writer declared is a file changed by hand or an
@@ -19,61 +19,23 @@ needs them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from pipeline.artifacts.base import Closed, Count, Device, FileName, Open, Sha256
+from pipeline.artifacts.generation import HEADLINE_TIMED, BaselineGeneration, Generation
+from pipeline.artifacts.latency import (  # noqa: F401  (re-exported: the report's own names)
+    ColdStart,
+    Interval,
+    LatencySummary,
+    Speedup,
+    Verdict,
+)
 from pipeline.artifacts.verdicts import gate_problems, verdict_problem
 
 SCHEMA = 3  # 3: effective precision split by runtime (ort_flop_shares, tensorrt_layer_shares);
 #           2: the models below are the contract; 1: the same keys, checked by hand
-
-Verdict = Literal["faster", "slower", "indistinguishable"]
-Interval = Annotated[list[float], Field(min_length=2, max_length=2, description="[low, high]")]
-
-
-class LatencySummary(Closed):
-    """Milliseconds per request (bench.stats.summary), at one shape."""
-
-    p50: float
-    p90: float
-    p99: float
-    mean: float
-    std: float
-    min: float | None = None
-    max: float | None = None
-    cov: float = Field(description="std / mean.")
-    n: Count = Field(description="Requests timed.")
-    throughput_per_s: float | None = None
-    p50_ci95_rel_halfwidth: float | None = Field(
-        None, description="Half the 95% interval of p50, as a fraction of p50 (order statistics).")
-
-
-class ColdStart(Closed):
-    """Load + first request, one sample, with the runtimes already imported."""
-
-    load: float
-    first_request: float
-    total: float
-    n: Count
-
-
-class Speedup(Closed):
-    """Baseline time / engine time over interleaved rounds, and the engine's verdict."""
-
-    ratio: float
-    ci95: Interval
-    verdict: Verdict
-    noise_threshold: float = Field(description="The band around 1 a verdict must clear.")
-    blocks: Count | None = Field(None, description="Rounds timed (block pairs).")
-
-    @model_validator(mode="after")
-    def _verdict_follows(self) -> Speedup:
-        problem = verdict_problem(self.verdict, *self.ci95, self.noise_threshold, time_ratio=False)
-        if problem:
-            raise ValueError(problem)
-        return self
 
 
 class CudaGraphSpeedup(Speedup):
@@ -247,7 +209,13 @@ class EngineResult(Closed):
     gates: list[Gate] = []
     versus: list[Versus] = []
     task: TaskMetric | None = None
-    generation: dict[str, Any] | None = Field(None, description="Generation workload (typed later).")
+    generation: Generation | None = Field(None, description="Generation workload (artifacts/generation.py).")
+
+    @property
+    def timed(self) -> str:
+        """What `latency_ms` and `baseline_latency_ms` time: a generation engine's are one
+        decode step at batch 1 (artifacts/generation.py), every other engine's one request."""
+        return HEADLINE_TIMED if self.generation is not None else "request"
 
     @model_validator(mode="after")
     def _complete(self) -> EngineResult:
@@ -289,8 +257,13 @@ class Baseline(Closed):
     latency_method: str
     data: DataProvenance | None = Field(
         None, description="The data the baseline ran on (the report's `data`, from this meta).")
-    generation: dict[str, Any] | None = Field(
+    generation: BaselineGeneration | None = Field(
         None, description="Generation workload: PyTorch (static KV cache) timed alone per request.")
+
+    @property
+    def timed(self) -> str:
+        """What `latency_ms` times: as EngineResult.timed, for the baseline timed alone."""
+        return HEADLINE_TIMED if self.generation is not None else "request"
 
 
 class Report(Closed):

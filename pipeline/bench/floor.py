@@ -19,19 +19,18 @@ does not (the floor moved but the engine stayed where its overheads are).
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-from pipeline.core import deps
+from pipeline.artifacts.generation import DecodeFloor, FloorPoint
+from pipeline.core import deps, env
 
 COPY_MB = 256  # >> any last-level cache here; 2 x 256 MB live while measuring
 REPEATS = 5
 
 
 def _cache_file() -> Path:
-    root = os.environ.get("PIPELINE_CACHE_DIR") or Path.home() / ".cache" / "engine-pipeline"
-    return Path(root) / "bandwidth.json"
+    return env.cache_root() / "bandwidth.json"
 
 
 def measure_bandwidth(megabytes: int = COPY_MB, repeats: int = REPEATS) -> float:
@@ -104,20 +103,21 @@ def weight_bytes(onnx_path: Path) -> dict:
 
 
 def decode_floor(onnx_path: Path, kv_bytes_per_token: int, contexts: dict[str, int],
-                 tpot_ms: dict[str, float] | None = None) -> dict:
+                 tpot_ms: dict[str, float] | None = None) -> DecodeFloor:
     """The generation section's `floor`: per point (its context), bytes per decode step, the
     floor in ms at the measured bandwidth, and the measured TPOT over it where given."""
     bw = bandwidth()
     weights = weight_bytes(onnx_path)
-    return {"bandwidth_gb_s": bw["bytes_per_s"] / 1e9, "bandwidth_method": bw["method"],
-            "bandwidth_measured": bw["measured"],
-            "weights_bytes": weights["total"], "weights_by_dtype": weights["by_dtype"],
-            "gather_table_bytes": weights["gather_tables"], "kv_bytes_per_token": kv_bytes_per_token,
-            "points": floor_points(weights["total"], kv_bytes_per_token, contexts, bw["bytes_per_s"], tpot_ms)}
+    return DecodeFloor(
+        bandwidth_gb_s=bw["bytes_per_s"] / 1e9, bandwidth_method=bw["method"],
+        bandwidth_measured=bw["measured"],
+        weights_bytes=weights["total"], weights_by_dtype=weights["by_dtype"],
+        gather_table_bytes=weights["gather_tables"], kv_bytes_per_token=kv_bytes_per_token,
+        points=floor_points(weights["total"], kv_bytes_per_token, contexts, bw["bytes_per_s"], tpot_ms))
 
 
 def floor_points(weights: int, kv_bytes_per_token: int, contexts: dict[str, int], rate: float,
-                 tpot_ms: dict[str, float] | None = None) -> dict:
+                 tpot_ms: dict[str, float] | None = None) -> dict[str, FloorPoint]:
     """Per point (its context): the bytes one decode step reads, the floor in ms at `rate`
     bytes/s, and the measured TPOT over it where given."""
     # Bytes a decode step *reads*; a copy moves each byte twice (read + write), so the
@@ -125,9 +125,9 @@ def floor_points(weights: int, kv_bytes_per_token: int, contexts: dict[str, int]
     points = {}
     for name, context in contexts.items():
         step = weights + kv_bytes_per_token * context
-        entry = {"context": context, "bytes": step, "floor_ms": step / rate * 1e3}
+        floor_ms = step / rate * 1e3
+        measured = {}
         if tpot_ms and tpot_ms.get(name):
-            entry["tpot_ms"] = tpot_ms[name]
-            entry["tpot_over_floor"] = tpot_ms[name] / entry["floor_ms"]
-        points[name] = entry
+            measured = {"tpot_ms": tpot_ms[name], "tpot_over_floor": tpot_ms[name] / floor_ms}
+        points[name] = FloorPoint(context=context, bytes=step, floor_ms=floor_ms, **measured)
     return points

@@ -103,7 +103,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
                 traces = measure(runners, request, spec)
             blocks = {k: _phase_blocks(v) for k, v in traces.items()}
             for key, v in traces.items():
-                engines[request.kind][key] = gm.summarize(request, v)
+                engines[request.kind][key] = dump(gm.summarize(request, v))
             a = f"{first.name}/{tid}"
             for other in recipes[1:]:
                 b = f"{other.name}/{tid}"

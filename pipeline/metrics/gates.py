@@ -45,7 +45,8 @@ def expect(recipe: Recipe, engine: EngineResult) -> list[Gate]:
                 f"needs <= {want.max_accuracy_loss:g}"))
     if want.max_task_loss is not None:
         out.append(task_gate(recipe, engine.task))
-    out += score_gates(recipe, (engine.generation or {}).get("score"))
+    score = engine.generation.score if engine.generation is not None else None
+    out += score_gates(recipe, score.model_dump() if score is not None else None)  # score.compare's keys
     versus = {v.other: v for v in engine.versus}
     for ref in want.faster_than:
         v = versus.get(ref)

@@ -4,7 +4,7 @@ thresholds, and the engine kind its target names.
 The recipe is trusted (it is code the user chose); the engines folder is data. A
 validate-<target>.json or report.json read back from the folder, even with a digest that
 matches the manifest, may have been rewritten with gates that say "pass": the accuracy gates
-(stages/validate.gates) and the expect: gates (bench/gates.expect) are computed again from
+(stages/validate.gates) and the expect: gates (metrics/gates.expect) are computed again from
 the recorded figures, and a gate the file records as passed but the recomputation fails is
 refused (IntegrityError, exit 5, naming the file, the engine and the gate). A NaN never
 passes a recomputed gate (every comparison there is false for NaN). The checks that need
@@ -33,8 +33,7 @@ def against_recipe(recipe: Any, engine: Any) -> list[str]:
     if engine.status != "built" or not engine.accuracy:
         return []
     try:
-        accuracy = {name: m.model_dump() for name, m in engine.accuracy.items()}
-        recomputed = accuracy_gates(recipe, accuracy) + expect(recipe, engine)
+        recomputed = accuracy_gates(recipe, engine.accuracy) + expect(recipe, engine)
     except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
         return [f"its gates cannot be recomputed from its figures ({type(e).__name__}: {e})"]
     recorded = {g.name: g.passed for g in engine.gates or []}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.artifacts import SCHEMA, EngineResult, Report, dump
+from pipeline.artifacts.report import Baseline
 from pipeline.core import deps
 from pipeline.recipe import Recipe
 from pipeline.render import report_markdown
@@ -18,6 +19,7 @@ from pipeline.store.recipe_folder import now
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
              engines: list[EngineResult]) -> Report:
     """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
+    alone = Baseline.model_validate({k: v for k, v in baseline.items() if k != "data"}) if baseline else None
     return Report.model_validate({
         "schema": SCHEMA,
         "recipe": recipe.name,
@@ -28,9 +30,9 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "versions": deps.versions(),
         **graph_stages,
         "data": (baseline or {}).get("data"),  # the data the baseline ran on, said once
-        "baseline": {k: v for k, v in baseline.items() if k != "data"} if baseline else None,
+        "baseline": alone,
         "engines": engines,
-        "warnings": warnings(baseline, engines),
+        "warnings": warnings(alone, engines),
     })
 
 
@@ -52,22 +54,35 @@ def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> li
 BASELINE_DRIFT = 2.0
 
 
-def warnings(baseline: dict | None, engines: list[EngineResult]) -> list[str]:
+def warnings(baseline: Baseline | None, engines: list[EngineResult]) -> list[str]:
     """What makes a figure in this report suspect, each naming where it applies."""
     out = []
-    alone = ((baseline or {}).get("latency_ms") or {}).get("p50")
     for e in engines:
         if e.status != "built":
             continue
         out += [f"{e.target}: {w}" for w in e.warnings]
         out += [f"{e.target} vs `{v.other_recipe}`: {w}" for v in e.versus for w in v.warnings]
-        together = e.baseline_latency_ms.p50 if e.baseline_latency_ms else None
-        if alone and together and max(alone / together, together / alone) > BASELINE_DRIFT:
-            out.append(f"{e.target}: the PyTorch baseline took p50 {together:.3f} ms interleaved with "
-                       f"the engine but {alone:.3f} ms timed alone (baseline stage), more than "
-                       f"{BASELINE_DRIFT:g}x apart: the machine changed between or during the two; "
-                       f"rerun with --force on an idle machine")
+        drift = baseline_drift(baseline, e)
+        if drift:
+            out.append(f"{e.target}: {drift}")
     return out
+
+
+def baseline_drift(baseline: Baseline | None, engine: EngineResult) -> str | None:
+    """The PyTorch baseline timed alone against the same baseline interleaved with `engine`,
+    when they are more than BASELINE_DRIFT apart. Only figures of one kind are compared (what
+    `timed` says each is: a request for the forward workload, a decode step at batch 1 for
+    generation); a request against a decode step would differ by the decode steps a request
+    holds, which says nothing about the machine."""
+    if baseline is None or engine.baseline_latency_ms is None or baseline.timed != engine.timed:
+        return None
+    alone, together = baseline.latency_ms.p50, engine.baseline_latency_ms.p50
+    if not (alone and together) or max(alone / together, together / alone) <= BASELINE_DRIFT:
+        return None
+    per = "" if engine.timed == "request" else f" per {engine.timed}"
+    return (f"the PyTorch baseline took p50 {together:.3f} ms{per} interleaved with the engine but "
+            f"{alone:.3f} ms timed alone (baseline stage), more than {BASELINE_DRIFT:g}x apart: the "
+            "machine changed between or during the two; rerun with --force on an idle machine")
 
 
 def write(model: Report, workdir: Path, workload=None, loads: list[dict] = ()) -> Produced:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from pipeline import backends, workloads
 from pipeline.artifacts import EngineResult, Gate
+from pipeline.artifacts.report import OutputAccuracy
 from pipeline.backends.openers import timing_feed
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
@@ -41,29 +42,29 @@ def engine_result(recipe: Recipe, target, engine: Artifact, measured: workloads.
             "sha256": engine.sha256, "bytes": engine.bytes}
     if measured.skipped:
         return EngineResult(**head, status="skipped", reason=measured.skipped)
-    fields = dict(measured.fields)
-    gate_list = gates(recipe, fields["accuracy"]) + list(measured.gates)
+    fields = measured.measurement.fields()  # typed: validated where they were measured
+    gate_list = gates(recipe, measured.measurement.accuracy) + list(measured.gates)
     fields.update(precision_checks(recipe, target, engine, workdir, gate_list))
     return EngineResult.model_validate({**head, "status": "built", "reason": None,
                                         "precision": recipe.precision.mode, **fields,
                                         "gates": gate_list})
 
 
-def gates(recipe: Recipe, accuracy: dict) -> list[Gate]:
+def gates(recipe: Recipe, accuracy: dict[str, OutputAccuracy]) -> list[Gate]:
     tol = recipe.validate_.tolerance
     out = []
     for name, m in accuracy.items():
-        out.append(_gate(f"{name}.cosine", m["cosine"] >= tol.cosine_min,
-                         f"{m['cosine']:.6f} >= {tol.cosine_min:g}"))
+        out.append(_gate(f"{name}.cosine", m.cosine >= tol.cosine_min,
+                         f"{m.cosine:.6f} >= {tol.cosine_min:g}"))
         if tol.max_abs is not None:
-            out.append(_gate(f"{name}.max_abs", m["max_abs"] <= tol.max_abs,
-                             f"{m['max_abs']:.3g} <= {tol.max_abs:g}"))
+            out.append(_gate(f"{name}.max_abs", m.max_abs <= tol.max_abs,
+                             f"{m.max_abs:.3g} <= {tol.max_abs:g}"))
         if tol.top1_min is not None and name in recipe.top1_outputs():
-            agree = m["top1_agreement"]  # None: no class axis to take an argmax over
+            agree = m.top1_agreement  # None: no class axis to take an argmax over
             out.append(_gate(f"{name}.top1_agreement", agree is not None and agree >= tol.top1_min,
                              f"{agree:.4f} >= {tol.top1_min:g}" if agree is not None else
                              f"not measurable: `{name}` has no class axis (last dim > 1)"))
-        out.append(_gate(f"{name}.finite", m["nonfinite"] == 0, f"{m['nonfinite']} NaN/Inf elements"))
+        out.append(_gate(f"{name}.finite", m.nonfinite == 0, f"{m.nonfinite} NaN/Inf elements"))
     return out
 
 

@@ -30,17 +30,63 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import Field
+
+from pipeline.artifacts.base import Closed, FileName
+from pipeline.artifacts.generation import Generation
+from pipeline.artifacts.latency import ColdStart, LatencySummary, Speedup
+from pipeline.artifacts.report import (
+    CudaGraphSpeedup,
+    HarnessOverhead,
+    OutputAccuracy,
+    Resources,
+    SweepPoint,
+    TaskMetric,
+)
 from pipeline.core.errors import DependencyError
+
+
+class Measurement(Closed):
+    """What a workload measured of one engine: the EngineResult fields of the same names,
+    typed as there (stages/validate.py adds what identifies the engine, the precision checks
+    and the gates). What `latency_ms` and `baseline_latency_ms` time is the workload's: a
+    request (forward), a decode step at batch 1 (generation). The fields a workload sets,
+    None included, are the ones its EngineResult writes."""
+
+    accuracy: dict[str, OutputAccuracy]
+    latency_ms: LatencySummary
+    baseline_latency_ms: LatencySummary
+    speedup_vs_baseline: Speedup
+    latency_method: str
+    threads: int | None
+    device: str
+    resources: Resources | None = None
+    warnings: list[str] = []
+    task: TaskMetric | None = None
+    cold_start_ms: ColdStart | None = None
+    baseline_cold_start_ms: ColdStart | None = None
+    sweep: list[SweepPoint] = []
+    timer: str | None = None
+    stop: str | None = None
+    harness_overhead_us: HarnessOverhead | None = None
+    plot: FileName | None = None
+    speedup_vs_cudagraph: CudaGraphSpeedup | None = None
+    runtime: dict[str, Any] | None = Field(None, description="A backend's (validation_extras).")
+    tensorrt_layer_shares: dict[str, Any] | None = Field(None, description="A backend's (validation_extras).")
+    generation: Generation | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The fields set, by name, as the EngineResult takes them (typed, not dumped)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 @dataclass
 class Measured:
-    """One engine measured by a workload: the EngineResult's workload-specific fields
-    (accuracy, latency_ms, baseline_latency_ms, speedup_vs_baseline, latency_method, ...),
-    the gates only the workload can judge (Gate: a backend's own), and files written beside
-    validate-<target>.json. `skipped`: why it was not measured (the engine was built)."""
+    """One engine measured by a workload: its Measurement, the gates only the workload can
+    judge (Gate: a backend's own), and files written beside validate-<target>.json.
+    `skipped`: why it was not measured (the engine was built)."""
 
-    fields: dict[str, Any] = field(default_factory=dict)
+    measurement: Measurement | None = None
     gates: list = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
     skipped: str | None = None

@@ -14,10 +14,11 @@ import zipfile
 from pathlib import Path
 
 from pipeline import backends, data
+from pipeline.artifacts.report import SweepPoint
 from pipeline.backends.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
-from pipeline.workloads.base import Measured
+from pipeline.workloads.base import Measured, Measurement
 
 KIND = "forward"
 BASELINE = "torch-eager"
@@ -64,7 +65,6 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
     """The engine on the baseline's feeds (accuracy, task), then timed interleaved with the
     baseline at the opt shape and every sweep shape."""
     from pipeline.bench import plots, protocol, sweep
-    from pipeline.core import stats
     from pipeline.metrics import accuracy as metrics
     from pipeline.model import sources as models
 
@@ -96,37 +96,50 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
     opt = bench["shapes"][0]
     plot = plots.latency_png(workdir / f"latency-{target.id}.png", samples,
                              f"{recipe.name}: {target.id} vs {BASELINE}, {opt['shape']}, interleaved")
-    fields = {
-        "accuracy": accuracy,
-        "task": task,
-        "latency_ms": opt["latency_ms"][target.id],
+    gates = extras.pop("gates", [])
+    measurement = Measurement(
+        accuracy=accuracy,
+        task=task,
+        **_timed_figures(recipe, target.id, bench, cold),
+        plot=plot.name,
+        device=device,
+        speedup_vs_cudagraph=vs_graphs,
+        **extras)
+    return Measured(measurement=measurement, gates=gates, files={plot.name: plot})
+
+
+def _timed_figures(recipe: Recipe, engine: str, bench: dict, cold: dict) -> dict:
+    """The Measurement's timing fields from the protocol's result (bench.protocol.measure):
+    one request at the opt shape, engine and baseline interleaved, then every sweep shape."""
+    from pipeline.bench import protocol
+    from pipeline.core import stats
+
+    spec = recipe.validate_.latency
+    opt = bench["shapes"][0]
+    return {
+        "latency_ms": opt["latency_ms"][engine],
         "baseline_latency_ms": opt["latency_ms"][BASELINE],
         "speedup_vs_baseline": protocol.as_speedup(opt["comparisons"][0]),
-        "cold_start_ms": cold[target.id],
+        "cold_start_ms": cold[engine],
         "baseline_cold_start_ms": cold[BASELINE],
-        "sweep": [{"shape": s["shape"], "dims": s["dims"],
-                   "latency_ms": s["latency_ms"][target.id],
-                   "baseline_latency_ms": s["latency_ms"][BASELINE],
-                   "speedup_vs_baseline": protocol.as_speedup(s["comparisons"][0])}
+        "sweep": [SweepPoint(shape=s["shape"], dims=s["dims"],
+                             latency_ms=s["latency_ms"][engine],
+                             baseline_latency_ms=s["latency_ms"][BASELINE],
+                             speedup_vs_baseline=protocol.as_speedup(s["comparisons"][0]))
                   for s in bench["shapes"][1:]],
-        "timer": bench["timers"][target.id],
+        "timer": bench["timers"][engine],
         "threads": recipe.validate_.threads,
         "stop": opt["stop"],
         "resources": bench["resources"],
         "warnings": bench["warnings"],
         "harness_overhead_us": bench["harness_overhead_us"],
-        "plot": plot.name,
         "latency_method": PROTOCOL.format(
-            **spec.model_dump(), timer=bench["timers"][target.id],
+            **spec.model_dump(), timer=bench["timers"][engine],
             early=f" (early stop at +-{spec.target_ci:g} median CI)" if spec.target_ci else "",
             spinning="spin-wait" if spec.spin else "do not spin-wait",
             threads=threads_used(recipe.validate_.threads),
             method=stats.ratio_method(spec.noise_threshold)),
-        "device": device,
-        "speedup_vs_cudagraph": vs_graphs,
     }
-    gates = extras.pop("gates", [])
-    return Measured(fields={**fields, **extras}, gates=gates, files={plot.name: plot})
 
 
 def _vs_cudagraph(recipe: Recipe, target, runner, spec) -> dict:

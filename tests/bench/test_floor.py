@@ -53,8 +53,8 @@ def test_decode_bytes_count_weights_as_stored_and_one_embedding_row(tmp_path, mo
     out = floor.decode_floor(tmp_path / "g.onnx", kv_bytes_per_token=64, contexts={"b1-p32": 40},
                              tpot_ms={"b1-p32": 0.01})
     # the MatMul weight whole (16 x 8 x 4 B), one row of the Gather table (16 x 4 B), 40 tokens of KV
-    point = out["points"]["b1-p32"]
-    assert out["weights_bytes"] == 16 * 8 * 4 + 16 * 4 and out["gather_table_bytes"] == 100 * 16 * 4
-    assert point["bytes"] == out["weights_bytes"] + 64 * 40
-    assert abs(point["floor_ms"] - point["bytes"] / 1e9 * 1e3) < 1e-12
-    assert abs(point["tpot_over_floor"] - 0.01 / point["floor_ms"]) < 1e-9
+    point = out.points["b1-p32"]
+    assert out.weights_bytes == 16 * 8 * 4 + 16 * 4 and out.gather_table_bytes == 100 * 16 * 4
+    assert point.bytes == out.weights_bytes + 64 * 40
+    assert abs(point.floor_ms - point.bytes / 1e9 * 1e3) < 1e-12
+    assert abs(point.tpot_over_floor - 0.01 / point.floor_ms) < 1e-9

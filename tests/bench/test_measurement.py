@@ -308,7 +308,7 @@ def test_monitor_tells_another_process_competing_for_the_cpus():
 
 
 def test_report_warns_when_the_baseline_alone_and_interleaved_disagree():
-    from pipeline.artifacts.report import EngineResult, LatencySummary
+    from pipeline.artifacts.report import Baseline, EngineResult, LatencySummary
     from pipeline.stages.report import warnings
 
     def engine(interleaved_p50, own=()):  # the typed entry the report stage holds, figures it reads
@@ -316,7 +316,7 @@ def test_report_warns_when_the_baseline_alone_and_interleaved_disagree():
             target="onnxruntime", status="built", warnings=list(own), versus=[],
             baseline_latency_ms=LatencySummary.model_construct(p50=interleaved_p50))
 
-    baseline = {"latency_ms": {"p50": 1.6}}
+    baseline = Baseline.model_construct(latency_ms=LatencySummary.model_construct(p50=1.6))
     assert warnings(baseline, [engine(1.7)]) == []
     drift = warnings(baseline, [engine(284.0)])
     assert len(drift) == 1 and "p50 284.000 ms interleaved" in drift[0] and "1.600 ms timed alone" in drift[0]

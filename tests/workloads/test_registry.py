@@ -14,7 +14,7 @@ from pipeline.core.errors import DependencyError
 from pipeline.recipe import load
 from pipeline.stages.validate import engine_result
 from pipeline.store.recipe_folder import Artifact
-from pipeline.workloads.base import Measured, check
+from pipeline.workloads.base import Measured, Measurement, check
 
 
 def test_the_registry_picks_the_workload_and_its_comparer_from_the_recipe():
@@ -41,21 +41,23 @@ LATENCY = {"p50": 1.0, "p90": 1.1, "p99": 1.2, "mean": 1.0, "std": 0.1, "cov": 0
 SPEEDUP = {"ratio": 1.5, "ci95": [1.4, 1.6], "verdict": "faster", "noise_threshold": 0.05}
 
 
+def _measured(accuracy: dict) -> Measured:
+    return Measured(measurement=Measurement(
+        accuracy=accuracy, latency_ms=LATENCY, baseline_latency_ms=LATENCY, speedup_vs_baseline=SPEEDUP,
+        latency_method="test", threads=None, device="cpu"))
+
+
 def test_one_builder_makes_every_engine_result(tmp_path):
     recipe = load("standard")
     target = recipe.targets[0]
     skipped = engine_result(recipe, target, ENGINE, Measured(skipped="no runner for this engine"), tmp_path)
     assert skipped.status == "skipped" and skipped.reason == "no runner for this engine" and not skipped.gates
-    built = engine_result(recipe, target, ENGINE, Measured(fields={
-        "accuracy": ACCURACY, "latency_ms": LATENCY, "baseline_latency_ms": LATENCY,
-        "speedup_vs_baseline": SPEEDUP}), tmp_path)
+    built = engine_result(recipe, target, ENGINE, _measured(ACCURACY), tmp_path)
     assert built.status == "built" and built.precision == "fp32" and built.sha256 == "0" * 64
     assert [g.name for g in built.gates] == ["logits.cosine", "logits.top1_agreement", "logits.finite"]
     assert all(g.passed for g in built.gates)
     worse = {"logits": {**ACCURACY["logits"], "cosine": 0.5}}
-    failed = engine_result(recipe, target, ENGINE, Measured(fields={
-        "accuracy": worse, "latency_ms": LATENCY, "baseline_latency_ms": LATENCY,
-        "speedup_vs_baseline": SPEEDUP}), tmp_path)
+    failed = engine_result(recipe, target, ENGINE, _measured(worse), tmp_path)
     assert not failed.gates[0].passed and "0.500000 >= 0.9999" in failed.gates[0].detail
 
 
