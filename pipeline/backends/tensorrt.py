@@ -16,7 +16,6 @@ TensorRT; TensorRT enums are resolved through `enum(kind, name)` only when the c
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from pipeline.backends import tensorrt_layers
 from pipeline.backends.base import TritonModel
-from pipeline.core import deps
+from pipeline.core import deps, env
 from pipeline.core.errors import InputError, StageFailed
 from pipeline.model import onnx_info
 from pipeline.recipe import Dim, Recipe, TensorRTTarget
@@ -86,8 +85,7 @@ def profiles(recipe: Recipe, target: TensorRTTarget) -> list[dict[str, tuple[Sha
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("PIPELINE_CACHE_DIR") or Path.home() / ".cache" / "engine-pipeline"
-    return Path(root) / "tensorrt"
+    return env.cache_root() / "tensorrt"
 
 
 def timing_cache_path(tensorrt_version: str, gpu: str, compute_capability: str) -> Path:

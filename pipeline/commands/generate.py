@@ -10,7 +10,6 @@ empty slot on a shared one: runners.GenaiRunner).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -31,26 +30,23 @@ class Chat:
                                   "pip install onnxruntime-genai (the `cpu` extra has it)") from None
         self.og, self.raw = og, raw
         self.model = og.Model(str(folder))
-        self.tokenizer = None
-        if (folder / "tokenizer.json").is_file():
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            from transformers import AutoTokenizer
+        from pipeline.data.tokenizer import Tokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        # the model's tokenizer files ship beside the engine; a byte-level model has none
+        self.tokenizer = Tokenizer.from_folder(folder, "generate") \
+            if (folder / "tokenizer.json").is_file() else Tokenizer()
 
     def _ids(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
-        if tok is None:  # a byte-level model: UTF-8 bytes are its tokens
-            return list("".join(m["content"] + "\n" for m in messages).encode("utf-8"))
-        if self.raw or not getattr(tok, "chat_template", None):
-            return tok("\n".join(m["content"] for m in messages), add_special_tokens=False)["input_ids"]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return tok(text, add_special_tokens=False)["input_ids"]
+        if tok.is_bytes:  # a byte-level model: UTF-8 bytes are its tokens, one message a line
+            return tok.encode("".join(m["content"] + "\n" for m in messages), special_tokens=False)
+        if self.raw or not tok.has_template:
+            # the user's text as typed: a prompt the model continues, no sequence framing added
+            return tok.encode("\n".join(m["content"] for m in messages), special_tokens=False)
+        return tok.conversation(messages)
 
     def _text(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids)
 
     def reply(self, messages: list[dict], max_tokens: int) -> str:
         """Generate greedily until end of sequence, printing the text as it grows."""

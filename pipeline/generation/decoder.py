@@ -50,7 +50,7 @@ def workload_requests(recipe: Recipe):
     if recipe.workload.chat is not None:  # prompts of real text
         from pipeline.generation.workload import prompt_tokens
 
-        text = chat.text_ids(chat.ChatTokenizer(recipe), recipe.workload.chat.text,
+        text = chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text,
                              prompt_tokens(recipe.workload), decoder_shape(recipe.model).vocab)
     return requests(recipe.workload, prompt_vocab(recipe), eos_token(recipe), text)
 

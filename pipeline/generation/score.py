@@ -14,13 +14,14 @@ import time
 
 import numpy as np
 
-from pipeline.generation.chat import ChatTokenizer, Question, correct
+from pipeline.data.tokenizer import Tokenizer
+from pipeline.generation.chat import Question, correct
 from pipeline.metrics import task as task_metrics
 
 BLOCK = 64  # perplexity tokens per bootstrap sample: neighbouring tokens' losses correlate
 
 
-def answer(runner, tok: ChatTokenizer, scripts: list[list[Question]], stop: set[int],
+def answer(runner, tok: Tokenizer, scripts: list[list[Question]], stop: set[int],
            max_tokens: int, max_context: int) -> list[dict]:
     """One row per question, in script order: {id, tokens, reply, correct, seconds}."""
     rows = []

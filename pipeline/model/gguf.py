@@ -21,6 +21,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pipeline.core import env
 from pipeline.core.errors import RecipeError
 from pipeline.core.text import first_line
 from pipeline.model import prune
@@ -40,10 +41,6 @@ def smollm2_instruct() -> str:
     return str(Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("PIPELINE_GGUF_CACHE") or Path.home() / ".cache" / "pipeline" / "gguf")
-
-
 def file_sha256(path: Path) -> str:
     from pipeline.core import safe_files
 
@@ -59,7 +56,7 @@ def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
     name = f"{digest[:24]}-v{FORMAT}" + (f"-ffn{prune_ffn:g}-{prune.METHOD}" if prune_ffn else "")
     # the cache's folders are real folders, never links (safe_files.folder); a conversion
     # is written into a fresh private temp folder and renamed into place whole
-    root = cache_root()
+    root = env.gguf_cache_root()
     root = safe_files.folder(root.parent, root.name)
     out = safe_files.folder(root, name, create=False)
     if safe_files.is_regular(out / "source.json"):
@@ -81,7 +78,7 @@ def folder(ref: str, where: str, prune_ffn: float | None = None) -> Path:
 
 
 def _convert(path: Path, out: Path, where: str, prune_ffn: float | None) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    env.hf_offline()
     from pipeline.artifacts import json_file
     from pipeline.core import deps, safe_files
 

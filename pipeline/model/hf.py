@@ -1,8 +1,8 @@
 """Hugging Face `transformers` models as a model source, offline only.
 
-`model.transformers.pretrained` names a local directory (models.pretrained_dir resolves it);
+`model.transformers.pretrained` names a local directory (sources.pretrained_dir resolves it);
 `model.transformers.config` builds the architecture from a config with seeded random
-weights. Nothing is ever downloaded: HF_HUB_OFFLINE=1.
+weights. Nothing is ever downloaded: HF_HUB_OFFLINE=1 (core/env.py).
 
 The wrapper fixes the calling convention the pipeline needs: positional inputs in the
 recipe's order (input_ids [B, T], optional attention_mask [B, T]) and one output tensor:
@@ -13,12 +13,12 @@ recipe's order (input_ids [B, T], optional attention_mask [B, T]) and one output
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from pipeline.core import env
 from pipeline.core.errors import RecipeError
 
 
@@ -54,7 +54,7 @@ class IdsAndMask(Wrapped):
 
 def build(spec, input_names: list[str], pretrained: Path | None, where: str) -> nn.Module:
     """spec: the recipe's TransformersSpec; pretrained: its resolved local directory."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    env.hf_offline()
     import transformers
 
     transformers.logging.set_verbosity_error()

@@ -8,7 +8,6 @@ stage runs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,20 +23,7 @@ def _factory(spec: ModelSpec, where: str, source: Path | None = None) -> Callabl
     """The builder function; a user module is searched beside the recipe, in the current
     directory, then the environment (user_code), as `python -m` would."""
     target = ZOO[spec.zoo][1] if spec.zoo else spec.factory
-    module_name, _, attr = target.partition(":")
-    with user_code.exits_refused(f"{where}: model.factory `{target}`"):
-        try:
-            module = user_code.import_module(module_name, source)
-        except Exception as e:  # the user's module may fail in any way while importing
-            folders = " or ".join(user_code.search_path(source))
-            raise RecipeError(
-                f"{where}: model.factory: cannot import `{module_name}` ({type(e).__name__}: {e})",
-                f"put {module_name.replace('.', '/')}.py in {folders}, or install its package",
-            ) from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise RecipeError(f"{where}: model.factory: `{module_name}` has no function `{attr}`")
-    return fn
+    return user_code.function(target, f"{where}: model.factory", source)
 
 
 def _where(recipe: Recipe) -> str:
@@ -232,7 +218,6 @@ def _load_weights(model, path: Path, where: str) -> None:
 
 # ------------------------------------------------------------------ transformers (light checks)
 HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/model/hf.py accepts
-_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 def transformers_dir(spec, where: str) -> Path | None:
@@ -247,7 +232,7 @@ def transformers_dir(spec, where: str) -> Path | None:
 
 def pretrained_dir(ref: str, where: str) -> Path:
     """The local model directory `ref` names: a path, or `module:function` returning one."""
-    if _FUNCTION.match(ref):
+    if user_code.is_function_ref(ref):
         path = Path(user_code.call_ref(ref, f"{where}: model.transformers.pretrained", "a model directory"))
     else:
         path = Path(ref)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from pipeline.core.user_code import FUNCTION_REF
 from pipeline.recipe.base import CODE, SEED_MAX, LocatedError, Strict
 
 
@@ -28,7 +29,7 @@ class SplitSpec(Strict):
         "working directory.",
     )
     loader: str | None = Field(
-        None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
+        None, pattern=FUNCTION_REF, json_schema_extra=CODE,
         description="`package.module:function` returning a list of feeds (dicts name -> array); "
         "searched beside the recipe, in the working directory, then the environment.",
     )

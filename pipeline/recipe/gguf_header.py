@@ -7,15 +7,14 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from pipeline.core import user_code
 from pipeline.core.errors import InputError
 
 
 def resolve(ref: str, where: str) -> Path:
     """The GGUF file `ref` names: a path, or `module:function` returning one."""
-    if ":" in ref and not Path(ref).exists():
-        from pipeline.core.user_code import call_ref
-
-        path = Path(call_ref(ref, f"{where}: model.transformers.gguf", "a .gguf file"))
+    if user_code.is_function_ref(ref) and not Path(ref).exists():
+        path = Path(user_code.call_ref(ref, f"{where}: model.transformers.gguf", "a .gguf file"))
     else:
         path = Path(ref)
     if not path.is_file():

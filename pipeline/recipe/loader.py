@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline.core import paths
+from pipeline.core import paths, user_code
 from pipeline.core.errors import RecipeError
 from pipeline.core.text import display_path
 from pipeline.recipe.messages import (
@@ -84,9 +84,6 @@ def load(ref: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> Recipe
 LOADER_ONLY = tuple(n for n, f in Recipe.model_fields.items() if f.exclude)
 
 
-_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
-
-
 def _folder_fields(recipe: Recipe):
     """The str fields that name a folder unless they name a function (`module:function`, code
     the recipe chooses) or `bytes`: a tokenizer folder, a transformers directory."""
@@ -95,7 +92,7 @@ def _folder_fields(recipe: Recipe):
     if recipe.model.transformers is not None:
         named.append((("model", "transformers", "pretrained"), recipe.model.transformers.pretrained))
     for loc, value in named:
-        if isinstance(value, str) and value != "bytes" and not _FUNCTION.fullmatch(value):
+        if isinstance(value, str) and value != "bytes" and not user_code.is_function_ref(value):
             yield loc, value
 
 

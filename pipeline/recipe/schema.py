@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.core.text import display_path
+from pipeline.core.user_code import FUNCTION_REF
 from pipeline.passes import names as _pass_names
 from pipeline.recipe.base import (  # noqa: F401
     _FLOAT_LIMITS,
@@ -95,7 +96,7 @@ class ModelSpec(Strict):
     )
     factory: str | None = Field(
         None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", json_schema_extra=CODE,
+        pattern=FUNCTION_REF, json_schema_extra=CODE,
         description="`package.module:function` returning a torch.nn.Module; called with `kwargs`.",
     )
     transformers: TransformersSpec | None = Field(

@@ -16,6 +16,7 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
+from pipeline.core import user_code
 from pipeline.recipe.base import Dim, Strict
 
 Positive = Annotated[int, Field(ge=1)]
@@ -172,11 +173,8 @@ def decoder_shape(model) -> DecoderShape:
 
 
 def _pretrained_config(ref: str) -> dict:
-    if ":" in ref and not Path(ref).exists():  # module:function returning the directory
-        import importlib
-
-        module, _, attr = ref.partition(":")
-        ref = str(getattr(importlib.import_module(module), attr)())
+    if user_code.is_function_ref(ref):  # module:function returning the directory, as model/ reads it
+        ref = user_code.call_ref(ref, "model.transformers.pretrained", "a model directory")
     path = Path(ref) / "config.json"
     if not path.is_file():
         raise ValueError(f"workload.kind generation needs the decoder's config.json in {ref}")

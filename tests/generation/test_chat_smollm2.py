@@ -48,7 +48,7 @@ def test_it_answers_through_its_chat_template_and_stops_at_its_eos(smollm2):
 
     recipe, _, model = smollm2
     assert eos_token(recipe) == 2  # <|im_end|>, from the model's config (not vocab - 1)
-    tok = chat.ChatTokenizer(recipe)
+    tok = chat.chat_tokenizer(recipe)
     france = chat.Question(0, "What is the capital of France?", ("Paris",))
     decoder = runners.torch_decoder(recipe, model, 256)
     (row,) = score.answer(runners.TorchStaticRunner(decoder, None, 2), tok, [[france]],
