@@ -25,8 +25,8 @@ BUILTIN = {
     "generation": "pipeline.workloads.generation",
 }
 COMPARERS = {  # module names below `pipeline.` (see above)
-    "forward": "explain.compare",
-    "generation": "generation.compare",
+    "forward": "compare.tensor",
+    "generation": "compare.generation",
 }
 
 
