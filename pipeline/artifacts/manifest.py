@@ -5,7 +5,9 @@
      updated, versions: {tool: version | null}, device: {cpu, gpu, compute_capability}}
 
 Closed throughout (store.py writes every key; a key it never writes is a file changed by
-hand) except the device block and a stage's `meta`, which is the stage's own. The metas
+hand) except the device block and a stage's `meta`, which is the stage's own. A stage's
+record is a StageRecord from the start: pipeline.run.records builds it, the store dumps it
+into the manifest and hands it back typed (Store.stage_record). The metas
 another command reads are typed where it reads them: `baseline` (the report's Baseline) and
 `build:*` (deploy opens meta.source from the folder: a file name, never a path).
 """
@@ -35,6 +37,9 @@ class BuildMeta(Open):
     providers: list[str] | None = None
 
 
+# One committed stage: its key (pipeline.run.records.stage_key), its files, its own facts, and
+# (when its writer keeps them) how long it ran and when it finished. A comment, not a
+# docstring: a docstring would change what `pipeline schema manifest` prints.
 class StageRecord(Closed):
     key: Sha256 = Field(description="The stage's cache key.")
     outputs: list[FileName]

@@ -1,22 +1,22 @@
 """The load test's artifact in the recipe's folder, and its section of report.md.
 
 load-<engine>[-<name>].json (artifacts.serving.LoadResult) and its PNG are committed through
-the store like a stage's files (stage id `load:<stem>`: temp file, manifest `pending`,
-rename, record), so `pipeline verify` checks them and a later reader gets exactly what was
-written. report.md is rendered from report.json plus every recorded load file: the report
-stage takes the load files as inputs (a new load result reruns it), and `pipeline load`
-re-renders report.md at once when the folder already has a report.
+the store like a stage's files (stage id `load:<stem>`, by run/records.py: temp file,
+manifest `pending`, rename, record), so `pipeline verify` checks them and a later reader gets
+exactly what was written. report.md is rendered from report.json plus every recorded load
+file: the report stage takes the load files as inputs (a new load result reruns it), and
+`pipeline load` re-renders report.md at once when the folder already has a report.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 from pipeline.artifacts import dump
 from pipeline.artifacts.serving import LoadResult, file_name
+from pipeline.run import records
 
 
 def is_load_file(name: str) -> bool:
@@ -36,19 +36,19 @@ def write(result: dict, plot: Path | None, store, workload=None) -> Path:
             produced[f"{stem}.png"] = work / f"{stem}.png"
             shutil.copyfile(plot, produced[f"{stem}.png"])
             model = model.model_copy(update={"plot": f"{stem}.png"})
-        text = json.dumps(dump(model), indent=2) + "\n"
+        result = dump(model)
         produced[name] = work / name
-        produced[name].write_text(text)
-        record = {"key": hashlib.sha256(text.encode()).hexdigest(), "outputs": list(produced),
-                  "meta": {}}
-        store.commit_stage(f"load:{stem}", produced, record)
+        produced[name].write_text(json.dumps(result, indent=2) + "\n")
+        # a measurement, never a cache hit: its key is what it measured
+        key = records.stage_key(f"load:{stem}", result, {})
+        records.commit(store, f"load:{stem}", produced, key, stamped=False)
         _rerender_report(store, workload)
     return store.dir / name
 
 
 def recorded_loads(store) -> list[dict]:
     """Every load file the folder records, verified and parsed."""
-    return [store.read_json(n) for n in sorted(store.manifest["files"]) if is_load_file(n)]
+    return [store.read_json(n) for n in store.file_names() if is_load_file(n)]
 
 
 def _rerender_report(store, workload=None) -> None:
@@ -56,10 +56,10 @@ def _rerender_report(store, workload=None) -> None:
     unchanged); the report stage's record stays, so a later run keeps using it."""
     from pipeline.render.report_markdown import markdown  # with the Serving section
 
-    record = store.manifest["stages"].get("report")
-    if not record or "report.md" not in record["outputs"] or "report.json" not in store.manifest["files"]:
+    record = store.stage_record("report")
+    if record is None or "report.md" not in record.outputs or "report.json" not in store.file_names():
         return
     report = store.read_json("report.json")
     md = store.workdir("report-serving") / "report.md"
     md.write_text(markdown(report, workload, recorded_loads(store)))
-    store.commit_stage("report", {"report.md": md}, dict(record))
+    records.recommit(store, "report", {"report.md": md})

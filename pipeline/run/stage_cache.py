@@ -1,4 +1,5 @@
-"""One stage, cached by content hash: its key, the lookup in the manifest, the commit.
+"""One stage, cached by content hash: its key, the lookup in the manifest, the commit
+(the key's hash and the record's commit are run/records.py's, shared with loadgen and serving).
 
 A stage's key hashes:
   - its id and its recipe part (`spec`), the sha256 of its input files, the model's source
@@ -26,15 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.manifest import StageRecord
 from pipeline.core import deps
 from pipeline.core.errors import PipelineError, StageFailed
 from pipeline.core.text import first_line
 from pipeline.core.ui import Progress
-from pipeline.recipe import Recipe, sha256_json
-from pipeline.run import code_digest
+from pipeline.recipe import Recipe
+from pipeline.run import code_digest, records
 from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
-from pipeline.store.recipe_folder import Artifact, Interrupted, Store, now
+from pipeline.store.recipe_folder import Artifact, Interrupted, Store
 
 Produce = Callable[[Path], Produced]
 
@@ -145,23 +147,22 @@ class StageCache:
 
     def key(self, stage_id: str, spec: object, inputs: list[Artifact],
             device_keys: tuple[str, ...] | None = None) -> str:
+        """records.stage_key with everything a run's stage depends on: its code (its kind's
+        and its upstream's), the model's source, its kind's device keys unless given."""
         kind = stage_id.partition(":")[0]
         keys = STAGES[kind].device_keys if device_keys is None else device_keys
-        return sha256_json({
-            "stage": stage_id, "spec": spec, "model_code": self.model_code, "code": code(kind),
-            "inputs": {a.name: a.sha256 for a in inputs},
-            "versions": deps.versions(), "device": deps.device_part(keys),
-        })
+        return records.stage_key(stage_id, spec, {a.name: a.sha256 for a in inputs}, code=code(kind),
+                                 model_code=self.model_code, device_keys=keys)
 
     def stage(self, stage_id: str, spec: object, inputs: list[Artifact], produce: Produce,
               device_keys: tuple[str, ...] | None = None) -> Result:
         key = self.key(stage_id, spec, inputs, device_keys)
-        record = self.store.manifest["stages"].get(stage_id)
-        if not self.force and record and record["key"] == key:
+        record = self.store.stage_record(stage_id)
+        if not self.force and record is not None and record.key == key:
             outputs = self._cached_outputs(record)
             if outputs is not None:
                 self.progress.cached(stage_id)
-                return Result(outputs, record["meta"], cached=True, store=self.store)
+                return Result(outputs, record.meta, cached=True, store=self.store)
 
         workdir = self.store.workdir(stage_id)
         t0 = time.perf_counter()
@@ -182,12 +183,10 @@ class StageCache:
                                   "rerun with --debug for the trace") from e
             raise
         seconds = time.perf_counter() - t0
-        record = {"key": key, "outputs": list(produced), "meta": made.meta,
-                  "seconds": round(seconds, 3), "finished": now()}
-        outputs = self.store.commit_stage(stage_id, produced, record, recipe=self.recipe.name,
-                                          recipe_sha256=self.recipe.digest,
-                                          recipe_file=self.recipe.where,
-                                          recipe_overrides=list(self.recipe.overrides))
+        outputs = records.commit(self.store, stage_id, produced, key, meta=made.meta, seconds=seconds,
+                                 recipe=self.recipe.name, recipe_sha256=self.recipe.digest,
+                                 recipe_file=self.recipe.where,
+                                 recipe_overrides=list(self.recipe.overrides))
         self.work_done = True
         self.progress.done(stage_id, seconds)
         return Result(outputs, made.meta, cached=False, store=self.store, records=dict(made.records))
@@ -204,23 +203,23 @@ class StageCache:
         for folder in twin_folders(self.store.dir, self.recipe.name):
             other = Store(folder.parent, folder.name)
             try:
-                record = other.manifest["stages"].get(stage_id)
-                if not record or record["key"] != key:
+                record = other.stage_record(stage_id)
+                if record is None or record.key != key:
                     continue
                 produced = {}
-                for name in record["outputs"]:
+                for name in record.outputs:
                     produced[name] = workdir / name
                     shutil.copyfile(other.verify(name).path, produced[name])
             except (PipelineError, OSError, KeyError, TypeError, AttributeError):
                 continue
             self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files reused")
-            return Produced(produced, record["meta"])
+            return Produced(produced, record.meta)
         return None
 
-    def _cached_outputs(self, record: dict) -> dict[str, Artifact] | None:
+    def _cached_outputs(self, record: StageRecord) -> dict[str, Artifact] | None:
         """The recorded outputs, verified; None if one is gone (then the stage reruns)."""
         outputs = {}
-        for name in record["outputs"]:
+        for name in record.outputs:
             if not (self.store.dir / name).is_file():
                 return None
             try:
@@ -230,13 +229,12 @@ class StageCache:
         return outputs
 
     def forget_targets_not_in(self, recipe: Recipe) -> None:
-        """Drop records of targets the recipe no longer has (their files stay until clean)."""
+        """Drop records of targets the recipe no longer has (their files stay in the folder)."""
         ids = {t.id for t in recipe.targets}
-        stages = self.store.manifest["stages"]
-        for stage_id in list(stages):
+        for stage_id in self.store.stage_ids():
             kind, _, target = stage_id.partition(":")
             if target and kind in ("build", "validate") and target not in ids:
-                del stages[stage_id]
+                self.store.forget_stage(stage_id)
 
 
 def twin_folders(folder: Path, recipe_name: str) -> list[Path]:

@@ -8,7 +8,6 @@ CLI's own process only after the first answer came back, so it never delays the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 import urllib.error
@@ -92,11 +91,12 @@ def check(recipe, engines_root: Path, engine: str | None, body: dict, answer: di
 
 
 def record(recipe, engines_root: Path, fields: dict) -> Path:
-    """Write serve-start-<engine>.json into the recipe's folder (its own stage, under the
-    folder's lock, recorded in the manifest like every artifact)."""
+    """Write serve-start-<engine>.json into the recipe's folder (its own stage `serve:<engine>`,
+    under the folder's lock, committed by run/records.py like every artifact)."""
     from pipeline.artifacts import recorded
     from pipeline.artifacts.serve_start import ServeStart
     from pipeline.core import deps
+    from pipeline.run import records
     from pipeline.store.folder_names import folder_name
     from pipeline.store.recipe_folder import Store, dumps, now
 
@@ -105,10 +105,12 @@ def record(recipe, engines_root: Path, fields: dict) -> Path:
     name = f"serve-start-{fields['engine']}.json"
     store = Store(engines_root, folder_name(recipe))
     text = dumps(recorded.dump(model))
+    stage_id = f"serve:{fields['engine']}"
     with store.lock():
-        work = store.workdir(f"serve:{fields['engine']}") / name
+        work = store.workdir(stage_id) / name
         work.write_text(text)
-        key = hashlib.sha256(f"{recipe.digest}:{fields['engine']}:{fields.get('sha256')}".encode()).hexdigest()
-        store.commit_stage(f"serve:{fields['engine']}", {name: work},
-                           {"key": key, "outputs": [name], "finished": now()})
+        # a measurement, never a cache hit: its key names the recipe and the engine file served
+        key = records.stage_key(stage_id, {"recipe_sha256": recipe.digest, "engine": fields["engine"],
+                                           "sha256": fields.get("sha256")}, {})
+        records.commit(store, stage_id, {name: work}, key)
     return store.dir / name

@@ -47,7 +47,7 @@ from typing import Any
 
 from pipeline.artifacts import json_file, recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
-from pipeline.artifacts.manifest import Manifest
+from pipeline.artifacts.manifest import Manifest, StageRecord
 from pipeline.core import deps, paths, safe_files
 from pipeline.core.errors import InputError, IntegrityError, LockError
 
@@ -199,6 +199,8 @@ class Store:
     # ------------------------------------------------------------------ manifest
     @property
     def manifest(self) -> dict:
+        """The manifest as its JSON (checked when read); a stage's record typed is
+        `stage_record`, the recorded names `file_names`."""
         if self._manifest is None:
             self._manifest = self.read_manifest()
         return self._manifest
@@ -247,6 +249,25 @@ class Store:
         m["device"] = deps.device()
         write_atomic(self.dir / MANIFEST, dumps(recorded.dump(Manifest.model_validate(m))))
 
+    def stage_record(self, stage_id: str) -> StageRecord | None:
+        """The record of stage `stage_id` as its model; None when the stage has none (never
+        run here, or a commit of it was interrupted)."""
+        entry = self.manifest["stages"].get(stage_id)
+        return None if entry is None else StageRecord.model_validate(entry)
+
+    def stage_ids(self) -> list[str]:
+        """The stages this folder records, in the manifest's order."""
+        return list(self.manifest["stages"])
+
+    def forget_stage(self, stage_id: str) -> None:
+        """Drop a stage's record (in memory, written with the next save): it counts as not
+        done; its files stay where they are."""
+        self.manifest["stages"].pop(stage_id, None)
+
+    def file_names(self) -> list[str]:
+        """The names of every recorded file, sorted."""
+        return sorted(self.manifest["files"])
+
     # ------------------------------------------------------------------ artifacts
     def workdir(self, stage_id: str) -> Path:
         """A fresh private folder where a stage writes before its files are committed."""
@@ -267,14 +288,18 @@ class Store:
         self.manifest["files"][name] = {"sha256": digest, "bytes": size, "stage": stage_id}
         return Artifact(name, final, digest, size)
 
-    def commit_stage(self, stage_id: str, produced: dict[str, Path], record: dict,
+    def commit_stage(self, stage_id: str, produced: dict[str, Path], record: StageRecord,
                      **fields: Any) -> dict[str, Artifact]:
-        """Commit all files of one stage and its record, safe against a kill at any point."""
-        self.manifest["stages"].pop(stage_id, None)  # until step 3 the stage counts as not done
+        """Commit all files of one stage and its record, safe against a kill at any point.
+        The record (built by pipeline.run.records) is dumped here, the one place it becomes
+        the manifest's JSON, and before anything moves: a meta that cannot be written fails
+        the commit while the folder is still as it was."""
+        entry = recorded.dump(record)
+        self.forget_stage(stage_id)  # until step 3 the stage counts as not done
         self.manifest["pending"] = {name: sha256_file(path) for name, path in produced.items()}
         self.save_manifest(**fields)  # step 1: what is about to appear
         outputs = {name: self.commit(path, name, stage_id) for name, path in produced.items()}
-        self.manifest["stages"][stage_id] = record  # step 2 done: step 3
+        self.manifest["stages"][stage_id] = entry  # step 2 done: step 3
         self.manifest["pending"] = {}
         self.save_manifest(**fields)
         return outputs

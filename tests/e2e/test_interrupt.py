@@ -25,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+from pipeline.artifacts.manifest import StageRecord
 from pipeline.store.recipe_folder import Store
 from tests.conftest import FAST, ROOT, STANDARD, Project, scaled, set_folder, wait_exit
 
@@ -159,6 +160,7 @@ import os, signal, sys
 from pathlib import Path
 from pipeline.store import recipe_folder as store_mod
 from pipeline.store.recipe_folder import Store
+from pipeline.artifacts.manifest import StageRecord
 
 root, point = Path(sys.argv[1]), sys.argv[2]
 s = Store(root, "r")
@@ -176,7 +178,7 @@ with s.lock():
         if point == "renamed" and str(dst).endswith("a.bin"):
             os.kill(os.getpid(), signal.SIGKILL)
     store_mod.os.replace = replace
-    s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")}, {"key": "2" * 64, "outputs": ["a.bin", "b.bin"], "meta": {}})
+    s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")}, StageRecord(key="2" * 64, outputs=["a.bin", "b.bin"]))
 """
 
 
@@ -187,7 +189,7 @@ def _committed_store(root: Path) -> Store:
         for name in ("a.bin", "b.bin"):
             (work / name).write_bytes(b"old " + name.encode())
         s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")},
-                       {"key": "1" * 64, "outputs": ["a.bin", "b.bin"], "meta": {}})
+                       StageRecord(key="1" * 64, outputs=["a.bin", "b.bin"]))
     return s
 
 
@@ -211,7 +213,7 @@ def test_sigkill_inside_a_commit_is_not_mistaken_for_tampering(tmp_path):
             for name in ("a.bin", "b.bin"):
                 (work / name).write_bytes(b"new " + name.encode() * 1000)
             s.commit_stage("build:x", {n: work / n for n in ("a.bin", "b.bin")},
-                           {"key": "2" * 64, "outputs": ["a.bin", "b.bin"], "meta": {}})
+                           StageRecord(key="2" * 64, outputs=["a.bin", "b.bin"]))
         again = Store(root, "r")
         again.verify_all()
         assert again.manifest["stages"]["build:x"]["key"] == "2" * 64

@@ -8,6 +8,7 @@ import hashlib
 
 import pytest
 
+from pipeline.artifacts.manifest import StageRecord
 from pipeline.core.errors import IntegrityError, LockError
 from pipeline.store.recipe_folder import ASIDE, MANIFEST, Interrupted, Store
 
@@ -44,7 +45,7 @@ def _commit_export(store: Store, graph: bytes = b"graph bytes") -> dict:
     work = store.workdir("export")
     (work / "model.onnx").write_bytes(graph)
     (work / "notes.txt").write_text("made by the stage")
-    record = {"key": "ab" * 32, "outputs": ["model.onnx", "notes.txt"]}
+    record = StageRecord(key="ab" * 32, outputs=["model.onnx", "notes.txt"])
     return store.commit_stage("export", {"model.onnx": work / "model.onnx",
                                          "notes.txt": work / "notes.txt"}, record)
 
@@ -56,6 +57,8 @@ def test_a_committed_stage_is_what_a_fresh_store_reads_and_the_lock_sweeps_lefto
         (store.tmp / "killed-stage").mkdir()  # what a killed run leaves behind
     again = Store(tmp_path, "r")  # another process, reading the manifest from the disk
     assert again.manifest["stages"]["export"]["outputs"] == ["model.onnx", "notes.txt"]
+    assert again.stage_record("export") == StageRecord(key="ab" * 32, outputs=["model.onnx", "notes.txt"])
+    assert again.stage_ids() == ["export"] and again.file_names() == ["model.onnx", "notes.txt"]
     assert again.manifest["pending"] == {}
     assert {n: e["sha256"] for n, e in again.manifest["files"].items()} == {n: a.sha256 for n, a in made.items()}
     assert {e["stage"] for e in again.manifest["files"].values()} == {"export"}
@@ -69,7 +72,7 @@ def test_a_file_with_only_its_pending_digest_is_an_interrupted_commit_not_tamper
     store = Store(tmp_path, "r")
     _commit_export(store)
     # killed after announcing a new graph (step 1) and renaming it in, before recording it
-    store.manifest["stages"].pop("export")
+    store.forget_stage("export")
     store.manifest["pending"] = {"model.onnx": hashlib.sha256(b"new graph").hexdigest()}
     store.save_manifest()
     (store.dir / "model.onnx").write_bytes(b"new graph")
