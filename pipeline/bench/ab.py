@@ -20,7 +20,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.artifacts.report import Versus
+from pipeline.artifacts.recorded import dump
+from pipeline.artifacts.report import Resources, Versus
 from pipeline.bench import plots, protocol, sweep
 from pipeline.core.errors import RecipeError
 from pipeline.recipe import Recipe
@@ -77,19 +78,15 @@ def versus(recipe: Recipe, target, engine: Artifact, ref: str, other: Recipe, ot
         runners, cold = protocol.open_all(stack, openers, feed)
         result, _ = protocol.measure(runners, sweep.shapes(recipe, feed)[:1],
                                      recipe.validate_.latency, pairs=[(a, b)])
-    shape = result["shapes"][0]
-    name = f"versus-{target.id}-{other.name}.json"
-    out = {
-        "other": ref, "other_recipe": other.name, "target": target.id, "file": name,
-        "this_sha256": engine.sha256, "other_sha256": other_engine.sha256,
-        "shape": shape["shape"],
-        "this_ms": shape["latency_ms"][b], "other_ms": shape["latency_ms"][a],
-        "comparison": shape["comparisons"][0],
-        "cold_start_ms": cold, "timer": result["timers"][b],
-        "resources": result["resources"], "warnings": result["warnings"],
-        "harness_overhead_us": result["harness_overhead_us"],
-    }
-    return Versus.model_validate(out)
+    shape = result.shapes[0]
+    return Versus(
+        other=ref, other_recipe=other.name, target=target.id,
+        file=f"versus-{target.id}-{other.name}.json",
+        this_sha256=engine.sha256, other_sha256=other_engine.sha256,
+        shape=shape.shape, this_ms=shape.latency_ms[b], other_ms=shape.latency_ms[a],
+        comparison=shape.comparisons[0], cold_start_ms=cold, timer=result.timers[b],
+        resources=Resources.model_validate(result.resources.dump()), warnings=result.warnings,
+        harness_overhead_us=result.harness_overhead_us)
 
 
 def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
@@ -112,11 +109,11 @@ def bench(recipe: Recipe, feed, engines: dict[str, Opener], baseline: Opener,
                 pairs.append((f"{other.name}/{tid}", f"{recipe.name}/{tid}"))
     with contextlib.ExitStack() as stack:
         runners, cold = protocol.open_all(stack, openers, feed)
-        result, samples = protocol.measure(runners, sweep.shapes(recipe, feed),
-                                           recipe.validate_.latency, pairs=pairs)
+        timings, samples = protocol.measure(runners, sweep.shapes(recipe, feed),
+                                            recipe.validate_.latency, pairs=pairs)
     result = {"recipe": recipe.name, "vs": other.name if other else None,
               "protocol": recipe.validate_.latency.model_dump(mode="json"),
-              "cold_start_ms": cold, **result}
+              "cold_start_ms": {n: dump(c) for n, c in cold.items()}, **timings.dump()}
     return result, samples
 
 

@@ -2,7 +2,7 @@
 
     with ResourceMonitor(interval=0.1) as mon:
         ... timing ...
-    mon.summary()   # -> report.json `resources`
+    mon.summary()   # a ResourceSummary; .dump() -> report.json `resources`
 
 CPU: this process's utilization (CPU time / wall time, 100% = one core busy) and the whole
 machine's busy share from /proc/stat; on a shared machine the latter shows when someone
@@ -20,10 +20,76 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class MeanMax:
+    """A sampled quantity over the timing: its mean and its peak."""
+
+    mean: float
+    max: float
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One NVML sample of the GPU."""
+
+    util_pct: float
+    memory_used_mb: float
+    power_w: float
+    sm_clock_mhz: float
+    throttle: list[str]  # the clock throttle reasons active at that moment
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """The GPU while timing: `available` False with the `reason` there are no samples, or its
+    name, each quantity's mean and peak, and every throttle reason seen."""
+
+    available: bool
+    reason: str | None = None
+    name: str | None = None
+    util_pct: MeanMax | None = None
+    memory_used_mb: MeanMax | None = None
+    power_w: MeanMax | None = None
+    sm_clock_mhz: MeanMax | None = None
+    throttle: tuple[str, ...] = ()
+
+    def dump(self) -> dict[str, Any]:
+        """report.json's `gpu` block: only `available` and `reason` when there was no GPU."""
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        out = asdict(self)
+        del out["reason"]
+        out["throttle"] = list(self.throttle)
+        return out
+
+
+@dataclass(frozen=True)
+class ResourceSummary:
+    """What the machine did while runners were timed (report.json `resources`)."""
+
+    interval_s: float
+    samples: int
+    cores: int  # the CPUs this process may run on
+    process_cpu_pct: MeanMax | None  # 100% = one core busy
+    system_busy_pct: MeanMax | None  # the whole machine, from /proc/stat
+    other_cores: MeanMax | None  # cores kept busy by everything but this process
+    rss_mb_max: float | None
+    peak_rss_mb: float | None
+    gpu: GpuSummary
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON object, keys in field order."""
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "gpu"}
+        out = {k: asdict(v) if isinstance(v, MeanMax) else v for k, v in out.items()}
+        return {**out, "gpu": self.gpu.dump()}
 
 
 def _system_cpu() -> tuple[int, int] | None:
@@ -83,7 +149,7 @@ class _Nvml:
                         if k.startswith("nvmlClocksThrottleReason") and isinstance(v, int)
                         and v and not k.endswith(("All", "None"))}
 
-    def sample(self) -> dict | None:
+    def sample(self) -> GpuReading | None:
         """One reading; None (and `reason` set) once NVML stops answering, so a query that
         fails mid-run (e.g. one this driver does not support) ends the GPU samples, not the
         monitor thread or the measurement around it."""
@@ -93,34 +159,33 @@ class _Nvml:
             self.reason = f"NVML stopped answering while sampling ({e})"
             return None
 
-    def _read(self) -> dict:
+    def _read(self) -> GpuReading:
         nv, h = self.nv, self.handle
         # renamed "clocks event reasons" in newer NVML; same bits
         reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nv.nvmlDeviceGetCurrentClocksThrottleReasons
         mask = reasons(h)
-        return {
-            "util_pct": nv.nvmlDeviceGetUtilizationRates(h).gpu,
-            "memory_used_mb": nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
-            "power_w": nv.nvmlDeviceGetPowerUsage(h) / 1000,
-            "sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
-            "throttle": [name for bit, name in self.reasons.items() if mask & bit],
-        }
+        return GpuReading(
+            util_pct=nv.nvmlDeviceGetUtilizationRates(h).gpu,
+            memory_used_mb=nv.nvmlDeviceGetMemoryInfo(h).used / 2**20,
+            power_w=nv.nvmlDeviceGetPowerUsage(h) / 1000,
+            sm_clock_mhz=nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            throttle=[name for bit, name in self.reasons.items() if mask & bit])
 
 
 CONTENDED_CORES = 0.25  # mean load of other processes, in cores, that makes timings suspect
 
 
-def contention(summary: dict) -> str | None:
+def contention(summary: ResourceSummary) -> str | None:
     """A warning when other processes competed for the CPUs while timing, else None.
 
     On a shared 2-core machine a second busy process turned a 1.6 ms eager request into
     280 ms (threads oversubscribed) and a 2x speedup into "460x": the interleaved timing
     cannot cancel that, so the result must say so rather than be read as clean."""
-    other = summary.get("other_cores")
-    if not other or other["mean"] < CONTENDED_CORES:
+    other = summary.other_cores
+    if not other or other.mean < CONTENDED_CORES:
         return None
-    return (f"other processes kept {other['mean']:.2f} cores busy on average (peak {other['max']:.2f}) "
+    return (f"other processes kept {other.mean:.2f} cores busy on average (peak {other.max:.2f}) "
             f"while this was timed: latencies and speedups may be distorted; rerun with --force "
             f"on an idle machine")
 
@@ -162,37 +227,37 @@ class ResourceMonitor:
                 row["gpu"] = gpu
         self.rows.append(row)
 
-    def summary(self) -> dict:
-        def stat(values) -> dict | None:
-            v = np.asarray([x for x in values if x is not None], dtype=np.float64)
-            return {"mean": float(v.mean()), "max": float(v.max())} if v.size else None
-
+    def summary(self) -> ResourceSummary:
         rows = self.rows
         rss = [r["rss"] for r in rows if r["rss"] is not None]
         peak = peak_rss_bytes()
         cores = len(os.sched_getaffinity(0))
         machine = os.cpu_count() or cores  # /proc/stat counts every CPU, not just ours
-        out = {
-            "interval_s": self.interval,
-            "samples": len(rows),
-            "cores": cores,
-            "process_cpu_pct": stat(r["process_cpu_pct"] for r in rows),
-            "system_busy_pct": stat(r.get("system_busy_pct") for r in rows),
+        return ResourceSummary(
+            interval_s=self.interval,
+            samples=len(rows),
+            cores=cores,
+            process_cpu_pct=_mean_max(r["process_cpu_pct"] for r in rows),
+            system_busy_pct=_mean_max(r.get("system_busy_pct") for r in rows),
             # cores kept busy by everything but this process: what competed with the timing
-            "other_cores": stat(max(0.0, r["system_busy_pct"] / 100 * machine - r["process_cpu_pct"] / 100)
-                                for r in rows if "system_busy_pct" in r),
-            "rss_mb_max": max(rss) / 2**20 if rss else None,
-            "peak_rss_mb": peak / 2**20 if peak else None,
-        }
+            other_cores=_mean_max(max(0.0, r["system_busy_pct"] / 100 * machine - r["process_cpu_pct"] / 100)
+                                  for r in rows if "system_busy_pct" in r),
+            rss_mb_max=max(rss) / 2**20 if rss else None,
+            peak_rss_mb=peak / 2**20 if peak else None,
+            gpu=self._gpu_summary())
+
+    def _gpu_summary(self) -> GpuSummary:
         if self.gpu is None or self.gpu.reason is not None:
-            out["gpu"] = {"available": False,
-                          "reason": self.gpu.reason if self.gpu else "not monitored"}
-            return out
-        g = [r["gpu"] for r in rows if "gpu" in r]
-        out["gpu"] = {
-            "available": True, "name": self.gpu.name,
-            **{k: stat(x[k] for x in g) for k in ("util_pct", "memory_used_mb", "power_w",
-                                                   "sm_clock_mhz")},
-            "throttle": sorted({t for x in g for t in x["throttle"]}),
-        }
-        return out
+            return GpuSummary(available=False, reason=self.gpu.reason if self.gpu else "not monitored")
+        g: list[GpuReading] = [r["gpu"] for r in self.rows if "gpu" in r]
+        return GpuSummary(
+            available=True, name=self.gpu.name,
+            **{k: _mean_max(getattr(x, k) for x in g)
+               for k in ("util_pct", "memory_used_mb", "power_w", "sm_clock_mhz")},
+            throttle=tuple(sorted({t for x in g for t in x.throttle})))
+
+
+def _mean_max(values) -> MeanMax | None:
+    """Mean and peak of the values that were read (None: not one was)."""
+    v = np.asarray([x for x in values if x is not None], dtype=np.float64)
+    return MeanMax(mean=float(v.mean()), max=float(v.max())) if v.size else None

@@ -26,6 +26,7 @@ import contextlib
 from pathlib import Path
 
 from pipeline import backends, data
+from pipeline.artifacts.latency import ColdStart
 from pipeline.backends import engine_name
 from pipeline.backends.openers import baseline_opener, engine_opener, timing_feed
 from pipeline.bench import ab, protocol, sweep
@@ -127,8 +128,10 @@ def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> dict[str,
     return out
 
 
-def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tuple[dict, dict, list[str]]:
-    """Interleaved timing of the shared engines and the baselines; (result, samples, shared)."""
+def measure(recipes: list[Recipe], reports: dict[str, dict],
+            root: Path) -> tuple[protocol.Timings, dict[str, ColdStart], dict, list[str]]:
+    """Interleaved timing of the shared engines and the baselines; (timings, cold starts,
+    samples, shared)."""
     first = recipes[0]
     for other in recipes[1:]:
         ab.check_compatible(first, other)
@@ -150,22 +153,21 @@ def measure(recipes: list[Recipe], reports: dict[str, dict], root: Path) -> tupl
         runners, cold = protocol.open_all(stack, openers, feed)
         result, samples = protocol.measure(runners, sweep.shapes(first, feed)[:1],
                                            first.validate_.latency, pairs=pairs)
-    result["cold_start_ms"] = cold
-    return result, samples, shared
+    return result, cold, samples, shared
 
 
-def _measured(timed: dict, a: str, b: str) -> dict | None:
+def _measured(timed: protocol.Timings, a: str, b: str) -> dict | None:
     """The interleaved timing's p50s and ratio of runners a and b (no profiler attached)."""
-    shape = timed["shapes"][0]
-    c = next((c for c in shape["comparisons"] if c["a"] == a and c["b"] == b), None)
-    lat = shape["latency_ms"]
+    shape = timed.shapes[0]
+    c = next((c for c in shape.comparisons if c.a == a and c.b == b), None)
+    lat = shape.latency_ms
     if c is None or a not in lat or b not in lat:
         return None
-    return {"a_p50_ms": lat[a]["p50"], "b_p50_ms": lat[b]["p50"], "time_ratio": c["time_ratio"],
-            "ci95": c["ci95"], "verdict": c["verdict"]}
+    return {"a_p50_ms": lat[a].p50, "b_p50_ms": lat[b].p50, "time_ratio": c.time_ratio,
+            "ci95": c.ci95, "verdict": c.verdict}
 
 
-def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: dict,
+def explain_time(recipes: list[Recipe], reports: dict[str, dict], timed: protocol.Timings,
                  differ: dict[str, str] | None = None) -> dict:
     """Profiles of each recipe's ONNX-graph engine (taking turns); deltas and tags vs the
     first recipe, beside the interleaved timing of the same engines (`timed`). `differ`:
@@ -222,9 +224,10 @@ def explain_error(recipes: list[Recipe], root: Path) -> dict:
     return out
 
 
-def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, root: Path) -> list[dict]:
+def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: protocol.Timings,
+                 root: Path) -> list[dict]:
     rows = []
-    opt = timed["shapes"][0]
+    opt = timed.shapes[0]
     for r in recipes:
         manifest = Store(root, folder_name(r)).manifest
         for e in reports[r.name]["engines"]:
@@ -236,9 +239,9 @@ def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: dict, r
                 "cosine": min((m["cosine"] for m in acc.values()), default=None),
                 "top1": min((m["top1_agreement"] for m in acc.values()
                              if m.get("top1_agreement") is not None), default=None),
-                "p50_ms": (opt["latency_ms"].get(key) or {}).get("p50"),
-                "p99_ms": (opt["latency_ms"].get(key) or {}).get("p99"),
-                "throughput_per_s": (opt["latency_ms"].get(key) or {}).get("throughput_per_s"),
+                "p50_ms": getattr(opt.latency_ms.get(key), "p50", None),
+                "p99_ms": getattr(opt.latency_ms.get(key), "p99", None),
+                "throughput_per_s": getattr(opt.latency_ms.get(key), "throughput_per_s", None),
                 "peak_rss_mb": ((e.get("resources") or {}).get("peak_rss_mb")),
                 "engine_mb": e["bytes"] / 2**20 if e.get("bytes") else None,
                 "build_s": (manifest["stages"].get(f"build:{e['target']}") or {}).get("seconds"),
@@ -262,7 +265,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     info = models(recipes, root)
     differ = model_differences(recipes, info)
     with progress.stage("compare: timing"):
-        timed, samples, shared = measure(recipes, reports, root)
+        timed, cold, samples, shared = measure(recipes, reports, root)
     with progress.stage("compare: profiles"):
         time_explained = explain_time(recipes, reports, timed, differ)
     with progress.stage("compare: layer errors"):
@@ -273,11 +276,12 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         "shared_targets": shared, "reference": names[0],
         "models": info, "models_differ": differ,
         "engines": side_by_side(recipes, reports, timed, root),
-        "timing": timed, "time_explained": time_explained, "error_explained": error_explained,
+        "timing": {**timed.dump(), "cold_start_ms": {n: dump(c) for n, c in cold.items()}},
+        "time_explained": time_explained, "error_explained": error_explained,
         "method": {
             "timing": "every shared engine and each recipe's PyTorch baseline in one process, "
                       f"interleaved in blocks of {recipes[0].validate_.latency.block} at "
-                      f"{timed['shapes'][0]['shape']}; B vs A as a speed-up, A time / B time (JSON "
+                      f"{timed.shapes[0].shape}; B vs A as a speed-up, A time / B time (JSON "
                       "time_ratio: B time / A time): "
                       + stats.ratio_method(recipes[0].validate_.latency.noise_threshold),
             "profiles": next(iter(time_explained["profiles"].values()), {}).get("method"),

@@ -3,26 +3,74 @@ distribution-free intervals."""
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import numpy as np
 
 Verdict = Literal["faster", "slower", "indistinguishable"]
 
 
-def summary(ns: np.ndarray) -> dict:
-    """Latency summary in milliseconds from per-request samples in nanoseconds."""
+@dataclass(frozen=True)
+class Summary:
+    """Milliseconds per timed unit (what was timed is the caller's to name): percentiles,
+    mean, spread, and how many units. The fields, in order, are artifacts.LatencySummary's."""
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    std: float
+    min: float
+    max: float
+    cov: float  # std / mean
+    n: int
+    throughput_per_s: float | None  # 1 / p50: units per second at the median
+
+    def dump(self) -> dict[str, Any]:
+        """The JSON object, keys in field order (as report.json has them)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SpeedupEstimate:
+    """Baseline time / engine time over interleaved rounds (above 1: the engine is faster),
+    its 95% interval and the engine's verdict; artifacts.Speedup's fields, in order."""
+
+    ratio: float
+    ci95: list[float]
+    verdict: Verdict
+    noise_threshold: float
+
+    def dump(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TimeRatio:
+    """B time / A time over interleaved rounds (below 1: B is faster), its 95% interval, B's
+    verdict and how many rounds; artifacts.Comparison's fields without the names a and b."""
+
+    time_ratio: float
+    ci95: list[float]
+    verdict: Verdict
+    noise_threshold: float
+    blocks: int
+
+    def dump(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summary(ns: np.ndarray) -> Summary:
+    """Latency summary in milliseconds from per-unit samples in nanoseconds."""
     ms = np.asarray(ns, dtype=np.float64).ravel() / 1e6
     mean = float(ms.mean())
     std = float(ms.std(ddof=1)) if ms.size > 1 else 0.0
     p50, p90, p99 = (float(v) for v in np.percentile(ms, [50, 90, 99]))
-    return {
-        "p50": p50, "p90": p90, "p99": p99, "mean": mean, "std": std,
-        "min": float(ms.min()), "max": float(ms.max()),
-        "cov": std / mean if mean else 0.0,
-        "n": int(ms.size),
-        "throughput_per_s": 1e3 / p50 if p50 else None,
-    }
+    return Summary(p50=p50, p90=p90, p99=p99, mean=mean, std=std,
+                   min=float(ms.min()), max=float(ms.max()),
+                   cov=std / mean if mean else 0.0, n=int(ms.size),
+                   throughput_per_s=1e3 / p50 if p50 else None)
 
 
 MIN_ROUNDS = 6  # the fewest rounds whose extremes bound the median with >= 95% (1 - 2/2**6)
@@ -129,15 +177,15 @@ def time_verdict(lo: float, hi: float, *, noise: float) -> Verdict:
     return verdict(slo, shi, noise=noise)
 
 
-def speedup(baseline_blocks: np.ndarray, engine_blocks: np.ndarray, *, noise: float) -> dict:
+def speedup(baseline_blocks: np.ndarray, engine_blocks: np.ndarray, *, noise: float) -> SpeedupEstimate:
     """The engine against the baseline, timed interleaved: its speed-up (baseline time /
     engine time, above 1: faster), with its 95% CI and the engine's verdict."""
     ratio, lo, hi = paired_ratio(baseline_blocks, engine_blocks)
-    return {"ratio": ratio, "ci95": [lo, hi], "verdict": verdict(lo, hi, noise=noise),
-            "noise_threshold": noise}
+    return SpeedupEstimate(ratio=ratio, ci95=[lo, hi], verdict=verdict(lo, hi, noise=noise),
+                           noise_threshold=noise)
 
 
-def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> dict:
+def time_ratio(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> TimeRatio:
     """B against A, timed interleaved: B's time ratio median(B) / median(A) (below 1:
     faster; speedup_from_time_ratio gives B's speed-up) with its 95% CI.
 
@@ -145,5 +193,11 @@ def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> dict
     (`noise`: the recipe's `validate.latency.noise_threshold`).
     """
     ratio, lo, hi = paired_ratio(b_blocks, a_blocks)
-    return {"time_ratio": ratio, "ci95": [lo, hi], "verdict": time_verdict(lo, hi, noise=noise),
-            "noise_threshold": noise, "blocks": int(np.asarray(a_blocks).shape[0])}
+    return TimeRatio(time_ratio=ratio, ci95=[lo, hi], verdict=time_verdict(lo, hi, noise=noise),
+                     noise_threshold=noise, blocks=int(np.asarray(a_blocks).shape[0]))
+
+
+def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> dict:
+    """`time_ratio` as its JSON object, for the callers that still extend or splice it as a
+    dict (commands/tune.py, compare/generation.py); new code takes the TimeRatio."""
+    return time_ratio(a_blocks, b_blocks, noise=noise).dump()

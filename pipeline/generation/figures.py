@@ -20,7 +20,7 @@ from pipeline.generation.workload import Request, Trace
 
 
 def _pct(ns: np.ndarray) -> LatencySummary:
-    return LatencySummary(**stats.summary(ns))  # p50 / p90 / p99, mean, std, cov, n, ...
+    return LatencySummary(**stats.summary(ns).dump())  # p50 / p90 / p99, mean, std, cov, n, ...
 
 
 def ttft_blocks(traces: list[Trace]) -> np.ndarray:
@@ -76,7 +76,7 @@ def tpot_vs_context(request: Request, traces: list[Trace], bins: int) -> list[Co
 def speedups(base: list[Trace], engine: list[Trace], noise: float) -> PhaseSpeedups:
     """Engine vs baseline, per-round ratios (interleaved): TTFT, TPOT and the whole request."""
     def of(blocks):
-        return Speedup(**stats.speedup(blocks(base), blocks(engine), noise=noise))
+        return Speedup(**stats.speedup(blocks(base), blocks(engine), noise=noise).dump())
 
     return PhaseSpeedups(ttft=of(ttft_blocks), tpot=of(tpot_blocks), total=of(total_blocks))
 

@@ -169,9 +169,9 @@ def _latency(recipe: Recipe, exported, optimized) -> dict:
                for m in (exported, optimized)]
     base_blocks, opt_blocks = timing.time_interleaved(runners, feed, spec)
     return {
-        "exported_ms": stats.summary(base_blocks),
-        "optimized_ms": stats.summary(opt_blocks),
-        "speedup": stats.speedup(base_blocks, opt_blocks, noise=spec.noise_threshold),
+        "exported_ms": stats.summary(base_blocks).dump(),
+        "optimized_ms": stats.summary(opt_blocks).dump(),
+        "speedup": stats.speedup(base_blocks, opt_blocks, noise=spec.noise_threshold).dump(),
         "method": f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
                   f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
                   f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "

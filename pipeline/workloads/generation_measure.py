@@ -34,6 +34,7 @@ from pipeline.artifacts.generation import (
     TokenAgreement,
 )
 from pipeline.artifacts.recorded import dump
+from pipeline.artifacts.report import Resources
 from pipeline.bench import monitor
 from pipeline.core import deps
 from pipeline.generation import chat, genai_config, memory, runners, score
@@ -222,12 +223,12 @@ class _Timed:
     points: dict[str, Point]           # the engine's, with its runner and speedups
     baseline_points: dict[str, Point]  # PyTorch's, from the same rounds
     agreement: dict[str, Agreement]    # the engine's greedy tokens against PyTorch's alone
-    resources: dict
+    resources: monitor.ResourceSummary | None
 
 
 def _time_requests(recipe: Recipe, target, opened: _Runners, base_tokens: dict) -> _Timed:
     spec, noise = recipe.workload, recipe.validate_.latency.noise_threshold
-    timed = _Timed({}, {}, {}, {})
+    timed = _Timed({}, {}, {}, None)
     with monitor.ResourceMonitor(gpu=False) as watch:  # other processes' load while timing
         for request in workload_requests(recipe):
             runner = opened.for_request(request)
@@ -297,7 +298,8 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
                        "in one process, order alternating; speedup: median of per-round ratios with a "
                        "95% sign-test interval",
         threads=recipe.validate_.threads, device="cpu",
-        warnings=warnings, generation=generation, resources=timed.resources)
+        warnings=warnings, generation=generation,
+        resources=Resources.model_validate(timed.resources.dump()))
     return Measured(measurement=measurement, files=_ship(workdir, folder, tokenizer))
 
 

@@ -12,13 +12,19 @@ from __future__ import annotations
 import contextlib
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline import backends, data
-from pipeline.artifacts.report import SweepPoint
+from pipeline.artifacts.latency import ColdStart, LatencySummary
+from pipeline.artifacts.recorded import dump
+from pipeline.artifacts.report import CudaGraphSpeedup, Resources, SweepPoint
 from pipeline.backends.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
 from pipeline.workloads.base import Measured, Measurement
+
+if TYPE_CHECKING:
+    from pipeline.bench.protocol import Timings
 
 KIND = "forward"
 BASELINE = "torch-eager"
@@ -54,8 +60,8 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         "device": device,
         "threads": recipe.validate_.threads,
         "feeds": len(validation.feeds),
-        "latency_ms": stats.summary(samples),
-        "cold_start_ms": cold,
+        "latency_ms": stats.summary(samples).dump(),
+        "cold_start_ms": dump(cold),
         "latency_method": f"perf_counter_ns per request after {recipe.validate_.latency.warmup} "
                           "warm-up requests, alone",
     }
@@ -93,9 +99,8 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
         extras_of = getattr(backend, "validation_extras", None)  # optional (backends/base.py)
         extras = dict(extras_of(engine.path, target, recipe, runner)) if extras_of else {}
         vs_graphs = _vs_cudagraph(recipe, target, runner, spec) if device == "cuda" else None
-    opt = bench["shapes"][0]
     plot = plots.latency_png(workdir / f"latency-{target.id}.png", samples,
-                             f"{recipe.name}: {target.id} vs {BASELINE}, {opt['shape']}, interleaved")
+                             f"{recipe.name}: {target.id} vs {BASELINE}, {bench.shapes[0].shape}, interleaved")
     gates = extras.pop("gates", [])
     measurement = Measurement(
         accuracy=accuracy,
@@ -108,33 +113,34 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
     return Measured(measurement=measurement, gates=gates, files={plot.name: plot})
 
 
-def _timed_figures(recipe: Recipe, engine: str, bench: dict, cold: dict) -> dict:
-    """The Measurement's timing fields from the protocol's result (bench.protocol.measure):
-    one request at the opt shape, engine and baseline interleaved, then every sweep shape."""
+def _timed_figures(recipe: Recipe, engine: str, bench: Timings,
+                   cold: dict[str, ColdStart]) -> dict[str, Any]:
+    """The Measurement's timing fields, by name, from the protocol's result: one request at
+    the opt shape, engine and baseline interleaved, then every sweep shape."""
     from pipeline.bench import protocol
     from pipeline.core import stats
 
     spec = recipe.validate_.latency
-    opt = bench["shapes"][0]
+    opt = bench.shapes[0]
     return {
-        "latency_ms": opt["latency_ms"][engine],
-        "baseline_latency_ms": opt["latency_ms"][BASELINE],
-        "speedup_vs_baseline": protocol.as_speedup(opt["comparisons"][0]),
+        "latency_ms": opt.latency_ms[engine],
+        "baseline_latency_ms": opt.latency_ms[BASELINE],
+        "speedup_vs_baseline": protocol.as_speedup(opt.comparisons[0]),
         "cold_start_ms": cold[engine],
         "baseline_cold_start_ms": cold[BASELINE],
-        "sweep": [SweepPoint(shape=s["shape"], dims=s["dims"],
-                             latency_ms=s["latency_ms"][engine],
-                             baseline_latency_ms=s["latency_ms"][BASELINE],
-                             speedup_vs_baseline=protocol.as_speedup(s["comparisons"][0]))
-                  for s in bench["shapes"][1:]],
-        "timer": bench["timers"][engine],
+        "sweep": [SweepPoint(shape=s.shape, dims=s.dims,
+                             latency_ms=s.latency_ms[engine],
+                             baseline_latency_ms=s.latency_ms[BASELINE],
+                             speedup_vs_baseline=protocol.as_speedup(s.comparisons[0]))
+                  for s in bench.shapes[1:]],
+        "timer": bench.timers[engine],
         "threads": recipe.validate_.threads,
-        "stop": opt["stop"],
-        "resources": bench["resources"],
-        "warnings": bench["warnings"],
-        "harness_overhead_us": bench["harness_overhead_us"],
+        "stop": opt.stop,
+        "resources": Resources.model_validate(bench.resources.dump()),
+        "warnings": bench.warnings,
+        "harness_overhead_us": bench.harness_overhead_us,
         "latency_method": PROTOCOL.format(
-            **spec.model_dump(), timer=bench["timers"][engine],
+            **spec.model_dump(), timer=bench.timers[engine],
             early=f" (early stop at +-{spec.target_ci:g} median CI)" if spec.target_ci else "",
             spinning="spin-wait" if spec.spin else "do not spin-wait",
             threads=threads_used(recipe.validate_.threads),
@@ -142,7 +148,7 @@ def _timed_figures(recipe: Recipe, engine: str, bench: dict, cold: dict) -> dict
     }
 
 
-def _vs_cudagraph(recipe: Recipe, target, runner, spec) -> dict:
+def _vs_cudagraph(recipe: Recipe, target, runner, spec) -> CudaGraphSpeedup:
     """On GPU the fair baseline is the eager model replayed as CUDA Graphs (no launch cost),
     in the engine's own float type where the target declares one (AOTInductor's fp16), so
     the ratio measures compilation, not precision."""
@@ -154,8 +160,9 @@ def _vs_cudagraph(recipe: Recipe, target, runner, spec) -> dict:
     dtype = getattr(target, "dtype", "fp32")
     with baseline_runner(recipe, models.load(recipe), "cuda", CudaGraphRunner, dtype) as graphs:
         graph_blocks, engine_blocks = timing.time_interleaved([graphs, runner], timing_feed(recipe), spec)
-    return {**stats.speedup(graph_blocks, engine_blocks, noise=spec.noise_threshold),
-            "baseline": graphs.name, "baseline_latency_ms": stats.summary(graph_blocks)}
+    return CudaGraphSpeedup(**stats.speedup(graph_blocks, engine_blocks, noise=spec.noise_threshold).dump(),
+                            baseline=graphs.name,
+                            baseline_latency_ms=LatencySummary(**stats.summary(graph_blocks).dump()))
 
 
 def threads_used(threads: int | None) -> str:

@@ -3,6 +3,7 @@ harness overhead, monitors, early stop, expect: gates and `pipeline bench` end t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -14,7 +15,7 @@ import pytest
 from pipeline import recipe as recipe_mod
 from pipeline.bench import protocol, timing
 from pipeline.bench.clock import HostTimer, timer_for
-from pipeline.bench.monitor import ResourceMonitor
+from pipeline.bench.monitor import MeanMax, ResourceMonitor
 from pipeline.core import stats
 from tests.conftest import FAST, STANDARD, Project, set_folder
 
@@ -187,7 +188,7 @@ def test_the_planted_slowdown_judge_can_fail():
 
 def test_harness_overhead_is_under_20_us_per_request():
     over = protocol.harness_overhead()
-    assert over["n"] == 2000 and 0 < over["p50"] < 20, over
+    assert over.n == 2000 and 0 < over.p50 < 20, over
 
 
 def test_report_json_carries_overhead_cold_start_resources_and_plot(built_standard):
@@ -251,9 +252,10 @@ def test_resource_monitor_samples_cpu_and_memory():
             pass
     s = mon.summary()
     # the busy loop shows as CPU use (an idle process reads ~0%; on a shared machine well below 100%)
-    assert s["samples"] >= 5 and s["process_cpu_pct"]["max"] > 5
-    assert s["rss_mb_max"] > 10 and s["peak_rss_mb"] >= s["rss_mb_max"] * 0.99
-    assert s["gpu"]["available"] is False and "nvidia-ml-py" in s["gpu"]["reason"]
+    assert s.samples >= 5 and s.process_cpu_pct.max > 5
+    assert s.rss_mb_max > 10 and s.peak_rss_mb >= s.rss_mb_max * 0.99
+    assert s.gpu.available is False and "nvidia-ml-py" in s.gpu.reason
+    assert s.dump()["gpu"] == {"available": False, "reason": s.gpu.reason}
 
 
 def test_cold_start_is_timed_with_the_runtimes_already_imported():
@@ -274,7 +276,7 @@ def test_cold_start_is_timed_with_the_runtimes_already_imported():
         "    return contextlib.nullcontext(protocol.NoopRunner())\n"
         "with contextlib.ExitStack() as stack:\n"
         "    _, cold = protocol.open_all(stack, {'noop': opener}, {})\n"
-        "print(before, seen, cold['noop']['n'])\n"
+        "print(before, seen, cold['noop'].n)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
@@ -299,12 +301,12 @@ def test_monitor_tells_another_process_competing_for_the_cpus():
         spinner.kill()
         spinner.wait()
     s = mon.summary()
-    assert 0.6 < s["other_cores"]["mean"] <= s["cores"] + 0.01, s
+    assert 0.6 < s.other_cores.mean <= s.cores + 0.01, s
     warning = contention(s)
-    assert warning.startswith(f"other processes kept {s['other_cores']['mean']:.2f} cores busy")
+    assert warning.startswith(f"other processes kept {s.other_cores.mean:.2f} cores busy")
     assert "rerun with --force on an idle machine" in warning
-    quiet = {"other_cores": {"mean": 0.05, "max": 0.3}}
-    assert contention(quiet) is None and contention({"other_cores": None}) is None
+    quiet = dataclasses.replace(s, other_cores=MeanMax(mean=0.05, max=0.3))
+    assert contention(quiet) is None and contention(dataclasses.replace(s, other_cores=None)) is None
 
 
 def test_report_warns_when_the_baseline_alone_and_interleaved_disagree():

@@ -67,7 +67,7 @@ def test_paired_ratio_keeps_a_slowdown_through_bursts_of_load():
         factor = rng.uniform(1.3, 2.5, 20)[:, None]
         a[burst & (hit != 2)] *= factor[burst & (hit != 2)]
         b[burst & (hit != 1)] *= factor[burst & (hit != 1)]
-        misses += stats.compare(a, b, noise=NOISE)["verdict"] != "slower"
+        misses += stats.time_ratio(a, b, noise=NOISE).verdict != "slower"
     assert misses <= 2, misses
 
 
@@ -106,7 +106,9 @@ def test_sign_test_rank_from_scipy_matches_the_old_binomial_sum():
 
 def test_summary_is_in_milliseconds():
     s = stats.summary(np.array([1e6, 2e6, 3e6, 4e6]))
-    assert s["p50"] == pytest.approx(2.5) and s["n"] == 4 and s["min"] == 1.0
+    assert s.p50 == pytest.approx(2.5) and s.n == 4 and s.min == 1.0
+    assert list(s.dump()) == ["p50", "p90", "p99", "mean", "std", "min", "max", "cov", "n",
+                              "throughput_per_s"]  # report.json's order
 
 
 
@@ -118,11 +120,12 @@ def test_a_time_ratio_and_a_speedup_are_one_reciprocal_apart_named_once():
     rng = np.random.default_rng(0)
     a = rng.uniform(1.9, 2.1, size=(12, 5))  # reference: ~2 ms requests, 12 blocks of 5
     b = rng.uniform(0.95, 1.05, size=(12, 5))  # engine: about twice as fast
-    sp, cmp = stats.speedup(a, b, noise=0.05), stats.compare(a, b, noise=0.05)
-    ratio, ci = stats.speedup_from_time_ratio(cmp["time_ratio"], cmp["ci95"])
-    assert 1.8 < sp["ratio"] < 2.2 and cmp["time_ratio"] < 0.6
-    assert np.isclose(ratio, sp["ratio"]) and np.allclose(ci, sp["ci95"])
-    assert sp["verdict"] == cmp["verdict"] == "faster"
-    assert protocol.as_speedup(cmp)["ratio"] == ratio and protocol.as_speedup(cmp)["ci95"] == ci
+    sp, cmp = stats.speedup(a, b, noise=0.05), stats.time_ratio(a, b, noise=0.05)
+    ratio, ci = stats.speedup_from_time_ratio(cmp.time_ratio, cmp.ci95)
+    assert 1.8 < sp.ratio < 2.2 and cmp.time_ratio < 0.6
+    assert np.isclose(ratio, sp.ratio) and np.allclose(ci, sp.ci95)
+    assert sp.verdict == cmp.verdict == "faster"
+    assert protocol.as_speedup(cmp).ratio == ratio and protocol.as_speedup(cmp).ci95 == ci
+    assert stats.compare(a, b, noise=0.05) == cmp.dump()
     assert stats.speedup_from_time_ratio(0.5) == (2.0, None)
     assert stats.time_verdict(1.5, 1.8, noise=0.05) == "slower"  # B takes 1.5-1.8x A's time
