@@ -28,6 +28,8 @@ from polygraphy.backend.base import BaseRunner
 
 from pipeline.core.errors import StageFailed
 
+LayerTimes = dict[str, float]  # engine layer -> its median ms
+
 
 def _torch_dtype(trt, torch, dtype):
     table = {
@@ -230,7 +232,7 @@ class TensorRTRunner(BaseRunner):
         return out
 
     # ---------------------------------------------------------------- layer truth
-    def layer_times(self, feed_dict, iterations: int = 20) -> dict[str, float]:
+    def layer_times(self, feed_dict, iterations: int = 20) -> LayerTimes:
         """Median ms per engine layer (IProfiler on a second context; plain enqueues)."""
         trt, torch = self._trt, self._torch
 

@@ -25,6 +25,8 @@ from pathlib import Path
 from pipeline.artifacts.generation import DecodeFloor, FloorPoint
 from pipeline.core import deps, env
 
+FloorPoints = dict[str, FloorPoint]  # workload point label -> its decode floor
+
 COPY_MB = 256  # >> any last-level cache here; 2 x 256 MB live while measuring
 REPEATS = 5
 
@@ -117,7 +119,7 @@ def decode_floor(onnx_path: Path, kv_bytes_per_token: int, contexts: dict[str, i
 
 
 def floor_points(weights: int, kv_bytes_per_token: int, contexts: dict[str, int], rate: float,
-                 tpot_ms: dict[str, float] | None = None) -> dict[str, FloorPoint]:
+                 tpot_ms: dict[str, float] | None = None) -> FloorPoints:
     """Per point (its context): the bytes one decode step reads, the floor in ms at `rate`
     bytes/s, and the measured TPOT over it where given."""
     # Bytes a decode step *reads*; a copy moves each byte twice (read + write), so the

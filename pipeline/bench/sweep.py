@@ -16,10 +16,12 @@ import numpy as np
 from pipeline import data
 from pipeline.recipe import Dim, Recipe
 
+Dims = dict[str, int]  # dim name -> its size
+
 _STREAM = 4  # seed stream of sweep feeds (data.py uses 1-3)
 
 
-def opt_dims(recipe: Recipe) -> dict[str, int]:
+def opt_dims(recipe: Recipe) -> Dims:
     return {d.name: d.opt for i in recipe.inputs for d in i.shape if isinstance(d, Dim) and d.name}
 
 

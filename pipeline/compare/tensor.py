@@ -37,6 +37,8 @@ from pipeline.store.folder_names import folder_name
 from pipeline.store.recipe_folder import Store, now
 from pipeline.workloads.base import Compared, built, compare_folder, shared_targets
 
+Differences = dict[str, str]  # recipe -> why its model is not the first recipe's
+
 SCHEMA = 2  # 2: models / models_differ; versus: measured, profiled_total_us
 
 
@@ -107,7 +109,7 @@ def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
     return out
 
 
-def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> dict[str, str]:
+def model_differences(recipes: list[Recipe], info: dict[str, dict]) -> Differences:
     """recipe -> why it is not the same model as the first one at the timed shape (only
     recipes that differ): parameters MODEL_SIZE_RATIO or more apart, or another opt shape."""
     first = recipes[0].name

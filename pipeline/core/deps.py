@@ -18,6 +18,8 @@ import subprocess
 
 from pipeline.core.errors import DependencyError
 
+Versions = dict[str, str | None]  # distribution -> its installed version (None: not installed)
+
 # import name -> distribution names that provide it (first installed one wins)
 _DISTRIBUTIONS = {
     "torch": ("torch",),
@@ -70,7 +72,7 @@ def install_hint(module: str) -> str:
     return _INSTALL_HINTS.get(module, f"pip install {module}")
 
 
-def versions() -> dict[str, str | None]:
+def versions() -> Versions:
     """Versions of every tool whose output can change an artifact."""
     return {name: version(name) for name in _DISTRIBUTIONS}
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+TokensByLabel = dict[str, np.ndarray]  # request label -> the tokens generated for it
+
 Feed = dict[str, np.ndarray]
 
 
@@ -142,7 +144,7 @@ def _load_all(path) -> tuple[list[Feed], list[Feed], np.ndarray | None, list[np.
             labels, [masks[i] for i in sorted(masks)] if masks else None)
 
 
-def load_tokens(path) -> dict[str, np.ndarray]:
+def load_tokens(path) -> TokensByLabel:
     """The generated tokens a save_feeds file holds, by request label ({} when none)."""
     with np.load(path, allow_pickle=False) as z:
         return {key.split("/", 1)[1]: z[key] for key in z.files if key.startswith("tokens/")}

@@ -16,6 +16,8 @@ from pipeline.core import safe_files
 from pipeline.core.errors import InputError
 from pipeline.core.text import first_line
 
+Arrays = dict[str, np.ndarray]  # array name in the .npz -> its array
+
 NPZ_HINT = ("write it with numpy.savez(path, <input name>=array, ...): one array per input, "
             "samples on the first axis")
 JSONL_HINT = ('one JSON object a line: {"text": ...}, {"text": ..., "label": <class id>} or '
@@ -50,7 +52,7 @@ def _open(path: Path, where: str, what: str):
         raise InputError(f"{where}: cannot read ({e.strerror})") from None
 
 
-def read_npz(path: Path, where: str, rows: int | None = None) -> dict[str, np.ndarray]:
+def read_npz(path: Path, where: str, rows: int | None = None) -> Arrays:
     """The arrays of an .npz (no pickled objects), read header first (npz_files): only the
     first `rows` samples are decompressed, so a file of 16M samples costs what `rows` cost.
     Samples are the leading axis of each array, or, in save_feeds' layout (`in/<i>/<name>`,

@@ -41,6 +41,9 @@ class Header:
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
 
+Headers = dict[str, Header]  # array name (the member without `.npy`) -> its header
+
+
 class Npz:
     """An open .npz: `headers()`, then `read(name, rows)`; use as a context manager."""
 
@@ -63,7 +66,7 @@ class Npz:
     def fileno(self) -> int:
         return self._file.fileno()
 
-    def headers(self) -> dict[str, Header]:
+    def headers(self) -> Headers:
         """Array name (the member without `.npy`) -> its header, in the file's order."""
         for info in self._zip.infolist():
             if not info.filename.endswith(".npy"):

@@ -32,10 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
+# tensor -> (position, producing node, op type, module, node inputs)
+FloatTensors = dict[str, tuple[int, str, str, str, list[str]]]
+
 _FLOAT_TYPES = (1, 10, 16)  # FLOAT, FLOAT16, BFLOAT16 (onnx.TensorProto)
 
 
-def _float_tensors(model) -> dict[str, tuple[int, str, str, str, list[str]]]:
+def _float_tensors(model) -> FloatTensors:
     """tensor -> (position, producing node, op type, module, node inputs), float tensors only."""
     import onnx
 

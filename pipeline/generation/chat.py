@@ -27,7 +27,10 @@ class Question:
     answers: tuple[str, ...]
 
 
-def questions(path: Path) -> dict[int, Question]:
+Questions = dict[int, Question]  # question id -> the question
+
+
+def questions(path: Path) -> Questions:
     where = f"workload.chat.questions: {path}"
     out = {}
     for n, row in enumerate(files.read_jsonl(path, where), 1):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pipeline.core.errors import InputError
 
+OpCounts = dict[str, int]  # op ("domain.op" outside the ONNX domains) -> how many nodes
+
 
 def _shape(value) -> list:
     """Dims of a ValueInfoProto: ints, symbol names, or '?' for unknown."""
@@ -81,7 +83,7 @@ def _default_opset(model) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def foreign_ops(path: Path) -> dict[str, int]:
+def foreign_ops(path: Path) -> OpCounts:
     """Nodes a plain-ONNX consumer (TensorRT's parser) cannot run, by name: outside the ONNX
     domains as "domain.op" (e.g. ONNX Runtime's com.microsoft contrib ops that the
     `ort_fusions` pass writes), and, by op type alone, default-domain nodes that are no ONNX op

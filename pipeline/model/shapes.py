@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pipeline.recipe import Dim, Recipe
 
+DimSymbols = dict[tuple[str, int], tuple[str, Dim]]  # (input, axis) -> (symbol, its Dim)
+DynamicAxes = dict[str, dict[int, str]]  # input -> {axis: symbol}: torch.onnx's dynamic_axes
 
-def dim_symbols(recipe: Recipe) -> dict[tuple[str, int], tuple[str, Dim]]:
+
+def dim_symbols(recipe: Recipe) -> DimSymbols:
     """(input, axis) -> (symbol, Dim) for every dynamic axis; shared names share symbols."""
     out = {}
     for spec in recipe.inputs:
@@ -36,7 +39,7 @@ def dynamic_shapes(recipe: Recipe):
     return tuple(per_input)
 
 
-def dynamic_axes(recipe: Recipe) -> dict[str, dict[int, str]]:
+def dynamic_axes(recipe: Recipe) -> DynamicAxes:
     """TorchScript exporter's form: input -> {axis: symbol}."""
     axes: dict[str, dict[int, str]] = {}
     for (name, axis), (symbol, _) in dim_symbols(recipe).items():

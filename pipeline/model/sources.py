@@ -18,6 +18,8 @@ from pipeline.core.text import first_line
 from pipeline.recipe import ModelSpec, Recipe
 from pipeline.zoo import ZOO
 
+WeightShapes = dict[str, tuple]  # tensor name -> (dtype, shape), as a weights file's header says
+
 
 def _factory(spec: ModelSpec, where: str, source: Path | None = None) -> Callable[..., Any]:
     """The builder function; a user module is searched beside the recipe, in the current
@@ -162,7 +164,7 @@ def vocab_size(recipe: Recipe) -> int | None:
     return config.get("vocab_size") if isinstance(config.get("vocab_size"), int) else None
 
 
-def _weights_header(path: Path, where: str) -> dict[str, tuple]:
+def _weights_header(path: Path, where: str) -> WeightShapes:
     """name -> (dtype, shape) from the safetensors header, reading no tensor data."""
     from safetensors import SafetensorError, safe_open
 

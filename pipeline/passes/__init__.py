@@ -15,6 +15,8 @@ import importlib
 from collections import Counter
 from typing import NamedTuple
 
+OpCounts = dict[str, int]  # op type -> how many nodes
+
 
 class Pass(NamedTuple):
     target: str  # "module:function"
@@ -93,12 +95,12 @@ def _function(target: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def histogram(model) -> dict[str, int]:
+def histogram(model) -> OpCounts:
     """Node count by op type of the main graph, most common first."""
     return dict(Counter(node.op_type for node in model.graph.node).most_common())
 
 
-def fusions(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+def fusions(before: OpCounts, after: OpCounts) -> OpCounts:
     """Fused op types the pass added: {"Attention": 6, ...}."""
     return {op: after[op] - before.get(op, 0) for op in sorted(after)
             if op in FUSED_OPS and after[op] > before.get(op, 0)}

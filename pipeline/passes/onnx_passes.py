@@ -6,6 +6,8 @@ passes work on its IR; the conversion both ways is lossless for what the exporte
 
 from __future__ import annotations
 
+FusionFunctions = dict[str, str]  # fusion (as ort_fusions counts it) -> the function applying it
+
 
 def _ir(model):
     import onnx_ir as ir
@@ -73,7 +75,7 @@ def ort_fusions(model, skip: list[str] | tuple[str, ...] = ()):
                  **({"constant_concats_packed": packed} if packed else {})}
 
 
-def _fusion_functions() -> dict[str, str]:
+def _fusion_functions() -> FusionFunctions:
     """fusion (as ort_fusions counts it) -> the function of onnxscript's ort_fusions._core
     that applies it."""
     from onnxscript.rewriter.ort_fusions import _core

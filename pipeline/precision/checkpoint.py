@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+Ranks = dict[str, int]  # tensor -> its rank, where ONNX shape inference knows it
+
 BLOCK = 32
 
 
@@ -165,7 +167,7 @@ def _dequantized(nodes, inits, k: int) -> np.ndarray:
     return sess.run(None, {"A": np.eye(k, dtype=np.float32)[None]})[0][0]
 
 
-def _ranks(model) -> dict[str, int]:
+def _ranks(model) -> Ranks:
     """The rank of every tensor whose shape ONNX's inference knows."""
     import onnx
 

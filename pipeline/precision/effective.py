@@ -37,6 +37,9 @@ from pathlib import Path
 
 from pipeline.artifacts.report import Gate
 
+AccuracyLevels = dict[str, int]  # MatMulNBits node -> its accuracy_level
+ConvParams = dict[str, tuple[int, int, int]]  # Conv-family node -> (group, prod(kernel), weight dim 1)
+
 INTEGER = {"QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
            "QGemm", "MatMulBnb4", "QAttention", "DynamicQuantizeLSTM", "QLinearConv", "ConvInteger"}
 FLOAT = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm", "MatMulFloat8", "Conv", "FusedConv",
@@ -66,12 +69,12 @@ def _attr(node, name: str, default=None):
     return next((a.i for a in node.attribute if a.name == name), default)
 
 
-def nbits_levels(graph) -> dict[str, int]:
+def nbits_levels(graph) -> AccuracyLevels:
     """MatMulNBits node name -> accuracy_level (0 when the attribute is absent: ORT's default)."""
     return {n.name: int(_attr(n, "accuracy_level", 0)) for n in graph.node if n.op_type == NBITS}
 
 
-def nbits_summary(levels: dict[str, int]) -> dict | None:
+def nbits_summary(levels: AccuracyLevels) -> dict | None:
     """What the engine's MatMulNBits nodes compute in, from their accuracy_level."""
     if not levels:
         return None
@@ -107,7 +110,7 @@ def _key_length(inputs: list[list[int]], outputs: list[list[int]], y: list[int])
     return y[1] if len(y) >= 2 else 1
 
 
-def conv_params(graph) -> dict[str, tuple[int, int, int]]:
+def conv_params(graph) -> ConvParams:
     """Conv-family node name -> (group, prod(kernel), weight dim 1) from the graph."""
     dims = {i.name: list(i.dims) for i in graph.initializer}
     for n in graph.node:  # a fake-quantized Conv reads its weight through a DequantizeLinear

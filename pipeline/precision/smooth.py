@@ -29,13 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
+Readers = dict[str, list]  # activation -> the nodes (to be smoothed) that read it
+ChannelMaxima = dict[str, np.ndarray]  # tensor -> max |x| per channel (last axis)
+
 SMOOTHABLE = {"MatMul", "Attention"}
 NORMS = {"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
          "SkipSimplifiedLayerNormalization", "RMSNormalization"}
 _EPS = 1e-5
 
 
-def targets(model, names: list[str]) -> dict[str, list]:
+def targets(model, names: list[str]) -> Readers:
     """activation name -> the nodes in `names` that read it as input 0 with a 2-D constant
     weight, where a normalization produced it."""
     initializers = {i.name: i for i in model.graph.initializer}
@@ -53,7 +56,7 @@ def targets(model, names: list[str]) -> dict[str, list]:
     return out
 
 
-def activation_maxima(path: Path, tensors: list[str], feeds: list[dict]) -> dict[str, np.ndarray]:
+def activation_maxima(path: Path, tensors: list[str], feeds: list[dict]) -> ChannelMaxima:
     """Per-channel (last axis) max |x| of each tensor over all feeds."""
     import onnx
     import onnxruntime as ort

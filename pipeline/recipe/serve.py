@@ -16,6 +16,8 @@ from pydantic import Field, model_validator
 
 from pipeline.recipe.base import Dim, Strict
 
+VariableDims = dict[str, Dim]  # dim symbol (e.g. `sequence`) -> its Dim
+
 
 class ServeSpec(Strict):
     """Dynamic batching of `pipeline serve` (and config.pbtxt's `dynamic_batching`)."""
@@ -73,7 +75,7 @@ def batch_dim(inputs: list) -> Dim | None:
     return batch
 
 
-def variable_dims(inputs: list) -> dict[str, Dim]:
+def variable_dims(inputs: list) -> VariableDims:
     """The named dynamic dims other than the batch dim: symbol -> Dim (e.g. `sequence`)."""
     skip = 1 if batch_dim(inputs) else 0
     return {d.name: d for s in inputs for d in s.shape[skip:] if isinstance(d, Dim) and d.name}

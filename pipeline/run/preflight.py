@@ -20,6 +20,9 @@ from pipeline.run.limits import check_limits
 from pipeline.run.stage_cache import GRAPH_STAGES, graph_stage
 from pipeline.store.recipe_folder import Store
 
+RecipesByName = dict[str, Recipe]  # the name expect.faster_than gives -> that recipe, loaded
+Unavailable = dict[str, str]  # target id -> why it cannot be built here
+
 
 @dataclass
 class Plan:
@@ -61,7 +64,7 @@ def check_baseline_device(recipe: Recipe) -> None:
                               "use validate.device=auto or cpu, or run on a CUDA machine")
 
 
-def expect_recipes(recipe: Recipe) -> dict[str, Recipe]:
+def expect_recipes(recipe: Recipe) -> RecipesByName:
     """expect.faster_than: every recipe named loads and is another recipe."""
     from pipeline import recipe as recipe_mod
 
@@ -77,7 +80,7 @@ def expect_recipes(recipe: Recipe) -> dict[str, Recipe]:
     return loaded
 
 
-def unavailable_targets(targets: list) -> dict[str, str]:
+def unavailable_targets(targets: list) -> Unavailable:
     """target id -> why it cannot be built here; a required one stops the run first."""
     reasons = {}
     for target in targets:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.data.feeds import Feed
 from pipeline.recipe.base import Dim
 from pipeline.recipe.serve import ServeSpec, batch_dim, batching, buckets, variable_dims
 
@@ -120,7 +121,7 @@ def bucket(sig: Signature, lengths: dict[str, int]) -> tuple:
     return tuple(key)
 
 
-def stack(sig: Signature, feeds: list[dict[str, np.ndarray]], key: tuple) -> dict[str, np.ndarray]:
+def stack(sig: Signature, feeds: list[Feed], key: tuple) -> Feed:
     """Requests of one bucket -> one batch feed: each padded to the bucket, then concatenated
     on the batch dim ([1, n_i] x B -> [B, bucket])."""
     if not sig.batched:

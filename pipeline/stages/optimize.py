@@ -23,6 +23,8 @@ from pipeline.metrics import graph_check
 from pipeline.recipe import LatencySpec, Recipe
 from pipeline.stages import Produced
 
+FeedsByPoint = dict[str, data.Feed]  # profile point (min, opt, max) -> its feed
+
 NAME = "optimize"
 SECTIONS = ("optimize", "inputs", "outputs")
 CHECK_POINTS = ("min", "opt", "max")
@@ -50,7 +52,7 @@ def preflight(recipe: Recipe) -> None:
         passes.check_options(name, recipe.optimize.options.get(name, {}))
 
 
-def check_feeds(recipe: Recipe) -> dict[str, data.Feed]:
+def check_feeds(recipe: Recipe) -> FeedsByPoint:
     """One feed per profile point, from a stream no other stage draws from.
 
     A generation recipe's graph is run in two forms only: a prefill (empty past, any batch) or

@@ -31,6 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+Digests = dict[str, str]  # subject (file) name -> its sha256
+
 ENVELOPE = "provenance.intoto.json"
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -210,7 +212,7 @@ def open_envelope(data: Any, public) -> dict:
     return found
 
 
-def subject_digests(found: dict) -> dict[str, str]:
+def subject_digests(found: dict) -> Digests:
     """{name: sha256} of a signed statement's subjects (ProvenanceError when malformed)."""
     out = {}
     for s in found.get("subject") or []:

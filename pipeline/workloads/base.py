@@ -45,6 +45,9 @@ from pipeline.artifacts.report import (
 )
 from pipeline.core.errors import DependencyError
 
+EntriesByTarget = dict[str, dict]  # target id -> its engine entry in report.json
+FieldValues = dict[str, Any]  # EngineResult field name -> its value
+
 
 class Measurement(Closed):
     """What a workload measured of one engine: the EngineResult fields of the same names,
@@ -75,7 +78,7 @@ class Measurement(Closed):
     tensorrt_layer_shares: dict[str, Any] | None = Field(None, description="A backend's (validation_extras).")
     generation: Generation | None = None
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> FieldValues:
         """The fields set, by name, as the EngineResult takes them (typed, not dumped)."""
         return {name: getattr(self, name) for name in self.model_fields_set}
 
@@ -139,7 +142,7 @@ def check(kind: str, module: Any, needs: tuple[str, ...] = WORKLOAD_NEEDS) -> An
     return module
 
 
-def built(report: dict) -> dict[str, dict]:
+def built(report: dict) -> EntriesByTarget:
     """A report's built engines by target id, in the recipe's order."""
     return {e["target"]: e for e in report["engines"] if e["status"] == "built"}
 

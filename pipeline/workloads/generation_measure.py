@@ -53,6 +53,9 @@ from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.store.recipe_folder import Artifact
 from pipeline.workloads.base import Measured, Measurement
 
+Outputs = dict[str, np.ndarray]  # graph output name -> its array
+Shipped = dict[str, Path]  # file name beside the engine -> where it was written
+
 BASELINE = "torch-static-cache"
 ACCURACY_PREFILL = 24
 
@@ -93,7 +96,7 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
     return feeds, outputs
 
 
-def _empty_past(recipe: Recipe) -> dict[str, np.ndarray]:
+def _empty_past(recipe: Recipe) -> data.Feed:
     shape = decoder_shape(recipe.model)
     return {f"past_key_values.{i}.{kv}": np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
             for i in range(shape.layers) for kv in ("key", "value")}
@@ -326,7 +329,7 @@ def _generation(recipe: Recipe, engine: Path, timed: _Timed, head: str, memory_f
         **optional)
 
 
-def _ship(workdir: Path, folder: Path, tokenizer: list[Path]) -> dict[str, Path]:
+def _ship(workdir: Path, folder: Path, tokenizer: list[Path]) -> Shipped:
     """genai_config.json and the tokenizer's files beside the engine (the folder runs under
     onnxruntime-genai as is); the working folder they were made in is removed."""
     config = workdir / "genai_config.json"
@@ -388,7 +391,7 @@ def random_weights(recipe: Recipe) -> bool:
     return recipe.model.weights is None and recipe.model.zoo is not None
 
 
-def _run_feed(session, feed: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+def _run_feed(session, feed: data.Feed, names: list[str]) -> Outputs:
     return dict(zip(names, session.run(None, feed)))
 
 
