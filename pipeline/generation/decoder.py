@@ -10,6 +10,7 @@ from pipeline.generation import chat, genai_config
 from pipeline.generation.workload import requests
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
+from pipeline.recipe.gguf_header import HfConfig
 from pipeline.recipe.workload import decoder_shape
 
 
@@ -24,7 +25,7 @@ def eos_token(recipe: Recipe) -> int:
     return own if isinstance(own, int) else decoder_shape(recipe.model).vocab - 1
 
 
-def model_config(recipe: Recipe) -> dict:
+def model_config(recipe: Recipe) -> HfConfig:
     """The transformers model's config (its bos/eos/pad ids); {} for other sources."""
     from pipeline.artifacts import json_file
 

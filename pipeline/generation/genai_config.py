@@ -16,11 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.artifacts.json_file import JsonObject
+
 
 def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int, vocab: int,
            eos_token_id: int, context_length: int, filename: str,
            bos_token_id: int | None = None, pad_token_id: int | None = None,
-           threads: int | None = None, in_place: bool = False) -> dict:
+           threads: int | None = None, in_place: bool = False) -> JsonObject:
     """filename: the engine file's name in the deployed folder (onnxruntime.onnx, not the
     raw export model.onnx); bos/pad default to the end-of-sequence id (genai needs both);
     in_place: the graph writes its presents into the pasts' buffers (`in_place_cache`)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from pipeline.artifacts.json_file import JsonObject
 from pipeline.recipe.schema import Recipe
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -28,7 +29,7 @@ LOADER_KEYS = ("name", "source")  # set by the loader; a file that holds them is
 PARTIAL = "Partial"  # suffix of the $defs copies without required keys
 
 
-def recipe_file_schema() -> dict:
+def recipe_file_schema() -> JsonObject:
     schema = Recipe.model_json_schema(by_alias=True)
     defs: dict[str, Any] = schema.get("$defs", {})
     for key in LOADER_KEYS:

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
 
 from pipeline.core import user_code
 from pipeline.core.errors import InputError
+
+HfConfig = dict[str, Any]  # transformers config name (config.json's keys) -> value
 
 
 def resolve(ref: str, where: str) -> Path:
@@ -27,7 +30,7 @@ def resolve(ref: str, where: str) -> Path:
     return path
 
 
-def header_config(ref: str, where: str) -> dict:
+def header_config(ref: str, where: str) -> HfConfig:
     """The decoder's sizes under transformers' config names, read from the GGUF header alone
     (metadata `<arch>.block_count` etc.; tensors are not read): what a recipe needs to derive
     its KV-cache signature, without the minute-long conversion. A model transform prunes FFN
@@ -40,7 +43,7 @@ def header_config(ref: str, where: str) -> dict:
 
 
 @functools.lru_cache(maxsize=8)
-def _header_config(path: str, inode: int, size: int, mtime_ns: int, where: str) -> dict:
+def _header_config(path: str, inode: int, size: int, mtime_ns: int, where: str) -> HfConfig:
     """header_config of the file at PATH as it is (its inode, size and mtime are the key)."""
     from gguf import GGUFReader
 

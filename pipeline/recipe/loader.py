@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pipeline.artifacts.json_file import JsonObject
 from pipeline.core import paths, user_code
 from pipeline.core.errors import RecipeError
 from pipeline.core.text import display_path
@@ -120,7 +121,7 @@ def _path_fields(node: Any, loc: tuple):
 
 
 
-def _read_yaml(path: Path) -> dict:
+def _read_yaml(path: Path) -> JsonObject:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 
 from pipeline.core import user_code
 from pipeline.recipe.base import Dim, Strict
+from pipeline.recipe.gguf_header import HfConfig
 
 Positive = Annotated[int, Field(ge=1)]
 
@@ -172,7 +173,7 @@ def decoder_shape(model) -> DecoderShape:
                      "model.transformers causal LM (Llama family)")
 
 
-def _pretrained_config(ref: str) -> dict:
+def _pretrained_config(ref: str) -> HfConfig:
     if user_code.is_function_ref(ref):  # module:function returning the directory, as model/ reads it
         ref = user_code.call_ref(ref, "model.transformers.pretrained", "a model directory")
     path = Path(ref) / "config.json"

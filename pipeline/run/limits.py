@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import InputError, RecipeError
+from pipeline.recipe.gguf_header import HfConfig
 
 MEMORY_ENV, HOURS_ENV = "PIPELINE_MAX_MEMORY_GB", "PIPELINE_MAX_HOURS"
 DEFAULT_HOURS = 24.0
@@ -112,7 +113,7 @@ def attention_heads(recipe) -> int | None:
     return None
 
 
-def _config_json(path: Path) -> dict | None:
+def _config_json(path: Path) -> HfConfig | None:
     from pipeline.artifacts import json_file
 
     try:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from pipeline import data, passes
+from pipeline.artifacts.json_file import JsonObject
 from pipeline.bench import timing
 from pipeline.core import stats
 from pipeline.core.errors import RecipeError, StageFailed
@@ -33,7 +34,7 @@ DEFAULT_LATENCY = LatencySpec(warmup=20, iterations=200, min_seconds=0.25, block
 NO_MATCH = "no match: the pass found nothing to rewrite (graph unchanged)"
 
 
-def spec(recipe: Recipe) -> dict:
+def spec(recipe: Recipe) -> JsonObject:
     """The cache key's recipe part: the check and timing feeds are random from the data seed
     (and take the generation forms for a generation workload); the rest of `data` is not
     read here, so recipes that differ only there share one optimized graph."""

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from pipeline import data
+from pipeline.artifacts.json_file import JsonObject
 from pipeline.core.errors import PipelineError, StageFailed
 from pipeline.core.text import first_line
 from pipeline.recipe import Recipe
@@ -32,7 +33,7 @@ def preflight(recipe: Recipe) -> None:
         data.calibration_feeds(recipe)
 
 
-def spec(recipe: Recipe) -> dict:
+def spec(recipe: Recipe) -> JsonObject:
     """The cache key's recipe part: the calibration data (not the validation split), and a
     calibration file by its content."""
     key = recipe.section("precision", "inputs", "outputs")

@@ -31,6 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts.json_file import JsonObject
+
 Digests = dict[str, str]  # subject (file) name -> its sha256
 
 ENVELOPE = "provenance.intoto.json"
@@ -69,7 +71,7 @@ def builder_id() -> str:
     return f"local:{os.uname().nodename}"
 
 
-def statement(folder: Path, manifest: dict, digest_of) -> dict:
+def statement(folder: Path, manifest: dict, digest_of) -> JsonObject:
     """The in-toto statement for a folder whose manifest has been read (and verified)."""
     subjects = [{"name": "manifest.json", "digest": {"sha256": digest_of(folder / "manifest.json")}}]
     subjects += [{"name": name, "digest": {"sha256": entry["sha256"]}}
@@ -172,7 +174,7 @@ def generate(private_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------ envelopes
-def envelope(statement_: dict, private) -> dict:
+def envelope(statement_: JsonObject, private) -> JsonObject:
     body = json.dumps(statement_, sort_keys=True, separators=(",", ":")).encode()
     signature = private.sign(pae(PAYLOAD_TYPE, body))
     return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(body).decode(),
@@ -180,7 +182,7 @@ def envelope(statement_: dict, private) -> dict:
                             "sig": base64.b64encode(signature).decode()}]}
 
 
-def open_envelope(data: Any, public) -> dict:
+def open_envelope(data: Any, public) -> JsonObject:
     """The statement inside a DSSE envelope, once a signature by `public` checks out."""
     from cryptography.exceptions import InvalidSignature
 
