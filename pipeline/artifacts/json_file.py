@@ -26,11 +26,6 @@ from typing import Any
 
 from pipeline.core import safe_files
 
-# A JSON (or YAML) object as parsed or about to be written, whose shape is a file format's
-# own, not a record of this pipeline's: a recipe file, a JSON Schema, transformers'
-# config.json, genai_config.json, an in-toto statement, a cache key's part.
-JsonObject = dict[str, Any]
-
 MAX_BYTES = 64 << 20     # the largest artifact written here is a report of a few hundred KB
 MAX_DEPTH = 64           # the deepest the pipeline writes is ~8 (report > engine > sweep > ...)
 MAX_INT_DIGITS = 32      # a count, a size in bytes, a timestamp: 20 digits hold any int64

@@ -29,6 +29,7 @@ from pipeline.artifacts.report import SCHEMA as REPORT_SCHEMA
 from pipeline.artifacts.report import EngineResult, Report, Versus
 from pipeline.artifacts.serve_start import ServeStart
 from pipeline.artifacts.serving import LoadResult
+from pipeline.core.json_object import JsonObject
 
 SUFFIX_KIND = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt",
                ".pt2": "aotinductor"}
@@ -44,7 +45,7 @@ class Unusable(ValueError):
         self.stale = stale
 
 
-def dump(model: BaseModel) -> dict:
+def dump(model: BaseModel) -> JsonObject:
     """JSON-ready dict of a model: aliases (`schema`, `optimize:plain`), the keys that were
     set (an optional section nobody measured stays absent, not null)."""
     return model.model_dump(mode="json", by_alias=True, exclude_unset=True)
@@ -107,7 +108,7 @@ def report(data: dict) -> Report:
         raise Unusable(f"not a report this pipeline wrote ({describe(e)})") from None
 
 
-def migrate(data: dict, version: int) -> dict:
+def migrate(data: JsonObject, version: int) -> JsonObject:
     """A schema-`version` report brought to REPORT_SCHEMA, one schema at a time; each step
     changes every engine entry and nothing else (ENTRY_MIGRATIONS)."""
     for step in range(version, REPORT_SCHEMA):
@@ -145,7 +146,7 @@ def _with_kind(entry: Any) -> Any:
 ENTRY_MIGRATIONS = {1: _with_kind, 2: split_effective_precision}
 
 
-def manifest(data: Any) -> dict:
+def manifest(data: Any) -> JsonObject:
     """manifest.json's content, checked: a plain dict the store keeps and updates."""
     if not isinstance(data, dict):
         raise Unusable(f"a JSON {type(data).__name__}, not an object")

@@ -21,9 +21,10 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
+
+from pipeline.core.json_object import JsonObject
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -61,7 +62,7 @@ class GpuSummary:
     sm_clock_mhz: MeanMax | None = None
     throttle: tuple[str, ...] = ()
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         """report.json's `gpu` block: only `available` and `reason` when there was no GPU."""
         if not self.available:
             return {"available": False, "reason": self.reason}
@@ -85,7 +86,7 @@ class ResourceSummary:
     peak_rss_mb: float | None
     gpu: GpuSummary
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         """The JSON object, keys in field order."""
         out = {f: getattr(self, f) for f in self.__dataclass_fields__ if f != "gpu"}
         out = {k: asdict(v) if isinstance(v, MeanMax) else v for k, v in out.items()}

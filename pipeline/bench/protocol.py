@@ -19,7 +19,6 @@ import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from pipeline.bench import timing
 from pipeline.bench.clock import HostTimer
 from pipeline.bench.monitor import ResourceMonitor, ResourceSummary, contention
 from pipeline.core import stats
+from pipeline.core.json_object import JsonObject
 from pipeline.recipe import LatencySpec
 
 Opener = Callable[[], object]  # returns a runner that is not yet entered
@@ -46,7 +46,7 @@ class ShapeTimings:
     stop: str  # why timing stopped
     seconds: float
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         return {"shape": self.shape, "dims": self.dims,
                 "latency_ms": {n: dump(s) for n, s in self.latency_ms.items()},
                 "comparisons": [dump(c) for c in self.comparisons],
@@ -64,7 +64,7 @@ class Timings:
     warnings: list[str]
     harness_overhead_us: HarnessOverhead
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         """The JSON object bench.json and the reports hold, keys in this order."""
         return {"timers": self.timers, "shapes": [s.dump() for s in self.shapes],
                 "resources": self.resources.dump(), "warnings": self.warnings,

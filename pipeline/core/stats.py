@@ -4,9 +4,11 @@ distribution-free intervals."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
+
+from pipeline.core.json_object import JsonObject
 
 Verdict = Literal["faster", "slower", "indistinguishable"]
 
@@ -27,7 +29,7 @@ class Summary:
     n: int
     throughput_per_s: float | None  # 1 / p50: units per second at the median
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         """The JSON object, keys in field order (as report.json has them)."""
         return asdict(self)
 
@@ -42,7 +44,7 @@ class SpeedupEstimate:
     verdict: Verdict
     noise_threshold: float
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         return asdict(self)
 
 
@@ -57,7 +59,7 @@ class TimeRatio:
     noise_threshold: float
     blocks: int
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> JsonObject:
         return asdict(self)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.artifacts.json_file import JsonObject
+from pipeline.core.json_object import JsonObject
 
 
 def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int, vocab: int,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pipeline.artifacts.json_file import JsonObject
+from pipeline.core.json_object import JsonObject
 from pipeline.recipe.schema import Recipe
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pipeline.artifacts.json_file import JsonObject
 from pipeline.core import paths, user_code
 from pipeline.core.errors import RecipeError
+from pipeline.core.json_object import JsonObject
 from pipeline.core.text import display_path
 from pipeline.recipe.messages import (
     Origin,

@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from pipeline import data, passes
-from pipeline.artifacts.json_file import JsonObject
 from pipeline.bench import timing
 from pipeline.core import stats
 from pipeline.core.errors import RecipeError, StageFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.core.text import speedup
 from pipeline.metrics import accuracy as metrics
 from pipeline.metrics import graph_check

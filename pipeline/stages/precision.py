@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 from pipeline import data
-from pipeline.artifacts.json_file import JsonObject
 from pipeline.core.errors import PipelineError, StageFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.core.text import first_line
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced

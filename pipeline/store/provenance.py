@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pipeline.artifacts.json_file import JsonObject
+from pipeline.core.json_object import JsonObject
 
 Digests = dict[str, str]  # subject (file) name -> its sha256
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipeline import backends, data
 from pipeline.artifacts.latency import ColdStart, LatencySummary
@@ -21,7 +21,7 @@ from pipeline.artifacts.report import CudaGraphSpeedup, Resources, SweepPoint
 from pipeline.backends.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
-from pipeline.workloads.base import Measured, Measurement
+from pipeline.workloads.base import FieldValues, Measured, Measurement
 
 if TYPE_CHECKING:
     from pipeline.bench.protocol import Timings
@@ -114,7 +114,7 @@ def measure(recipe: Recipe, target, engine, base, workdir: Path) -> Measured:
 
 
 def _timed_figures(recipe: Recipe, engine: str, bench: Timings,
-                   cold: dict[str, ColdStart]) -> dict[str, Any]:
+                   cold: dict[str, ColdStart]) -> FieldValues:
     """The Measurement's timing fields, by name, from the protocol's result: one request at
     the opt shape, engine and baseline interleaved, then every sweep shape."""
     from pipeline.bench import protocol
