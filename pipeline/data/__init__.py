@@ -21,6 +21,7 @@ import types
 from typing import Literal
 
 from pipeline.core.errors import InputError
+from pipeline.core.json_object import JsonObject
 from pipeline.data.checks import check_feeds
 from pipeline.data.feeds import (
     Feed,
@@ -36,6 +37,8 @@ from pipeline.data.feeds import (
 from pipeline.data.random_source import Point, random_feed, random_feeds
 from pipeline.data.sources import DataSource, RandomSource, source_for
 from pipeline.recipe import Recipe
+
+DataKeys = dict[str, JsonObject]  # split (validation, calibration) -> what identifies its data
 
 Split = Literal["validation", "calibration", "export"]
 
@@ -123,7 +126,7 @@ def provenance(recipe: Recipe) -> dict:
     return out
 
 
-def key(recipe: Recipe, *names: str) -> dict:
+def key(recipe: Recipe, *names: str) -> DataKeys:
     """The data files' contents (sha256) of the named splits, for stage cache keys: the
     recipe's data section names a file, this says what is in it."""
     return {n: source_for(recipe, n).key() for n in names if getattr(recipe.data, n) is not None}

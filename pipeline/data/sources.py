@@ -16,6 +16,7 @@ import numpy as np
 import pipeline.data.files as files
 import pipeline.data.tokenize as tokenize
 from pipeline.core.errors import InputError, RecipeError
+from pipeline.core.json_object import JsonObject
 from pipeline.core.text import display_path, first_line
 from pipeline.data.feeds import Feed, SplitData, feeds_sha256
 from pipeline.data.random_source import random_feeds
@@ -32,7 +33,7 @@ class DataSource:
     def load(self) -> SplitData:
         raise NotImplementedError
 
-    def key(self) -> dict:
+    def key(self) -> JsonObject:
         """What identifies the data beyond the recipe's data section (file contents)."""
         return {}
 
@@ -55,7 +56,7 @@ class _FileSource(DataSource):
     def where(self) -> str:
         return f"data.{self.split}.{self.field} {display_path(self.path)}"
 
-    def key(self) -> dict:
+    def key(self) -> JsonObject:
         # a FIFO or device in its place is refused here, at once (files._open)
         return {"sha256": files.sha256(self.path, self.where)} if self.path.exists() else {}
 

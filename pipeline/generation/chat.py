@@ -19,6 +19,8 @@ from pipeline.core.errors import InputError
 from pipeline.data import files
 from pipeline.data.tokenizer import Tokenizer
 
+FileDigests = dict[str, str | None]  # ChatSpec file field -> its sha256 (None: missing)
+
 
 @dataclass(frozen=True)
 class Question:
@@ -120,7 +122,7 @@ def text_size(tok: Tokenizer, path: Path) -> int:
     return len(tok.encode(held_out_text(path), special_tokens=False))
 
 
-def files_key(spec) -> dict | None:
+def files_key(spec) -> FileDigests | None:
     """{field: sha256} of a ChatSpec's files (a missing file: None; data's error to name)."""
     if spec is None:
         return None

@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipeline.generation.genai_config import in_place_cache, present_of
+
+PastBuffers = dict[str, Any]  # past input name -> its OrtValue cache buffer
 
 # Tokens an in-place cache holds at first, and the room it keeps past a prompt that outgrows
 # it (a 5,120-token prompt then decodes without a second copy); it at least doubles each time.
@@ -155,7 +158,7 @@ class OrtLoopRunner(_Turns):
         self.capacity = FIRST_CAPACITY if self.in_place else 0
         self.past = self._buffers(self.capacity)
 
-    def _buffers(self, tokens: int) -> dict:
+    def _buffers(self, tokens: int) -> PastBuffers:
         """One zeroed [B, KV, tokens, hd] cache per past input."""
         shape = (self.batch, self.kv_heads, tokens, self.head_dim)
         return {n: self.ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for n in self.past_names}

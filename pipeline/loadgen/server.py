@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from pipeline.core.errors import InputError, StageFailed
+from pipeline.core.json_object import JsonObject
 
 SERVING_LINE = "Ctrl-C or SIGTERM stops it"  # what `pipeline serve` prints once it serves for good
 
@@ -29,12 +30,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def stats(url: str) -> dict | None:
+def stats(url: str) -> JsonObject | None:
     """GET {url}/stats (the server's load time, memory, batch sizes), or None."""
     return ready(url, 10.0, "stats") or None
 
 
-def ready(url: str, timeout: float = 2.0, what: str = "ready") -> dict | None:
+def ready(url: str, timeout: float = 2.0, what: str = "ready") -> JsonObject | None:
     """GET {url}/ready: its JSON (or {}) when it answers 200, else None."""
     try:
         with urllib.request.urlopen(f"{url.rstrip('/')}/{what}", timeout=timeout) as resp:
@@ -60,7 +61,7 @@ def _tail(log: Path | None) -> str:
 
 
 def wait_ready(url: str, deadline_s: float, proc: subprocess.Popen | None = None,
-               log: Path | None = None) -> dict:
+               log: Path | None = None) -> JsonObject:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:

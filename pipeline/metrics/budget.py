@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+Bounds = dict[str, tuple[str, float]]  # metric -> (its kind in KINDS, the bound)
+
 
 def row_cosines(reference: list[dict], actual: list[dict]) -> np.ndarray:
     """Cosine of every row (last axis) of every output of every feed, as one flat array."""
@@ -69,7 +71,7 @@ class Budget:
     extra: dict[str, float] = field(default_factory=dict)  # other registered metrics' bounds
 
     @property
-    def bounds(self) -> dict[str, tuple[str, float]]:
+    def bounds(self) -> Bounds:
         b = {"worst_cosine": self.worst_cosine, "mean_cosine": self.mean_cosine, **self.extra}
         if self.task_loss is not None:
             b["task_loss"] = self.task_loss
