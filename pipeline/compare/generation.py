@@ -82,7 +82,6 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     """reports: each recipe's report.json, built (check_comparable ran before)."""
     from pipeline.artifacts import dump
     from pipeline.artifacts.comparison import GenerationCompare
-    from pipeline.explain import profile
 
     first, spec = recipes[0], recipes[0].workload
     shared = shared_targets(recipes, reports, _loop_runs)
@@ -93,11 +92,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
     noise = first.validate_.latency.noise_threshold
     engines, versus, profiles = {"task": {}, "long": {}}, {"task": [], "long": []}, {}
     for tid in shared:
-        paths, runners = {}, {}
-        for r in recipes:
-            target = next(t for t in r.targets if t.id == tid)
-            paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
-            runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validate_.threads)
+        paths, runners = _engines_of(recipes, root, tid)
         for request in points:
             with progress.stage(f"compare: {request.label} on {tid}"):
                 traces = measure(runners, request, spec)
@@ -111,10 +106,7 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
                     phase: stats.compare(blocks[a][phase], blocks[b][phase], noise=noise)
                     for phase in ("task", "prefill", "decode")}})
         with progress.stage(f"compare: profiles of {tid}"):
-            feeds = _profile_feeds(first, spec.context_max() - 1)
-            profiles[tid] = {phase: {name: _categories(p) for name, p in profile.profile_sessions(
-                paths, feed, runs=20, warmup=3, threads=first.validate_.threads).items()}
-                for phase, feed in feeds.items()}
+            profiles[tid] = _profiles(first, paths)
     folder = compare_folder(root, recipes)
     result = GenerationCompare.model_validate({
         "schema": SCHEMA, "workload": "generation", "created": now(), "recipes": [r.name for r in recipes],
@@ -125,21 +117,47 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
         "scores": generation_scores.scores([r.name for r in recipes], reports, shared),
         "reports": {r.name: {e["target"]: (e.get("generation") or {}).get("time_per_task_s")
                              for e in reports[r.name]["engines"]} for r in recipes},
-        "method": {"timing": f"the task ({len(spec.task)} turns)"
-                             + (f" and the long point ({spec.long.prompt}-token prompt of held-out text)"
-                                if spec.long else "")
-                             + f" on each engine through the IOBinding loop, {spec.warmup} warm-up, "
-                             f"{spec.rounds} rounds taking turns in one process; ratio = B time / A "
-                             "time: " + stats.ratio_method(noise),
-                   "profiles": "ONNX Runtime profiler per node, sessions taking turns, median of 20 "
-                               "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
-                               "empty cache) and one decode feed (one token over the workload's "
-                               "longest context)"},
+        "method": _method(spec, noise),
     })
     written = dump(result)
     safe_files.write_atomic(folder / "compare-generation.json", json.dumps(written, indent=2) + "\n")
     safe_files.write_atomic(folder / "compare-generation.md", markdown(written))
     return Compared(result, folder, printed=lines(written), files=[folder / "compare-generation.md"])
+
+
+def _engines_of(recipes: list[Recipe], root: Path, tid: str) -> tuple[dict, dict]:
+    """Target `tid`'s verified engine of each recipe: ({recipe: path}, {"recipe/tid": its
+    IOBinding loop runner})."""
+    paths, runners = {}, {}
+    for r in recipes:
+        target = next(t for t in r.targets if t.id == tid)
+        paths[r.name] = Store(root, folder_name(r)).verify(engine_name(target)).path
+        runners[f"{r.name}/{tid}"] = OrtLoopRunner(paths[r.name], eos_token(r), r.validate_.threads)
+    return paths, runners
+
+
+def _profiles(first: Recipe, paths: dict) -> dict:
+    """Per phase (prefill, decode) and engine, its time by op category (explain.profile)."""
+    from pipeline.explain import profile
+
+    feeds = _profile_feeds(first, first.workload.context_max() - 1)
+    return {phase: {name: _categories(p) for name, p in profile.profile_sessions(
+        paths, feed, runs=20, warmup=3, threads=first.validate_.threads).items()}
+        for phase, feed in feeds.items()}
+
+
+def _method(spec, noise: float) -> dict:
+    """How the timing and the profiles were measured, in words (the result's `method`)."""
+    return {"timing": f"the task ({len(spec.task)} turns)"
+                      + (f" and the long point ({spec.long.prompt}-token prompt of held-out text)"
+                         if spec.long else "")
+                      + f" on each engine through the IOBinding loop, {spec.warmup} warm-up, "
+                      f"{spec.rounds} rounds taking turns in one process; ratio = B time / A "
+                      "time: " + stats.ratio_method(noise),
+            "profiles": "ONNX Runtime profiler per node, sessions taking turns, median of 20 "
+                        "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
+                        "empty cache) and one decode feed (one token over the workload's "
+                        "longest context)"}
 
 
 def _categories(p: dict) -> dict:

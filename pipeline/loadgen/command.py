@@ -75,9 +75,11 @@ def mode_of(req: Request) -> str:
 
 
 def run(req: Request) -> None:
+    """Measure as `req` asks, write load-*.json (and its plot) into the recipe's folder, print
+    the points as they come and where the result went."""
     from pipeline.core import deps
     from pipeline.core.ui import console
-    from pipeline.loadgen import artifact, client, payloads, plots, schedule, server, slo
+    from pipeline.loadgen import artifact, client, payloads, schedule, server, slo
     from pipeline.loadgen.loadtest import LoadTest, Settings
     from pipeline.store import folder_names as folders
     from pipeline.store.recipe_folder import Store, now
@@ -86,21 +88,14 @@ def run(req: Request) -> None:
     recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
     generation = payloads.is_generation(recipe)
     terms = slo.parse(req.slo, generation)
-    if req.engine and req.engine not in {t.id for t in recipe.targets}:
-        raise InputError(f"--engine {req.engine}: `{recipe.name}` has no such target",
-                         f"one of {', '.join(t.id for t in recipe.targets)}")
+    _check_engine(req, recipe)
     bodies, requests_info = payloads.bodies(recipe)
     folder = folders.folder_name(recipe)
     settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
                         warmup=req.warmup, min_requests=req.min_requests, timeout=req.timeout,
                         seed=req.seed, terms=terms, generation=generation)
     logs = Path(tempfile.mkdtemp(prefix="pipeline-load-"))
-    if req.start_server:
-        serving = server.ServeProcess(req.recipe, recipe.name, req.overrides, req.engines_dir,
-                                      req.engine, logs / "serve.log")
-    else:
-        serving = contextlib.nullcontext()
-    with serving as proc:
+    with _server(req, recipe, logs) as proc:
         url = proc.url if proc else req.url
         info = proc.ready_info if proc else server.wait_ready(url, 30.0)
         pid = proc.pid if proc else (req.server_pid or _replica_pid(url))
@@ -124,14 +119,46 @@ def run(req: Request) -> None:
                    "serve_overrides": list(req.overrides), "stats": stats},
     })
     png = logs / "plot.png"
+    _plot(png, result, req, mode, terms, folder, engine)
+    from pipeline import workloads
+
+    path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
+    _print_outcome(result, path)
+
+
+def _check_engine(req: Request, recipe) -> None:
+    """InputError when --engine names no target of the recipe."""
+    if req.engine and req.engine not in {t.id for t in recipe.targets}:
+        raise InputError(f"--engine {req.engine}: `{recipe.name}` has no such target",
+                         f"one of {', '.join(t.id for t in recipe.targets)}")
+
+
+def _server(req: Request, recipe, logs: Path):
+    """With --serve, the server process to start (its context manager); else a context that
+    yields None (the server at --url runs already)."""
+    from pipeline.loadgen import server
+
+    if req.start_server:
+        return server.ServeProcess(req.recipe, recipe.name, req.overrides, req.engines_dir,
+                                   req.engine, logs / "serve.log")
+    return contextlib.nullcontext()
+
+
+def _plot(png: Path, result: dict, req: Request, mode: str, terms, folder: str, engine: str) -> None:
+    """The soak's windows, or the points' latency against rate with the SLO's latency bound."""
+    from pipeline.loadgen import plots
+
     if mode == "soak":
         plots.soak_png(png, result["soak"]["windows"], f"soak: {folder} at {req.rate:g}/s")
     else:
         bound = next((t.bound_ms for t in terms if t.metric == "latency"), None)
         plots.knee_png(png, result["points"], f"{folder} ({engine}): {mode}", bound)
-    from pipeline import workloads
 
-    path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
+
+def _print_outcome(result: dict, path: Path) -> None:
+    """The capacity found or the soak's verdict, when measured, then where the result went."""
+    from pipeline.core.ui import console
+
     cap = result.get("capacity")
     if cap:
         console.print(f"capacity: {cap['capacity']} requests/s (bracket {cap['bracket']}; {cap['why']})")

@@ -127,18 +127,7 @@ def group_query_attention(model, max_positions: int = 8192):
               for m in [_match(g, att)] if m is not None]
     if not blocks or "attention_mask" not in past:
         return model, {"group_query_attention": 0}
-    # Shared inputs, computed once (as the genai builder does): seqlens_k [B] int32 = tokens - 1,
-    # total_sequence_length int32 scalar = the mask's length.
-    pre = [
-        helper.make_node("ReduceSum", ["attention_mask", "gqa/axis1"], ["gqa/tokens"], keepdims=0),
-        helper.make_node("Sub", ["gqa/tokens", "gqa/one"], ["gqa/last"]),
-        helper.make_node("Cast", ["gqa/last"], ["gqa/seqlens_k"], to=6),
-        helper.make_node("Shape", ["attention_mask"], ["gqa/mask_shape"], start=1, end=2),
-        helper.make_node("Squeeze", ["gqa/mask_shape"], ["gqa/total64"]),
-        helper.make_node("Cast", ["gqa/total64"], ["gqa/total_len"], to=6),
-    ]
-    consts = [numpy_helper.from_array(np.array([1], np.int64), "gqa/axis1"),
-              numpy_helper.from_array(np.array(1, np.int64), "gqa/one")]
+    pre, consts = _shared_inputs()
     tables: dict[tuple[str, str], tuple[str, str]] = {}
     packed = 0
     for i, (att, (q, k, v, out)) in enumerate(blocks):
@@ -149,21 +138,8 @@ def group_query_attention(model, max_positions: int = 8192):
             names = (f"gqa/cos_cache_{len(tables)}", f"gqa/sin_cache_{len(tables)}")
             consts += [numpy_helper.from_array(c, names[0]), numpy_helper.from_array(s, names[1])]
             tables[(cos, sin)] = names
-        qkv = [q[0], k[0], v[0]]
-        split = g.producer.get(q[0])
-        if (split is not None and split.op_type == "Split" and list(split.output) == qkv
-                and all(len(g.readers.get(x, [])) == 1 for x in qkv)):
-            qkv = [split.input[0], "", ""]  # the packed q|k|v projection, read by GQA as is
-            packed += 1
-        attrs = dict(num_heads=int(_attr(q[1], "num_heads")), kv_num_heads=int(kv_heads), do_rotary=1,
-                     rotary_interleaved=int(_attr(q[1], "interleaved", 0)))
-        scale = _attr(att, "scale")
-        if scale is not None:
-            attrs["scale"] = float(scale)
-        node = helper.make_node(
-            "GroupQueryAttention",
-            [*qkv, att.input[4], att.input[5], "gqa/seqlens_k", "gqa/total_len", *tables[(cos, sin)]],
-            [out.output[0], att.output[1], att.output[2]], name=f"gqa/{att.name or i}", domain=MS, **attrs)
+        node, reads_packed = _gqa_node(g, i, att, (q, k, v, out), kv_heads, tables[(cos, sin)])
+        packed += reads_packed
         position = list(graph.node).index(att)
         graph.node.insert(position, node)
         out.output[0] = f"gqa/replaced_{i}"  # the old tail now produces nothing anyone reads
@@ -179,3 +155,46 @@ def group_query_attention(model, max_positions: int = 8192):
     # ort_fusions) are unknown to it; the stage's ORT session is the judge of the graph.
     return model, {"group_query_attention": len(blocks), "packed_qkv": packed,
                    "rotary_tables": len(tables), "max_positions": int(max_positions)}
+
+
+def _shared_inputs() -> tuple[list, list]:
+    """(nodes, initializers) of the inputs every GQA node shares, computed once (as the genai
+    builder does): seqlens_k [B] int32 = tokens - 1, total_sequence_length int32 scalar = the
+    mask's length."""
+    from onnx import helper, numpy_helper
+
+    pre = [
+        helper.make_node("ReduceSum", ["attention_mask", "gqa/axis1"], ["gqa/tokens"], keepdims=0),
+        helper.make_node("Sub", ["gqa/tokens", "gqa/one"], ["gqa/last"]),
+        helper.make_node("Cast", ["gqa/last"], ["gqa/seqlens_k"], to=6),
+        helper.make_node("Shape", ["attention_mask"], ["gqa/mask_shape"], start=1, end=2),
+        helper.make_node("Squeeze", ["gqa/mask_shape"], ["gqa/total64"]),
+        helper.make_node("Cast", ["gqa/total64"], ["gqa/total_len"], to=6),
+    ]
+    consts = [numpy_helper.from_array(np.array([1], np.int64), "gqa/axis1"),
+              numpy_helper.from_array(np.array(1, np.int64), "gqa/one")]
+    return pre, consts
+
+
+def _gqa_node(g: _Graph, i: int, att, parts: tuple, kv_heads: int, table: tuple[str, str]):
+    """(the GroupQueryAttention node replacing block `i`, whether it reads the packed q|k|v
+    projection): it writes the block's output and present key/value under their names."""
+    from onnx import helper
+
+    q, k, v, out = parts
+    qkv = [q[0], k[0], v[0]]
+    split = g.producer.get(q[0])
+    packed = (split is not None and split.op_type == "Split" and list(split.output) == qkv
+              and all(len(g.readers.get(x, [])) == 1 for x in qkv))
+    if packed:
+        qkv = [split.input[0], "", ""]  # the packed q|k|v projection, read by GQA as is
+    attrs = dict(num_heads=int(_attr(q[1], "num_heads")), kv_num_heads=int(kv_heads), do_rotary=1,
+                 rotary_interleaved=int(_attr(q[1], "interleaved", 0)))
+    scale = _attr(att, "scale")
+    if scale is not None:
+        attrs["scale"] = float(scale)
+    node = helper.make_node(
+        "GroupQueryAttention",
+        [*qkv, att.input[4], att.input[5], "gqa/seqlens_k", "gqa/total_len", *table],
+        [out.output[0], att.output[1], att.output[2]], name=f"gqa/{att.name or i}", domain=MS, **attrs)
+    return node, packed

@@ -28,9 +28,6 @@ _QUANTIZED_OPS = {"MatMul", "Gemm", "Conv"}
 
 def rewire(model) -> int:
     """Rewrite `model` (onnx.ModelProto) in place; returns the number of fan-outs rewired."""
-    import onnx
-    from onnx import helper, numpy_helper
-
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
@@ -43,12 +40,6 @@ def rewire(model) -> int:
     graph_outputs = {o.name for o in graph.output}
     after: dict[str, list] = {}  # node name -> nodes to insert right after it (keeps topo order)
     rewired = 0
-
-    def redirect(node, old: str, new: str) -> None:
-        for k, name in enumerate(node.input):
-            if name == old:
-                node.input[k] = new
-
     for q in list(graph.node):
         if q.op_type != "QuantizeLinear" or q.input[0] in initializers:
             continue
@@ -64,32 +55,9 @@ def rewire(model) -> int:
             rank = ranks.get(q.input[0])
             if rank is None:
                 continue
-            # Reshape to [0, 0, ..., -1] with allowzero=0 keeps the shape (a view, no copy).
-            shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [-1], np.int64),
-                                            f"{dq.output[0]}__fanout_shape")
-            graph.initializer.append(shape)
-            fan = helper.make_node("Reshape", [dq.output[0], shape.name], [f"{dq.output[0]}__fanout"],
-                                   name=f"{dq.name}__fanout")
-            for use in uses:
-                redirect(use, dq.output[0], fan.output[0])
-            after.setdefault(dq.name, []).append(fan)
+            after.setdefault(dq.name, []).append(_fan_out_behind_reshape(graph, dq, rank, uses))
         else:
-            for j, use in enumerate(uses[1:], 1):
-                qj, dqj = onnx.NodeProto(), onnx.NodeProto()
-                qj.CopyFrom(q)
-                dqj.CopyFrom(dq)
-                qj.name, dqj.name = f"{q.name}__{j}", f"{dq.name}__{j}"
-                qj.output[0], dqj.output[0] = f"{q.output[0]}__{j}", f"{dq.output[0]}__{j}"
-                dqj.input[0] = qj.output[0]
-                for k in (1, 2):  # private scale / zero point: CSE must not merge the copies
-                    if len(q.input) > k and q.input[k] in initializers:
-                        copy = onnx.TensorProto()
-                        copy.CopyFrom(initializers[q.input[k]])
-                        copy.name = f"{q.input[k]}__{qj.name}"
-                        graph.initializer.append(copy)
-                        qj.input[k] = dqj.input[k] = copy.name
-                redirect(use, dq.output[0], dqj.output[0])
-                after.setdefault(dq.name, []).extend([qj, dqj])
+            after.setdefault(dq.name, []).extend(_private_chains(graph, initializers, q, dq, uses))
         rewired += 1
     nodes = []
     for n in graph.node:
@@ -98,3 +66,52 @@ def rewire(model) -> int:
     del graph.node[:]
     graph.node.extend(nodes)
     return rewired
+
+
+def _fan_out_behind_reshape(graph, dq, rank: int, uses: list):
+    """(2) above: `uses` read `dq`'s output through a new shape-preserving Reshape (returned,
+    for the caller to insert after `dq`); its shape initializer is added to `graph`."""
+    from onnx import helper, numpy_helper
+
+    # Reshape to [0, 0, ..., -1] with allowzero=0 keeps the shape (a view, no copy).
+    shape = numpy_helper.from_array(np.array([0] * (rank - 1) + [-1], np.int64),
+                                    f"{dq.output[0]}__fanout_shape")
+    graph.initializer.append(shape)
+    fan = helper.make_node("Reshape", [dq.output[0], shape.name], [f"{dq.output[0]}__fanout"],
+                           name=f"{dq.name}__fanout")
+    for use in uses:
+        _redirect(use, dq.output[0], fan.output[0])
+    return fan
+
+
+def _private_chains(graph, initializers: dict, q, dq, uses: list) -> list:
+    """(1) above: every use after the first reads its own copy of `q` -> `dq`; returns the
+    copies in order (Q, DQ, Q, DQ, ...) for the caller to insert after `dq`, and adds their
+    private scale and zero point initializers to `graph`."""
+    import onnx
+
+    chains = []
+    for j, use in enumerate(uses[1:], 1):
+        qj, dqj = onnx.NodeProto(), onnx.NodeProto()
+        qj.CopyFrom(q)
+        dqj.CopyFrom(dq)
+        qj.name, dqj.name = f"{q.name}__{j}", f"{dq.name}__{j}"
+        qj.output[0], dqj.output[0] = f"{q.output[0]}__{j}", f"{dq.output[0]}__{j}"
+        dqj.input[0] = qj.output[0]
+        for k in (1, 2):  # private scale / zero point: CSE must not merge the copies
+            if len(q.input) > k and q.input[k] in initializers:
+                copy = onnx.TensorProto()
+                copy.CopyFrom(initializers[q.input[k]])
+                copy.name = f"{q.input[k]}__{qj.name}"
+                graph.initializer.append(copy)
+                qj.input[k] = dqj.input[k] = copy.name
+        _redirect(use, dq.output[0], dqj.output[0])
+        chains.extend([qj, dqj])
+    return chains
+
+
+def _redirect(node, old: str, new: str) -> None:
+    """`node` reads `new` wherever it read `old`."""
+    for k, name in enumerate(node.input):
+        if name == old:
+            node.input[k] = new

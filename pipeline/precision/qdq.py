@@ -87,6 +87,9 @@ class Quantizer:
 
 
 def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path, dict]:
+    """Quantizes `src` as recipe.precision says into workdir/typed.onnx; returns it and the
+    report's precision section (scheme, calibration, which nodes were quantized, which stayed
+    float and why)."""
     spec = recipe.precision
     dynamic_scheme = spec.mode == "int8" and spec.scheme == "dynamic"
     feeds = calibrate.feeds(recipe) if spec.needs_calibration or spec.sensitivity.enabled else []
@@ -99,13 +102,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
             pre, key_masked = key_mask.to_key_mask(pre, workdir / "key-mask.onnx")
             pre, split = dynamic.split_attention(pre, workdir / "split.onnx")
         model = onnx.load(str(pre))
-        op_types = list(spec.op_types) + (["MatMul"] if split and "MatMul" not in spec.op_types else [])
-        candidates = nodes.quantizable(model, op_types)
-        if split and "MatMul" not in spec.op_types:  # only the attention projections
-            candidates = [c for c in candidates if c in split or c not in nodes.quantizable(model, ["MatMul"])]
-        if not candidates:
-            raise StageFailed(f"precision.mode {spec.mode}: the graph has no node of op types "
-                              f"{spec.op_types} to quantize")
+        candidates = _candidates(model, spec, split)
         by_recipe = nodes.excluded(candidates, spec.exclude)
         small = [n for n in nodes.too_small(model, candidates) if n not in by_recipe]
         excluded = by_recipe + small
@@ -119,17 +116,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         first, calibration_seconds = calibrate.timed(quantize, excluded)
         report = None
         if spec.sensitivity.enabled:
-            fp8 = spec.mode == "fp8"
-            sens_feeds = feeds[: spec.sensitivity.samples]
-            reference = evaluate.run(pre, sens_feeds, recipe.outputs)
-
-            def score(path: Path) -> dict:
-                return evaluate.compare(reference, evaluate.run(path, sens_feeds, recipe.outputs, fp8),
-                                        recipe.top1_outputs())
-
-            report = sensitivity.analyse(
-                quantize, [c for c in candidates if c not in excluded], excluded, score,
-                spec.sensitivity)
+            report = _sensitivity(recipe, quantize, pre, feeds,
+                                  [c for c in candidates if c not in excluded], excluded)
             excluded = excluded + report["auto_excluded"]
         out = quantize(excluded, out=workdir / "typed.onnx") if report else first
         if out != workdir / "typed.onnx":
@@ -137,17 +125,10 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         if report and report["auto_excluded"]:
             report["speed_cost"] = sensitivity.speed_cost(out, feeds[0], report["auto_excluded"], workdir)
     skipped = dynamic.unquantized(out, [c for c in candidates if c not in excluded]) if dynamic_scheme else []
-    typed = onnx.load(str(out), load_external_data=False)
-    counts = {op: sum(n.op_type == op for n in typed.graph.node)
-              for op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")}
-    blockwise = {n.name.removesuffix(dynamic.BLOCKWISE_SUFFIX) for n in typed.graph.node
-                 if n.op_type == "MatMulNBits"}
+    counts, blockwise = _typed_graph_facts(out)
     return out, {
         "scheme": spec.scheme if spec.mode == "int8" else "static",
-        "calibration": {
-            "method": spec.method, "samples": len(feeds),
-            "source": _source(recipe), "seconds": round(calibration_seconds, 3),
-        } if spec.needs_calibration else None,
+        "calibration": _calibration(recipe, feeds, calibration_seconds) if spec.needs_calibration else None,
         "symmetric": not dynamic_scheme,
         "per_channel": spec.per_channel and spec.mode != "fp8",
         "weight_range": {"setting": spec.weight_range,
@@ -159,14 +140,66 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(candidates) - len(excluded) - len(skipped),
         "fallback": spec.fallback,
-        "excluded": [{"node": n, "why": "recipe" if n in by_recipe else
-                      f"small (a dimension < {nodes.MIN_CHANNELS})" if n in small else "sensitivity",
-                      "runs_as": "blockwise int8 (MatMulNBits)" if n in blockwise else "float"}
-                     for n in excluded]
-                    + [{"node": n, "why": "no ONNX Runtime integer kernel for its inputs"} for n in skipped],
+        "excluded": _exclusions(excluded, by_recipe, small, blockwise, skipped),
         "qdq_nodes": counts,
         "sensitivity": report,
     }
+
+
+def _candidates(model: onnx.ModelProto, spec, split: list[str]) -> list[str]:
+    """The nodes of the recipe's op types; with attention split out (dynamic scheme), its
+    projection MatMuls too, but no other MatMul unless the recipe names MatMul."""
+    op_types = list(spec.op_types) + (["MatMul"] if split and "MatMul" not in spec.op_types else [])
+    candidates = nodes.quantizable(model, op_types)
+    if split and "MatMul" not in spec.op_types:  # only the attention projections
+        candidates = [c for c in candidates if c in split or c not in nodes.quantizable(model, ["MatMul"])]
+    if not candidates:
+        raise StageFailed(f"precision.mode {spec.mode}: the graph has no node of op types "
+                          f"{spec.op_types} to quantize")
+    return candidates
+
+
+def _sensitivity(recipe, quantize, pre: Path, feeds: list[dict], quantized: list[str],
+                 excluded: list[str]) -> dict:
+    """sensitivity.analyse's report: each quantized node scored against the float graph `pre`
+    on the first sensitivity.samples feeds."""
+    spec = recipe.precision
+    fp8 = spec.mode == "fp8"
+    sens_feeds = feeds[: spec.sensitivity.samples]
+    reference = evaluate.run(pre, sens_feeds, recipe.outputs)
+
+    def score(path: Path) -> dict:
+        return evaluate.compare(reference, evaluate.run(path, sens_feeds, recipe.outputs, fp8),
+                                recipe.top1_outputs())
+
+    return sensitivity.analyse(quantize, quantized, excluded, score, spec.sensitivity)
+
+
+def _typed_graph_facts(out: Path) -> tuple[dict[str, int], set[str]]:
+    """The quantized graph's Q/DQ node counts, and the nodes that run as blockwise int8
+    (MatMulNBits, named after the node they replace)."""
+    typed = onnx.load(str(out), load_external_data=False)
+    counts = {op: sum(n.op_type == op for n in typed.graph.node)
+              for op in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")}
+    blockwise = {n.name.removesuffix(dynamic.BLOCKWISE_SUFFIX) for n in typed.graph.node
+                 if n.op_type == "MatMulNBits"}
+    return counts, blockwise
+
+
+def _calibration(recipe, feeds: list[dict], seconds: float) -> dict:
+    spec = recipe.precision
+    return {"method": spec.method, "samples": len(feeds),
+            "source": _source(recipe), "seconds": round(seconds, 3)}
+
+
+def _exclusions(excluded: list[str], by_recipe: list[str], small: list[str],
+                blockwise: set[str], skipped: list[str]) -> list[dict]:
+    """Each node left unquantized: why, and how it runs instead."""
+    return ([{"node": n, "why": "recipe" if n in by_recipe else
+              f"small (a dimension < {nodes.MIN_CHANNELS})" if n in small else "sensitivity",
+              "runs_as": "blockwise int8 (MatMulNBits)" if n in blockwise else "float"}
+             for n in excluded]
+            + [{"node": n, "why": "no ONNX Runtime integer kernel for its inputs"} for n in skipped])
 
 
 def _source(recipe) -> str:

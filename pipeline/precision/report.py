@@ -10,7 +10,21 @@ from pipeline.core.text import fmt
 
 
 def markdown(p: dict) -> list[str]:
+    """report.md's Precision section from the precision stage's meta: how the graph was
+    quantized, which nodes and which not, parity vs the FP32 graph, the sensitivity analysis."""
     lines = ["", "## Precision", "", f"- mode: **{p['mode']}**"]
+    lines += _method_lines(p)
+    lines += _node_lines(p)
+    lines += _parity_lines(p)
+    sens = p.get("sensitivity")
+    if sens:
+        lines += _sensitivity_markdown(sens)
+    return lines
+
+
+def _method_lines(p: dict) -> list[str]:
+    """Calibration, scheme, weight range and smoothing, each when the mode has it."""
+    lines = []
     cal = p.get("calibration")
     if cal:
         lines.append(f"- calibration: {cal['method']} on {cal['samples']} feeds ({cal['source']}), "
@@ -28,6 +42,13 @@ def markdown(p: dict) -> list[str]:
                      f"({sm['activations']} activations"
                      + (f"; largest outlier ratio {sm['outlier_ratio_max']:g}" if "outlier_ratio_max" in sm else "")
                      + ")")
+    return lines
+
+
+def _node_lines(p: dict) -> list[str]:
+    """Which nodes were quantized (or taken from the checkpoint's blocks), which kept in FP32
+    or out of the int8 kernels."""
+    lines = []
     if p.get("source") == "checkpoint":  # INT4 from a GGUF's own blocks (precision/checkpoint.py)
         w = p["weights_vs_baseline"]
         lines.append(f"- quantized nodes: {p['quantized_nodes']} MatMuls from the checkpoint's own blocks "
@@ -49,6 +70,11 @@ def markdown(p: dict) -> list[str]:
     if excluded:
         lines.append("- kept out of the int8 kernels: " + ", ".join(
             f"`{e['node']}` ({e['why']}; runs as {e.get('runs_as', 'float')})" for e in excluded))
+    return lines
+
+
+def _parity_lines(p: dict) -> list[str]:
+    lines = []
     parity = p.get("parity_vs_fp32_graph") or {}
     if "error" in parity:
         lines.append(f"- parity vs the FP32 graph: not run in ONNX Runtime here ({parity['error']})")
@@ -58,29 +84,33 @@ def markdown(p: dict) -> list[str]:
                      + (f" (**caveat**: {parity['caveat']})" if parity.get("caveat") else ""))
     if not p.get("cpu_latency_meaningful", True):
         lines.append("- CPU latency of this precision is **not meaningful** (emulated)")
-    sens = p.get("sensitivity")
-    if sens:
-        b = sens["budget"]
-        lines += ["", f"### Sensitivity ({sens['measured_on']})", "",
-                  f"Budget: cosine >= {b['cosine_min']:g}"
-                  + (f", top-1 >= {b['top1_min']:g}" if b.get("top1_min") is not None else "")
-                  + f". Fully quantized: cosine {fmt(sens['fully_quantized']['cosine'], '.6f')}, top-1 "
-                  f"{fmt(sens['fully_quantized']['top1_agreement'], '.4f')}. Kept in float by "
-                  f"auto_exclude: {', '.join(f'`{n}`' for n in sens['auto_excluded']) or 'none'}. "
-                  f"Reached: cosine {fmt(sens['reached']['cosine'], '.6f')}, top-1 "
-                  f"{fmt(sens['reached']['top1_agreement'], '.4f')} "
-                  f"({'meets' if sens['met'] else 'MISSES'} the budget).",
-                  "", "| rank | node quantized alone | cosine | top-1 |", "|---|---|---|---|"]
-        for i, r in enumerate(sens["ranking"], 1):
-            lines.append(f"| {i} | `{r['node']}` | {fmt(r['cosine'], '.6f')} | {fmt(r['top1_agreement'], '.4f')} |")
-        cost = sens.get("speed_cost")
-        if cost:
-            lines += ["", f"Time each node kept out of the integer kernels costs ({cost['method']}; "
-                      f"{text.shapes(cost['feed_shapes'])}): {fmt(cost['total_ms'], '.3f')} ms in all.", "",
-                      "| node | runs as | ms | as integer ms (est.) | cost ms |", "|---|---|---|---|---|"]
-            for r in cost["nodes"]:
-                lines.append(f"| `{r['node']}` | {r.get('op') or '—'} | {fmt(r['kept_ms'], '.4f')} | "
-                             f"{fmt(r['integer_ms_estimate'], '.4f')} | {fmt(r['cost_ms'], '.4f')} |")
+    return lines
+
+
+def _sensitivity_markdown(sens: dict) -> list[str]:
+    """The budget, what auto_exclude kept in float and what that reached, the per-node ranking,
+    and the time each node kept out of the integer kernels costs."""
+    b = sens["budget"]
+    lines = ["", f"### Sensitivity ({sens['measured_on']})", "",
+             f"Budget: cosine >= {b['cosine_min']:g}"
+             + (f", top-1 >= {b['top1_min']:g}" if b.get("top1_min") is not None else "")
+             + f". Fully quantized: cosine {fmt(sens['fully_quantized']['cosine'], '.6f')}, top-1 "
+             f"{fmt(sens['fully_quantized']['top1_agreement'], '.4f')}. Kept in float by "
+             f"auto_exclude: {', '.join(f'`{n}`' for n in sens['auto_excluded']) or 'none'}. "
+             f"Reached: cosine {fmt(sens['reached']['cosine'], '.6f')}, top-1 "
+             f"{fmt(sens['reached']['top1_agreement'], '.4f')} "
+             f"({'meets' if sens['met'] else 'MISSES'} the budget).",
+             "", "| rank | node quantized alone | cosine | top-1 |", "|---|---|---|---|"]
+    for i, r in enumerate(sens["ranking"], 1):
+        lines.append(f"| {i} | `{r['node']}` | {fmt(r['cosine'], '.6f')} | {fmt(r['top1_agreement'], '.4f')} |")
+    cost = sens.get("speed_cost")
+    if cost:
+        lines += ["", f"Time each node kept out of the integer kernels costs ({cost['method']}; "
+                  f"{text.shapes(cost['feed_shapes'])}): {fmt(cost['total_ms'], '.3f')} ms in all.", "",
+                  "| node | runs as | ms | as integer ms (est.) | cost ms |", "|---|---|---|---|---|"]
+        for r in cost["nodes"]:
+            lines.append(f"| `{r['node']}` | {r.get('op') or '—'} | {fmt(r['kept_ms'], '.4f')} | "
+                         f"{fmt(r['integer_ms_estimate'], '.4f')} | {fmt(r['cost_ms'], '.4f')} |")
     return lines
 
 

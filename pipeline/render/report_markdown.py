@@ -31,6 +31,26 @@ def markdown(report: dict, workload=None, loads: list[dict] = ()) -> str:
     built engine's own section; `loads` adds a Serving section per load file."""
     if workload is None:
         from pipeline.workloads import tensor as workload
+    lines = _summary(report, workload)
+    lines += _export_markdown(report.get("export"))
+    lines += _optimize_markdown(report.get("optimize"))
+    if report.get("precision"):
+        from pipeline.precision.report import markdown as precision_markdown
+
+        lines += precision_markdown(report["precision"])
+    for e in report["engines"]:
+        if e["status"] == "built":
+            lines += _engine_section(e, workload)
+    if loads:
+        from pipeline.render.serving_markdown import markdown as serving_markdown
+
+        lines += serving_markdown(list(loads))
+    return "\n".join(lines) + "\n"
+
+
+def _summary(report: dict, workload) -> list[str]:
+    """The title, the recipe's provenance, the engines table with the workload's headlines,
+    the baseline stage's own timing and the warnings."""
     base = report.get("baseline") or {}
     lat = base.get("latency_ms") or {}
     lines = [
@@ -63,57 +83,55 @@ def markdown(report: dict, workload=None, loads: list[dict] = ()) -> str:
     if report.get("warnings"):
         lines += ["", "**Warnings** (figures below may be distorted):", ""]
         lines += [f"- {w}" for w in report["warnings"]]
-    export = report.get("export") or {}
-    if export:
-        lines += ["", "## Export", "",
-                  f"{export.get('exporter')} exporter, opset {export.get('opset')}, "
-                  f"{export.get('nodes')} nodes, {export.get('export_seconds', 0):.1f} s; parity vs "
-                  "PyTorch at the opt and max shapes: "
-                  + ", ".join(f"`{k}` max_abs {v['max_abs']:.2e}, cosine {v['cosine']:.6f}"
-                              for k, v in (export.get("parity") or {}).items())]
-    lines += _optimize_markdown(report.get("optimize"))
-    if report.get("precision"):
-        from pipeline.precision.report import markdown as precision_markdown
+    return lines
 
-        lines += precision_markdown(report["precision"])
-    for e in report["engines"]:
-        if e["status"] != "built":
-            continue
-        lines += ["", f"## {e['target']}", "", f"- engine: `{e['path']}` ({e['bytes']:,} bytes), "
-                  f"sha256 `{e['sha256'][:16]}…`"]
-        lines += ["", "| output | max abs | mean abs | max rel | cosine (worst feed) | "
-                  "cosine (worst sample) | top-1 |", "|---|---|---|---|---|---|---|"]
-        for name, m in e["accuracy"].items():
-            lines.append(f"| {name} | {m['max_abs']:.3e} | {m['mean_abs']:.3e} | {m['max_rel']:.3e} "
-                         f"| {m['cosine']:.6f} | {fmt(m.get('cosine_worst_sample'), '.6f')} "
-                         f"| {fmt(m['top1_agreement'], '.4f')} |")
-        lines += _task_lines(e.get("task"))
-        el, bl = e["latency_ms"], e["baseline_latency_ms"]
-        lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
-        for label, x in ((e["target"], el), (f"{workload.BASELINE} (interleaved)", bl)):
-            lines.append(f"| {label} | {x['p50']:.3f} | {x['p90']:.3f} | {x['p99']:.3f} | "
-                         f"{x['mean']:.3f} | {x['cov']:.2f} | {x['n']} |")
-        if e.get("latency_note"):
-            lines += ["", f"**Latency not meaningful here:** {e['latency_note']}."]
-        # ONNX Runtime's effective precision (FLOP shares); TensorRT's (layer/time shares)
-        # is rendered by _engine_notes
-        if e.get("ort_flop_shares"):
-            from pipeline.precision.report import effective_markdown
 
-            lines += effective_markdown(e["ort_flop_shares"])
-        s = e["speedup_vs_baseline"]
-        lines += ["", f"{e['target']} vs PyTorch: **{speedup(s['ratio'], s['ci95'])}** (95% CI; "
-                  f"{s['verdict']}). How: {e['latency_method']}.", "",
-                  *_engine_notes(e),
-                  "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
-                                       for g in e["gates"])]
-        lines += workload.engine_markdown(e)
-        lines += _measurement(e)
-    if loads:
-        from pipeline.render.serving_markdown import markdown as serving_markdown
+def _export_markdown(export: dict | None) -> list[str]:
+    """The export stage: exporter, opset, size, time and parity vs PyTorch."""
+    if not export:
+        return []
+    return ["", "## Export", "",
+            f"{export.get('exporter')} exporter, opset {export.get('opset')}, "
+            f"{export.get('nodes')} nodes, {export.get('export_seconds', 0):.1f} s; parity vs "
+            "PyTorch at the opt and max shapes: "
+            + ", ".join(f"`{k}` max_abs {v['max_abs']:.2e}, cosine {v['cosine']:.6f}"
+                        for k, v in (export.get("parity") or {}).items())]
 
-        lines += serving_markdown(list(loads))
-    return "\n".join(lines) + "\n"
+
+def _engine_section(e: dict, workload) -> list[str]:
+    """One built engine: its accuracy per output, task figure, latency vs the interleaved
+    baseline, effective precision, speedup and gates, the workload's own lines, measurement."""
+    lines = ["", f"## {e['target']}", "", f"- engine: `{e['path']}` ({e['bytes']:,} bytes), "
+             f"sha256 `{e['sha256'][:16]}…`"]
+    lines += ["", "| output | max abs | mean abs | max rel | cosine (worst feed) | "
+              "cosine (worst sample) | top-1 |", "|---|---|---|---|---|---|---|"]
+    for name, m in e["accuracy"].items():
+        lines.append(f"| {name} | {m['max_abs']:.3e} | {m['mean_abs']:.3e} | {m['max_rel']:.3e} "
+                     f"| {m['cosine']:.6f} | {fmt(m.get('cosine_worst_sample'), '.6f')} "
+                     f"| {fmt(m['top1_agreement'], '.4f')} |")
+    lines += _task_lines(e.get("task"))
+    el, bl = e["latency_ms"], e["baseline_latency_ms"]
+    lines += ["", "| runner | p50 ms | p90 ms | p99 ms | mean ms | CoV | n |", "|---|---|---|---|---|---|---|"]
+    for label, x in ((e["target"], el), (f"{workload.BASELINE} (interleaved)", bl)):
+        lines.append(f"| {label} | {x['p50']:.3f} | {x['p90']:.3f} | {x['p99']:.3f} | "
+                     f"{x['mean']:.3f} | {x['cov']:.2f} | {x['n']} |")
+    if e.get("latency_note"):
+        lines += ["", f"**Latency not meaningful here:** {e['latency_note']}."]
+    # ONNX Runtime's effective precision (FLOP shares); TensorRT's (layer/time shares)
+    # is rendered by _engine_notes
+    if e.get("ort_flop_shares"):
+        from pipeline.precision.report import effective_markdown
+
+        lines += effective_markdown(e["ort_flop_shares"])
+    s = e["speedup_vs_baseline"]
+    lines += ["", f"{e['target']} vs PyTorch: **{speedup(s['ratio'], s['ci95'])}** (95% CI; "
+              f"{s['verdict']}). How: {e['latency_method']}.", "",
+              *_engine_notes(e),
+              "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
+                                   for g in e["gates"])]
+    lines += workload.engine_markdown(e)
+    lines += _measurement(e)
+    return lines
 
 
 def _data_lines(data: dict | None) -> list[str]:

@@ -52,8 +52,8 @@ def to_npz(arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def routes(app, get_replica, recipe_name: str) -> None:
+    """Adds the routes above to `app`; requests for a recipe other than `recipe_name` get 404."""
     from fastapi import Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
 
     def _other(name: str):
         return None if name == recipe_name else _error(404, f"no model `{name}` here (serving "
@@ -75,45 +75,61 @@ def routes(app, get_replica, recipe_name: str) -> None:
     async def infer(name: str, request: Request):
         if (wrong := _other(name)) is not None:
             return wrong
-        body = await request.body()
-        try:
-            if request.headers.get("content-type", "").split(";")[0].strip() == NPZ:
-                inputs = parse_npz(body)
-            else:
-                inputs = _json(body).get("inputs")
-            answer = await get_replica().infer(inputs)
-        except BadRequest as e:
-            return _error(400, str(e))
-        except QueueFull:
-            return _error(503, "queue full")
-        timings = {k: answer[k] for k in ("queue_ms", "compute_ms", "batch_size")}
-        if NPZ in request.headers.get("accept", ""):
-            headers = {f"x-{k.replace('_', '-')}": str(v) for k, v in timings.items()}
-            return Response(to_npz(answer["outputs"]), media_type=NPZ, headers=headers)
-        return JSONResponse({"outputs": {k: v.tolist() for k, v in answer["outputs"].items()}, **timings})
+        return await _infer(get_replica, request)
 
     @app.post("/v1/models/{name}/generate")
     async def generate(name: str, request: Request):
         if (wrong := _other(name)) is not None:
             return wrong
-        try:
-            body = _json(await request.body())
-            tokens = get_replica().generate(body.get("prompt_ids"), body.get("max_new_tokens", 16))
-            first = await anext(tokens)  # a bad request or a full queue raises here, before 200
-        except BadRequest as e:
-            return _error(400, str(e))
-        except QueueFull:
-            return _error(503, "queue full")
+        return await _generate(get_replica, request)
 
-        async def lines():
-            yield json.dumps(first) + "\n"
-            async for item in tokens:
-                yield json.dumps(item) + "\n"
 
-        if body.get("stream", True):
-            return StreamingResponse(lines(), media_type="application/x-ndjson")
-        items = [first] + [item async for item in tokens]
-        return JSONResponse({"token_ids": [i["token"] for i in items if "token" in i], **items[-1]})
+async def _infer(get_replica, request):
+    """One infer request: JSON or npz in, the outputs and the replica's timings out in the
+    form the Accept header asks for."""
+    from fastapi.responses import JSONResponse, Response
+
+    body = await request.body()
+    try:
+        if request.headers.get("content-type", "").split(";")[0].strip() == NPZ:
+            inputs = parse_npz(body)
+        else:
+            inputs = _json(body).get("inputs")
+        answer = await get_replica().infer(inputs)
+    except BadRequest as e:
+        return _error(400, str(e))
+    except QueueFull:
+        return _error(503, "queue full")
+    timings = {k: answer[k] for k in ("queue_ms", "compute_ms", "batch_size")}
+    if NPZ in request.headers.get("accept", ""):
+        headers = {f"x-{k.replace('_', '-')}": str(v) for k, v in timings.items()}
+        return Response(to_npz(answer["outputs"]), media_type=NPZ, headers=headers)
+    return JSONResponse({"outputs": {k: v.tolist() for k, v in answer["outputs"].items()}, **timings})
+
+
+async def _generate(get_replica, request):
+    """One generate request: the tokens streamed as NDJSON lines, or (stream: false) all of
+    them in one JSON answer."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+
+    try:
+        body = _json(await request.body())
+        tokens = get_replica().generate(body.get("prompt_ids"), body.get("max_new_tokens", 16))
+        first = await anext(tokens)  # a bad request or a full queue raises here, before 200
+    except BadRequest as e:
+        return _error(400, str(e))
+    except QueueFull:
+        return _error(503, "queue full")
+
+    async def lines():
+        yield json.dumps(first) + "\n"
+        async for item in tokens:
+            yield json.dumps(item) + "\n"
+
+    if body.get("stream", True):
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+    items = [first] + [item async for item in tokens]
+    return JSONResponse({"token_ids": [i["token"] for i in items if "token" in i], **items[-1]})
 
 
 def _json(body: bytes) -> dict:

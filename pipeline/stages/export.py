@@ -56,24 +56,48 @@ def summary(meta: dict) -> None:
 
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     """The first graph stage: `graph` is None (there is none before export)."""
-    import onnx
-
-    if recipe.workload.kv_cache:  # a KV-cache graph (pipeline/generation/export.py)
-        from pipeline.generation import export as kv_export
-
-        files, meta = kv_export.run(recipe, workdir, verbose)
-        proto = onnx.load(str(files["model.onnx"]))
-        if portable_paths(proto):
-            onnx.save(proto, str(files["model.onnx"]))
-        return Produced(files, meta)
+    if recipe.workload.kv_cache:
+        return _kv_cache_export(recipe, workdir, verbose)
     import torch
 
     model = models.load(recipe)
     example = data.feeds(recipe, "export")[0]
     args = tuple(torch.from_numpy(example[i.name]) for i in recipe.inputs)
     _check_outputs(recipe, model, args)
-    other = "dynamo" if recipe.export.exporter == "torchscript" else "torchscript"
     out_path = workdir / "model.onnx"
+    model, kwargs = _exporter_arguments(recipe, model)
+    seconds = _export(recipe, model, args, out_path, kwargs, verbose)
+    proto = _load_checked(recipe, out_path)
+    parity = _parity(recipe, out_path)
+    return Produced({"model.onnx": out_path}, {
+        "exporter": recipe.export.exporter,
+        "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
+        "nodes": len(proto.graph.node),
+        "export_seconds": seconds,
+        "parity": parity,
+    })
+
+
+def _kv_cache_export(recipe: Recipe, workdir: Path, verbose: bool) -> Produced:
+    """A KV-cache graph (pipeline/generation/export.py), its source paths made portable too."""
+    import onnx
+
+    from pipeline.generation import export as kv_export
+
+    files, meta = kv_export.run(recipe, workdir, verbose)
+    proto = onnx.load(str(files["model.onnx"]))
+    if portable_paths(proto):
+        onnx.save(proto, str(files["model.onnx"]))
+    return Produced(files, meta)
+
+
+def _other_exporter(recipe: Recipe) -> str:
+    """The exporter a failure message suggests trying instead."""
+    return "dynamo" if recipe.export.exporter == "torchscript" else "torchscript"
+
+
+def _exporter_arguments(recipe: Recipe, model) -> tuple:
+    """The model to export (wrapped for torchscript) and torch.onnx.export's keyword arguments."""
     kwargs = dict(
         input_names=[i.name for i in recipe.inputs],
         output_names=recipe.outputs,
@@ -86,6 +110,12 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         # Inputs by name: transformers 5 models traced with positional inputs fail
         # ("forward() got multiple values for argument 'use_cache'").
         model = ByName(model, kwargs["input_names"])
+    return model, kwargs
+
+
+def _export(recipe: Recipe, model, args: tuple, out_path: Path, kwargs: dict, verbose: bool) -> float:
+    """torch.onnx.export to `out_path`; returns its seconds. StageFailed with the root cause."""
+    import torch
 
     log = io.StringIO()
     t0 = time.perf_counter()
@@ -96,11 +126,18 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     except Exception as e:
         raise StageFailed(
             f"export ({recipe.export.exporter}) failed: {cause(e)}",
-            f"rerun with --debug for the trace, or try export.exporter: {other}",
+            f"rerun with --debug for the trace, or try export.exporter: {_other_exporter(recipe)}",
         ) from e
     seconds = time.perf_counter() - t0
     if verbose:
         print(log.getvalue())
+    return seconds
+
+
+def _load_checked(recipe: Recipe, out_path: Path):
+    """The exported graph with portable source paths (saved back when any changed), checked
+    by ONNX's checker."""
+    import onnx
 
     try:
         proto = onnx.load(str(out_path), load_external_data=False)
@@ -109,24 +146,23 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         onnx.checker.check_model(proto)
     except Exception as e:  # the exporter wrote a graph ONNX itself rejects
         raise StageFailed(f"export ({recipe.export.exporter}) wrote an invalid ONNX graph: "
-                          f"{first_line(e, with_type=True)}", f"try export.exporter: {other}") from e
+                          f"{first_line(e, with_type=True)}",
+                          f"try export.exporter: {_other_exporter(recipe)}") from e
+    return proto
+
+
+def _parity(recipe: Recipe, out_path: Path) -> dict:
+    """check_parity against a fresh PyTorch model; a failure to run the graph as StageFailed."""
     try:
         # A fresh instance: tracing changes a transformers 5 model's later eager outputs
         # (MiniLM: max |diff| 5.46), so the traced one is no reference.
-        parity = check_parity(recipe, models.load(recipe), out_path)
+        return check_parity(recipe, models.load(recipe), out_path)
     except PipelineError:
         raise
     except Exception as e:  # e.g. out of memory at the max shape
         raise StageFailed(
             f"export parity check failed to run the graph at the opt/max shapes: {first_line(e, with_type=True)}",
             "lower the inputs' max dims if memory ran out") from e
-    return Produced({"model.onnx": out_path}, {
-        "exporter": recipe.export.exporter,
-        "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
-        "nodes": len(proto.graph.node),
-        "export_seconds": seconds,
-        "parity": parity,
-    })
 
 
 _SOURCE_FILE = re.compile(r'File "([^"]+)"')
