@@ -4,7 +4,7 @@
      seconds, finished}}, pending: {name: sha256}, recipe, recipe_sha256, recipe_file,
      updated, versions: {tool: version | null}, device: {cpu, gpu, compute_capability}}
 
-Closed throughout (store.py writes every key; a key it never writes is a file changed by
+Closed throughout (store/recipe_folder.py writes every key; a key it never writes is a file changed by
 hand) except the device block and a stage's `meta`, which is the stage's own. A stage's
 record is a StageRecord from the start: pipeline.run.records builds it, the store dumps it
 into the manifest and hands it back typed (Store.stage_record). The metas

@@ -30,7 +30,7 @@ _AT_MOST = re.compile(r"<= ?" + _NUMBER + r"(?: ms)?\b", re.IGNORECASE)
 
 
 def speed_verdict(lo: float, hi: float, noise: float) -> str:
-    """bench.stats.verdict, restated here so reading an artifact imports no statistics."""
+    """core.stats.verdict, restated here so reading an artifact imports no statistics."""
     if lo > 1.0 + noise:
         return "faster"
     if hi < 1.0 / (1.0 + noise):

@@ -30,7 +30,7 @@ from pipeline.model import onnx_info
 from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
 EXTENSION = ".plan"
-PLAIN_ONNX = True  # builds only from ONNX-domain ops: run.py gives it a graph without ORT fusions
+PLAIN_ONNX = True  # builds only from ONNX-domain ops: run/chain.py gives it a graph without ORT fusions
 TARGET = TensorRTTarget
 NEEDS_ONNX = True
 ENGINE_IS_ONNX = False
@@ -275,7 +275,7 @@ def check_parseable(onnx_path: Path) -> None:
     The parser looks an op it does not know up as a plugin of the same name; ONNX Runtime's
     contrib ops (com.microsoft: MultiHeadAttention, RotaryEmbedding, ...; and those ORT writes
     in the default domain, SimplifiedLayerNormalization, ...) have none, so the build would
-    fail deep in the parser ("Plugin not found"). run.py hands this target the
+    fail deep in the parser ("Plugin not found"). run/chain.py hands this target the
     graph of a chain without ORT-only passes (PLAIN_ONNX); what still is foreign came from
     elsewhere (the exporter, a custom pass) and is the user's to change.
     """

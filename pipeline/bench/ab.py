@@ -4,13 +4,13 @@
   engine of the same target (run/versus.py builds the other recipe and opens both).
 - `bench`: `pipeline bench RECIPE [--vs OTHER]`: every built engine of RECIPE and its
   PyTorch baseline (and OTHER's, with --vs) timed together at every shape; comparisons
-  engine vs baseline, and RECIPE vs OTHER runner by runner (stages/bench.py opens them).
+  engine vs baseline, and RECIPE vs OTHER runner by runner (commands/bench.py opens them).
 
-Runners come in as openers (callables returning an unentered Runner, stages/openers.py), so
+Runners come in as openers (callables returning an unentered Runner, backends/openers.py), so
 the timing protocol imports no backend and no stage.
 
 A comparison (A, B) is B's time over A's with a 95% interval over the interleaved rounds
-(bench.stats.compare): 0.8 = B takes 20% less time than A; its verdict is B's.
+(core.stats.compare): 0.8 = B takes 20% less time than A; its verdict is B's.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def fmt(value, spec: str = ".3f") -> str:
 
 
 def speedup(ratio: float, ci95=None) -> str:
-    """A speed-up (reference time / engine time, bench.stats's convention) as every output
+    """A speed-up (reference time / engine time, core.stats's convention) as every output
     writes it: `2.00x faster [1.90, 2.10]`, or below 1 as its reciprocal, `1.22x slower
     [1.18, 1.25]` (the interval turned the same way). Read it as "engine vs reference"; JSON
     keeps the plain numbers."""

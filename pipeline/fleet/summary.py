@@ -9,7 +9,7 @@
 
 A pair is `done` when a folder came back whole and verified (its run exited 0, or 3 when a
 gate failed: exit_code says which); `failed` when no attempt gave one. The fleet's exit code
-is the worst pair's (the highest of errors.py's codes).
+is the worst pair's (the highest of core/errors.py's codes).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each gate is a Gate (name, passed, detail); the detail is the evidence a failure prints:
 the measured figure, its interval and the threshold. They are appended to the engine's
-accuracy gates, so `run.check_gates` exits 3 on any of them.
+accuracy gates, so `run.execute.check_gates` exits 3 on any of them.
 """
 
 from __future__ import annotations

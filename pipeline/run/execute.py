@@ -6,7 +6,7 @@
 The parts live beside it: preflight.py (the checks before any work), stage_cache.py (a
 stage's key, lookup and commit), chain.py (the graph stages and the plain-ONNX chain),
 run/versus.py (the cross-recipe A/B). A run writes into engines/<folder>/, the recipe's
-name plus `@<digest>` when it was loaded with --set overrides (folders.py).
+name plus `@<digest>` when it was loaded with --set overrides (store/folder_names.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """versus: `expect.faster_than` — this recipe's engines timed against another recipe's.
 
 For each recipe named, `build_other` builds it first (a run of its own, with its own folder
-and lock: run.py hands it in, so this module needs no import of run.py), then each built
-engine is timed interleaved against the other's engine of the same target id (bench/ab.py),
-one cached stage per pair (`versus:<target>:<other>`). The result goes into the engine's
-entry under `versus`; expect's gates judge it afterwards.
+and lock: run/execute.py hands it in, so this module needs no import of execute.py), then
+each built engine is timed interleaved against the other's engine of the same target id
+(bench/ab.py), one cached stage per pair (`versus:<target>:<other>`). The result goes into
+the engine's entry under `versus`; expect's gates judge it afterwards.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 verify` checks it (a refused folder is IntegrityError, exit 5), the engine chosen by target
 id or kind (or `pytorch`, the baseline), and opened through its backend's Runner.
 
-    engine = open_engine(recipe, Path("engines"), "onnxruntime", threads=1)
+    engine = ServedEngine(recipe, choose(recipe, Path("engines"), "onnxruntime"), threads=1)
     engine.infer(feed) -> {output name: array}          # forward engines, a batch feed
     engine.generate(prompt_ids, n) -> iterator of ids   # generation engines, one prompt
 """
