@@ -25,7 +25,9 @@ LAYERS = [
     "workloads", "render",  # what one request is; report.md and the table
     "stages", "run",  # the cached stages; the orchestration over them
     "compare",  # the workloads' comparers (read built folders)
-    "cli_options", "commands", "serving", "loadgen", "fleet", "cli", "__main__",
+    "commands",  # what the commands do: deploy, tune, bench, compare, ci, generate's chat
+    "serving", "loadgen", "fleet",  # the long-running apps, each a library its command calls
+    "cli", "__main__",  # the click group, one module per command
 ]
 
 
