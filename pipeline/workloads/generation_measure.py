@@ -37,8 +37,8 @@ from pipeline.artifacts.recorded import dump
 from pipeline.artifacts.report import Resources
 from pipeline.bench import monitor
 from pipeline.core import deps
-from pipeline.generation import chat, genai_config, memory, runners, score
 from pipeline.generation import figures as gm
+from pipeline.generation import genai_config, memory, runners, score
 from pipeline.generation.decoder import (
     context_length,
     deployed_config,
@@ -49,98 +49,19 @@ from pipeline.generation.workload import can_run, measure
 from pipeline.metrics import accuracy as accuracy_metrics
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
-from pipeline.recipe.workload import decoder_shape, kv_names
+from pipeline.recipe.workload import decoder_shape
 from pipeline.store.recipe_folder import Artifact
+from pipeline.workloads import generation_accuracy
 from pipeline.workloads.base import Measured, Measurement
 
-Outputs = dict[str, np.ndarray]  # graph output name -> its array
 Shipped = dict[str, Path]  # file name beside the engine -> where it was written
 
 BASELINE = "torch-static-cache"
-ACCURACY_PREFILL = 24
 
 
 def _torch_runner(recipe: Recipe) -> runners.TorchStaticRunner:
     decoder = runners.torch_decoder(recipe, models.load(recipe), context_length(recipe))
     return runners.TorchStaticRunner(decoder, eos_token(recipe), recipe.validate_.threads)
-
-
-def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
-    """Teacher-forced feeds (prefill with an empty past, then one decode step on its presents)
-    and the PyTorch KV-cache module's outputs on them."""
-    import torch
-
-    from pipeline.generation.export import kv_model
-
-    shape = decoder_shape(recipe.model)
-    module, _ = kv_model(recipe)
-    if recipe.workload.chat is not None:  # held-out text, past the tokens perplexity scores
-        spec = recipe.workload.chat
-        text = chat.text_ids(chat.chat_tokenizer(recipe), spec.text,
-                             spec.perplexity_tokens + ACCURACY_PREFILL + 1, shape.vocab)
-        ids = text[None, -(ACCURACY_PREFILL + 1):]
-    else:
-        rng = np.random.default_rng([recipe.data.seed, 1])
-        ids = rng.integers(0, shape.vocab, size=(1, ACCURACY_PREFILL + 1), dtype=np.int64)
-    names, presents = kv_names(shape.layers)
-    feeds, outputs = [], []
-    past = {n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for n in names}
-    for lo, hi in ((0, ACCURACY_PREFILL), (ACCURACY_PREFILL, ACCURACY_PREFILL + 1)):
-        feed = {"input_ids": ids[:, lo:hi], "attention_mask": np.ones((1, hi), np.int64), **past}
-        with torch.no_grad():
-            out = module(*(torch.from_numpy(feed[k]) for k in feed))
-        result = dict(zip(recipe.outputs, (o.numpy() for o in out)))
-        feeds.append(feed)
-        outputs.append(result)
-        past = {n: result[p] for n, p in zip(names, presents)}
-    return feeds, outputs
-
-
-def _empty_past(recipe: Recipe) -> data.Feed:
-    shape = decoder_shape(recipe.model)
-    return {f"past_key_values.{i}.{kv}": np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
-            for i in range(shape.layers) for kv in ("key", "value")}
-
-
-def _score(recipe: Recipe, runner, logits_of) -> tuple[list[dict], np.ndarray]:
-    """Answers to the question scripts and per-token NLL of the held-out text, on one runner."""
-    spec = recipe.workload.chat
-    tok = chat.chat_tokenizer(recipe)
-    scripts = chat.scripts(spec.tasks, chat.questions(spec.questions), spec.scripts)
-    rows = score.answer(runner, tok, scripts, tok.stop_ids(eos_token(recipe)), spec.answer_tokens,
-                        spec.max_context)
-    text = chat.text_ids(tok, spec.text, spec.perplexity_tokens + 1, decoder_shape(recipe.model).vocab)
-    return rows, score.token_losses(logits_of, text, spec.window)
-
-
-def _torch_score(recipe: Recipe, model) -> tuple[list[dict], np.ndarray]:
-    import torch
-
-    from pipeline.generation.export import kv_model
-
-    module, _ = kv_model(recipe)
-    past = _empty_past(recipe)
-
-    def logits_of(ids):
-        feed = [ids, np.ones_like(ids), *past.values()]
-        with torch.no_grad():
-            return module(*(torch.from_numpy(x) for x in feed))[0].numpy()
-
-    decoder = runners.torch_decoder(recipe, model, recipe.workload.chat.max_context + 1)
-    return _score(recipe, runners.TorchStaticRunner(decoder, None, recipe.validate_.threads), logits_of)
-
-
-def _engine_rows(recipe: Recipe, engine_path: Path, in_place: bool) -> tuple[list[dict], np.ndarray]:
-    runner = runners.OrtLoopRunner(engine_path, None, recipe.validate_.threads, in_place)
-    past = _empty_past(recipe)
-
-    def logits_of(ids):
-        return runner.session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids), **past})[0]
-
-    try:
-        return _score(recipe, runner, logits_of)
-    finally:
-        runner.close()
 
 
 def _headline(points: dict[str, Point]) -> str:
@@ -156,10 +77,10 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         traces = measure({BASELINE: runner}, request, spec, rounds=1)[BASELINE]  # alone; validate interleaves
         figures[request.label] = gm.summarize(request, traces)
         tokens[request.label] = traces[0].tokens
-    feeds, outputs = accuracy_feeds(recipe)
+    feeds, outputs = generation_accuracy.accuracy_feeds(recipe)
     own = {}
     if spec.chat is not None:  # PyTorch's answers and losses: what every engine is scored against
-        rows, nll = _torch_score(recipe, models.load(recipe))
+        rows, nll = generation_accuracy.torch_score(recipe, models.load(recipe))
         tokens.update({f"answer/{i}": np.asarray(r["tokens"], np.int64) for i, r in enumerate(rows)})
         tokens["answer_correct"] = np.array([r["correct"] for r in rows])
         tokens["answer_seconds"] = np.array([r["seconds"] for r in rows])
@@ -250,7 +171,7 @@ def _time_requests(recipe: Recipe, target, opened: _Runners, base_tokens: dict) 
 
 def _engine_score(recipe: Recipe, engine: Path, in_place: bool, base_tokens: dict) -> EngineScore:
     """The task score: the engine's answers and losses against PyTorch's."""
-    rows, nll = _engine_rows(recipe, engine, in_place)
+    rows, nll = generation_accuracy.engine_rows(recipe, engine, in_place)
     base_rows = [{"tokens": base_tokens[f"answer/{i}"].tolist(), "correct": bool(c), "seconds": float(t)}
                  for i, (c, t) in enumerate(zip(base_tokens["answer_correct"], base_tokens["answer_seconds"]))]
     return EngineScore(**score.compare(base_rows, rows, base_tokens["nll"], nll), answers=_answers(rows))
@@ -280,8 +201,8 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
     in_place = cfg["search"]["past_present_share_buffer"]  # read from the graph once, above
 
     opened = _open_runners(recipe, engine.path, folder, in_place)
-    outputs = [_run_feed(opened.loop.session, f, recipe.outputs) for f in feeds]
-    accuracy, kv_cache = split_cache_outputs(accuracy_metrics.compare(references, outputs, ["logits"]))
+    outputs = [generation_accuracy.run_feed(opened.loop.session, f, recipe.outputs) for f in feeds]
+    accuracy, kv_cache = generation_accuracy.split_cache_outputs(accuracy_metrics.compare(references, outputs, ["logits"]))
     timed = _time_requests(recipe, target, opened, base_tokens)
     warnings = opened.warnings + [w for w in (monitor.contention(timed.resources),) if w]
     engine_score = _engine_score(recipe, engine.path, in_place, base_tokens) if spec.chat else None
@@ -366,22 +287,6 @@ def decode_floor(recipe: Recipe, engine: Path, points: dict[str, Point],
     return out
 
 
-def split_cache_outputs(accuracy: dict[str, dict]) -> tuple[dict[str, dict], KvCacheAccuracy | None]:
-    """(the gated outputs: logits; one summary of the KV-cache outputs). A cache's error shows
-    in the logits of the next step, which are gated; 60 cache rows at the logits threshold
-    would bury the one figure that matters."""
-    caches = {k: v for k, v in accuracy.items() if k.startswith("present.")}
-    gated = {k: v for k, v in accuracy.items() if k not in caches}
-    if not caches:
-        return gated, None
-    worst = min(caches, key=lambda k: caches[k]["cosine"])
-    return gated, KvCacheAccuracy(
-        outputs=len(caches), worst=worst, worst_cosine=caches[worst]["cosine"],
-        mean_cosine=float(np.mean([m["cosine"] for m in caches.values()])),
-        max_abs=max(m["max_abs"] for m in caches.values()),
-        nonfinite=sum(m["nonfinite"] for m in caches.values()), gated=False)
-
-
 def random_weights(recipe: Recipe) -> bool:
     """The model's weights are random draws (a transformers config, a zoo model without
     weights): greedy agreement then says little."""
@@ -389,10 +294,6 @@ def random_weights(recipe: Recipe) -> bool:
     if hf is not None:
         return hf.config is not None
     return recipe.model.weights is None and recipe.model.zoo is not None
-
-
-def _run_feed(session, feed: data.Feed, names: list[str]) -> Outputs:
-    return dict(zip(names, session.run(None, feed)))
 
 
 def _memory(recipe: Recipe, makers: dict, shape) -> Memory:
