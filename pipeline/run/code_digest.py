@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent  # the pipeline package this proce
 # A string constant that names a pipeline module, optionally with ":attribute".
 _MODULE_REF = re.compile(rf"{PACKAGE}(\.[A-Za-z_][A-Za-z0-9_]*)+(:[A-Za-z_][A-Za-z0-9_]*)?")
 _QUOTED_REF = re.compile(rf"""(["'])({_MODULE_REF.pattern})\1""")
-# An import statement at any indent: `import a.b as c, d` or `from ..a import (x,\n y)`.
+# An import statement at any indent: `import a.b as c, d` or `from ..a import (x,\n y)`; a
+# comment inside the parentheses is read to its line's end (it may hold a ")").
 # A docstring line that reads like one is parsed too: at worst one module more is hashed.
-_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+[.\w]+[ \t]+import[ \t]+(?:\([^)]*\)|[^\n]*)|import[ \t]+[^\n]*)",
-                     re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+[.\w]+[ \t]+import[ \t]+(?:\((?:[^)#]|#[^\n]*)*\)|[^\n]*)"
+                     r"|import[ \t]+[^\n]*)", re.MULTILINE)
 
 
 def _path(module: str) -> Path | None:

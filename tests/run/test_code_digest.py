@@ -41,7 +41,7 @@ def test_continued_parenthesized_relative_and_quoted_references(tmp_path, monkey
         (package / name).write_text("")
     (package / "sub" / "g.py").write_text(
         'import pipeline.a, \\\n    pipeline.b as b\n'
-        'def f():\n    from pipeline import (\n        c,  # the module c\n        d,\n    )\n'
+        'def f():\n    from pipeline import (\n        c,  # the module c (a ) in a comment ends nothing)\n        d,\n    )\n'
         'from . import f\nfrom .. import e\n'
         'TARGET = "pipeline.sub.f:run"\n'
         '"""import this is prose, from which nothing is read"""\n')
