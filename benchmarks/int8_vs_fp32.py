@@ -7,7 +7,7 @@ the FP32 ONNX Runtime engine of the same variant from its FP32 graph (optimized.
 model.onnx when the recipe skips the optimize stage) with the same
 target settings, then times both on the recipe's timing feed (the profile's opt point),
 interleaved in blocks in this one process (bench.timing), `--rounds` times. Each round
-gives the INT8 speedup over FP32 with a 95% interval (bench.stats.paired_ratio).
+gives the INT8 speedup over FP32 with a 95% interval (core.stats.paired_ratio).
 Results (machine, versions, per-round figures) go to benchmarks/results/<recipe>.json/.md.
 A benchmark, not a test: CPU timings on a shared machine are noisy; read the spread.
 """

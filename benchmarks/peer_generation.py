@@ -12,7 +12,7 @@
 4. All engines (through onnxruntime-genai) and the PyTorch baseline (static KV cache) generate
    greedily, batch 1, prompt 128, 64 new tokens, EOS suppressed; warm-up, then `--rounds`
    rounds taking turns in this one process (order alternating). TTFT and TPOT with 95%
-   intervals over rounds (bench.stats), and greedy token agreement with PyTorch.
+   intervals over rounds (core.stats), and greedy token agreement with PyTorch.
 Results go to benchmarks/results/peer-generation-<size>.json/.md. A benchmark, not a test.
 """
 

@@ -18,7 +18,7 @@ Accuracy: the cosine of every held-out sentence's embedding against eager (bench
 minilm_sentences.py: 96 sentences neither calibrated nor tuned on), padded in 8 x 128 batches and
 alone at 1 x 32. Timing: per shape, every runner interleaved in blocks in this process
 (bench.timing.time_interleaved), `--rounds` times; speed-up over eager with the 95% interval
-(bench.stats.compare). Results: benchmarks/results/peer_int8-<date>.json/.md with the CPU's
+(core.stats.compare). Results: benchmarks/results/peer_int8-<date>.json/.md with the CPU's
 int8 flags (avx512_vnni decides what INT8 is worth), versions and the load average.
 A benchmark, not a test: on a shared machine read the spread, and rerun on a quiet one.
 """

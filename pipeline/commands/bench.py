@@ -1,5 +1,5 @@
 """`pipeline bench RECIPE [--vs OTHER]`: build what is needed (run.py), open the engines and
-baselines (stages/openers.py), time them with bench/ab.py, write, show.
+baselines (backends/openers.py), time them with bench/ab.py, write, show.
 
 Writes engines/<RECIPE>/bench.json (bench-vs-OTHER.json with --vs) and a latency PNG beside
 it; prints the runners and the comparisons with their verdicts and 95% intervals.

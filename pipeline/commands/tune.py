@@ -9,7 +9,7 @@ precision and build. Each engine is measured, on held-out feeds it was not calib
 against the PyTorch model on each metric of the budget (metrics/budget.py).
 
 Timing is the project's A/B protocol: each candidate is timed interleaved with the current
-best (bench.timing.time_interleaved, bench.stats.compare), starting from the FP32 engine;
+best (bench.timing.time_interleaved, core.stats.compare), starting from the FP32 engine;
 it becomes the best only when it meets the budget and the whole 95% interval of its time
 ratio lies below 1 - noise_threshold (verdict `faster`; a pair first found indistinguishable
 is timed once more, EXTEND times longer, before it is called a tie). Candidates over budget are timed

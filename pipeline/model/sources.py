@@ -224,7 +224,7 @@ HF_INPUTS = ("input_ids", "attention_mask")  # the forward() order pipeline/mode
 
 def transformers_dir(spec, where: str) -> Path | None:
     """The local transformers folder of a TransformersSpec: `pretrained`, or the converted
-    `gguf` checkpoint (pipeline/gguf.py); None for a `config` (random weights)."""
+    `gguf` checkpoint (pipeline/model/gguf.py); None for a `config` (random weights)."""
     if spec.gguf is not None:
         from pipeline.model import gguf
 
