@@ -36,6 +36,7 @@ import numpy as np
 from pipeline import backends
 from pipeline import recipe as recipe_mod
 from pipeline.artifacts import dump
+from pipeline.artifacts.report import OutputAccuracy
 from pipeline.backends import engine_name
 from pipeline.bench import timing
 from pipeline.core import deps, stats
@@ -91,8 +92,10 @@ def shape_study(recipe, engine_path: Path | None, aoti_target, *, device: str = 
         for r in runners:
             r.activate()
         try:
-            accuracy = {r.name: compare([reference], [to_host(r.infer(feed, check_inputs=False))],
-                                        recipe.outputs)
+            # one OutputAccuracy per output, the type the validate stage's gates read
+            accuracy = {r.name: {name: OutputAccuracy.model_validate(m) for name, m in compare(
+                            [reference], [to_host(r.infer(feed, check_inputs=False))],
+                            recipe.outputs).items()}
                         for r in runners}
             blocks = timing.time_interleaved(runners, feed, protocol).blocks
         finally:
@@ -104,9 +107,9 @@ def shape_study(recipe, engine_path: Path | None, aoti_target, *, device: str = 
         row = {"batch": batch, "sequence": seq, "runners": {}}
         for r, b in zip(runners, blocks):
             row["runners"][r.name] = {
-                "latency_ms": stats.summary(b),
-                "speedup_vs_eager_fp16": stats.speedup(eager, b, noise=protocol.noise_threshold),
-                "accuracy_vs_eager_fp32": accuracy[r.name],
+                "latency_ms": stats.summary(b).dump(),
+                "speedup_vs_eager_fp16": stats.speedup(eager, b, noise=protocol.noise_threshold).dump(),
+                "accuracy_vs_eager_fp32": {k: m.model_dump() for k, m in accuracy[r.name].items()},
                 "gates": [g.model_dump() for g in gates(recipe, accuracy[r.name])],
             }
         print(f"  {batch}x{seq}: " + ", ".join(

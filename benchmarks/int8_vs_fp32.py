@@ -65,8 +65,8 @@ def main() -> None:
                 ratio, lo, hi = stats.paired_ratio(fp32_blocks, int8_blocks)
                 rounds.append({
                     "round": i + 1, "speedup": ratio, "ci95": [lo, hi],
-                    "fp32_p50_ms": stats.summary(fp32_blocks)["p50"],
-                    "int8_p50_ms": stats.summary(int8_blocks)["p50"],
+                    "fp32_p50_ms": stats.summary(fp32_blocks).p50,
+                    "int8_p50_ms": stats.summary(int8_blocks).p50,
                 })
                 print(f"round {i + 1}: fp32 p50 {rounds[-1]['fp32_p50_ms']:.2f} ms, "
                       f"{recipe.precision.mode} p50 {rounds[-1]['int8_p50_ms']:.2f} ms, "

@@ -180,7 +180,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 timed = timing.time_interleaved([opened[n] for n in names], feeds[0], spec)
                 eager = timed.blocks[0]
-                rounds.append({n: {**_speedup(eager, b, spec), "p50_ms": stats.summary(b)["p50"]}
+                rounds.append({n: {**_speedup(eager, b, spec), "p50_ms": stats.summary(b).p50}
                                for n, b in zip(names, timed.blocks)})
                 print(f"{shape} round {i + 1} ({time.perf_counter() - t0:.0f} s): " + ", ".join(
                     f"{n.split(':')[-1].strip()} {r['speedup']:.2f}x" for n, r in rounds[-1].items()

@@ -482,7 +482,7 @@ def test_required_tensorrt_target_is_exit_2_and_changes_nothing(built_standard):
 
 def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standard):
     """Rendered from the JSON alone: a TensorRT-like engine entry with runtime extras."""
-    from pipeline.stages import report as report_mod
+    from pipeline.render import report_markdown
 
     report = json.loads((built_standard.engines / STANDARD / "report.json").read_text())
     engine = next(e for e in report["engines"] if e["status"] == "built")
@@ -491,7 +491,7 @@ def test_report_markdown_shows_cuda_graphs_and_effective_precision(built_standar
                            "capture_failure": "RuntimeError: operation not permitted when stream is capturing",
                            "captures": 0, "replays": 0, "enqueues": 41},
                   tensorrt_layer_shares={k: v for k, v in summary.items() if k != "per_layer"})
-    md = report_mod.markdown(report)
+    md = report_markdown.markdown(report)
     assert "CUDA Graphs: fallback to plain enqueue (capture failed) (RuntimeError: operation not " \
            "permitted when stream is capturing); 0 captures, 0 replays, 41 plain enqueues." in md
     assert "Effective precision (share of time, 5 layers): int8 80%, fp32 20%; 1 reformat layers." in md
