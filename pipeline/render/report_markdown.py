@@ -3,6 +3,7 @@ task figures, the graph stages, the precision, and the Serving section of `pipel
 
 from __future__ import annotations
 
+from pipeline.artifacts.generation import HEADLINE_TIMED
 from pipeline.core import deps
 from pipeline.core.text import fmt, speedup, time_ratio_speedup
 from pipeline.render.report_table import HEADERS, rows
@@ -73,11 +74,13 @@ def _summary(report: dict, workload) -> list[str]:
     heads = workload.headlines(report)
     lines += ["", *(f"- {h}" for h in heads)] if heads else []
     if lat:
+        # what the baseline stage timed: a generation recipe's figure is one decode step
+        unit = f"{HEADLINE_TIMED}s" if base.get("generation") else "requests"
         lines += [
             "",
             f"Baseline: {base['runner']} ({base['precision']}, {base.get('device', '')}), "
             f"timed alone in the baseline stage: p50 {lat['p50']:.3f} ms, p90 {lat['p90']:.3f} ms, "
-            f"p99 {lat['p99']:.3f} ms over {lat['n']} requests. Each speedup below uses the "
+            f"p99 {lat['p99']:.3f} ms over {lat['n']} {unit}. Each speedup below uses the "
             "baseline timed interleaved with that engine.",
         ]
     if report.get("warnings"):

@@ -57,3 +57,23 @@ def test_a_generation_baseline_alone_is_a_decode_step_and_drift_is_named_so():
     (drift,) = warnings(alone, [_generation_engine(44.9)])
     assert "p50 44.900 ms per decode step interleaved" in drift and "898.000 ms timed alone" in drift
     assert warnings(alone, [_generation_engine(500.0)]) == []  # within BASELINE_DRIFT
+
+
+def test_report_md_names_what_the_baseline_stage_timed():
+    """report.md's baseline line counts decode steps for a generation recipe (the figure is a
+    decode step at batch 1), requests for every other recipe."""
+    from pipeline.render.report_markdown import _summary
+
+    class NoHeadlines:
+        def headlines(self, report):
+            return []
+
+    def baseline_line(generation) -> str:
+        report = {"recipe": "r", "created": "2026-12-05", "recipe_sha256": "0" * 64, "versions": {},
+                  "device": {"kind": "cpu"}, "engines": [],
+                  "baseline": {"runner": "torch", "precision": "fp32", "generation": generation,
+                               "latency_ms": _latency(63.5, 15).model_dump()}}
+        return next(line for line in _summary(report, NoHeadlines()) if line.startswith("Baseline:"))
+
+    assert "over 15 decode steps." in baseline_line({"points": {}})
+    assert "over 15 requests." in baseline_line(None)
