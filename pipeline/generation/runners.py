@@ -112,11 +112,14 @@ class GenaiRunner(DecoderRunner):
 
 
 class _Turns(DecoderRunner):
-    """prefill/step over one `_run(tokens [B, T]) -> next tokens [B]` that sets self.last:
-    the runners that keep their own context across turns (OrtLoopRunner, TorchStaticRunner)."""
+    """prefill/step over one `_run(tokens [B, T]) -> next tokens [B]` that sets self.last and
+    self.logits (the last position's [B, V], for a caller that chooses the token itself and
+    then sets self.last): the runners that keep their own context across turns (OrtLoopRunner,
+    TorchStaticRunner)."""
 
     turns = True
     last: np.ndarray | None = None
+    logits: np.ndarray | None = None
 
     @abc.abstractmethod
     def _run(self, tokens: np.ndarray) -> np.ndarray: ...
@@ -192,7 +195,8 @@ class OrtLoopRunner(_Turns):
         outputs = binding.get_outputs()
         if not self.in_place:  # presents (bound in the pasts' order) become the next pasts
             self.past = dict(zip(self.past_names, outputs[1:]))
-        self.last = _greedy(outputs[0].numpy()[:, -1], self.eos)
+        self.logits = outputs[0].numpy()[:, -1].copy()  # [B, V]: the binding's buffer is reused
+        self.last = _greedy(self.logits, self.eos)
         return self.last
 
     def close(self) -> None:
@@ -218,7 +222,8 @@ class TorchStaticRunner(_Turns):
     def _run(self, tokens: np.ndarray) -> np.ndarray:
         with self.torch.inference_mode():
             logits = self.decoder(self.torch.from_numpy(np.ascontiguousarray(tokens, dtype=np.int64)))
-        self.last = _greedy(logits.numpy(), self.eos)
+        self.logits = logits.numpy()
+        self.last = _greedy(self.logits, self.eos)
         return self.last
 
     def close(self) -> None:

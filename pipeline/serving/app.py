@@ -120,8 +120,13 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
             """The in-process handle's call: arrays in, the same answer as HTTP's."""
             return await self.replica.infer(inputs)
 
-        async def generate_tokens(self, prompt_ids: list[int], max_new_tokens: int):
-            async for item in self.replica.generate(prompt_ids, max_new_tokens):
+        async def generate_tokens(self, prompt_ids: list[int], max_new_tokens: int, params=None):
+            """Replica.generate's items; without `params`, exactly max_new_tokens greedy tokens
+            (EOS ignored), as the load generator and the old /generate route ask."""
+            from pipeline.generation.sampling import SamplingParams
+
+            params = params or SamplingParams(max_new_tokens, ignore_eos=True)
+            async for item in self.replica.generate(prompt_ids, params):
                 yield item
 
         async def replica_stats(self) -> dict:
@@ -147,8 +152,10 @@ class Handle:
     async def infer_async(self, inputs: dict) -> dict:
         return await self._handle.infer_arrays.remote(inputs)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int):
-        return self._handle.options(stream=True).generate_tokens.remote(prompt_ids, max_new_tokens)
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, params=None):
+        """A streaming response of Replica.generate's items; without `params` (a
+        SamplingParams), exactly max_new_tokens greedy tokens (EOS ignored)."""
+        return self._handle.options(stream=True).generate_tokens.remote(prompt_ids, max_new_tokens, params)
 
     def stats(self, timeout_s: float = 60) -> dict:
         return self._handle.replica_stats.remote().result(timeout_s=timeout_s)

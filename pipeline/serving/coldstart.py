@@ -65,7 +65,10 @@ def check(recipe, engines_root: Path, engine: str | None, body: dict, answer: di
     served = ServedEngine(recipe, choose(recipe, engines_root, engine), threads)
     try:
         if served.generation:
-            here = list(served.generate(body["prompt_ids"], body["max_new_tokens"]))
+            from pipeline.generation.sampling import SamplingParams
+
+            params = SamplingParams(body["max_new_tokens"], ignore_eos=True)  # as /generate does
+            here = list(served.generate(body["prompt_ids"], params))
             if answer["token_ids"] != here:
                 raise StageFailed(f"served tokens {answer['token_ids']} differ from the engine's in "
                                  f"process {here}")

@@ -4,7 +4,7 @@ id or kind (or `pytorch`, the baseline), and opened through its backend's Runner
 
     engine = ServedEngine(recipe, choose(recipe, Path("engines"), "onnxruntime"), threads=1)
     engine.infer(feed) -> {output name: array}          # forward engines, a batch feed
-    engine.generate(prompt_ids, n) -> iterator of ids   # generation engines, one prompt
+    engine.generate(prompt_ids, params) -> iterator of ids   # generation engines, one prompt
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline import backends
 from pipeline.core.errors import InputError, IntegrityError
+from pipeline.generation.sampling import SamplingParams
 from pipeline.recipe.serve import variable_dims
 from pipeline.store import integrity
 from pipeline.store.folder_names import folder_name
@@ -130,13 +131,23 @@ class ServedEngine:
         outputs = self._runner.infer(feed, check_inputs=False)  # collate.check did: shapes vary
         return {name: np.asarray(outputs[name]) for name in outputs}
 
-    def generate(self, prompt_ids: list[int], new_tokens: int) -> Iterator[int]:
-        """Greedy tokens, one at a time (prefill, then decode steps), for one prompt."""
-        runner = self._gen
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+        """One prompt's tokens, one at a time (prefill, then decode steps), each chosen by
+        sampling.next_token with the request's params; ends before EOS or a stop id (neither is
+        yielded), or after max_new_tokens."""
+        from pipeline.generation.sampling import ends_sequence, next_token
+
+        runner, rng = self._gen, params.generator()
         runner.new(1)
-        yield int(runner.prefill(np.asarray([prompt_ids], np.int64))[0])
-        for _ in range(new_tokens - 1):
-            yield int(runner.step()[0])
+        runner.prefill(np.asarray([prompt_ids], np.int64))
+        for i in range(params.max_new_tokens):
+            if i:
+                runner.step()  # feeds runner.last, the token chosen below
+            token = next_token(runner.logits[0], params, rng, self.eos)
+            if ends_sequence(token, params, self.eos):
+                return
+            runner.last = np.array([token], np.int64)
+            yield token
 
     def close(self) -> None:
         if self._runner is not None and self._runner.is_active:

@@ -7,7 +7,8 @@
                                         application/x-npz: the outputs, timings as headers)
     POST /v1/models/<recipe>/generate   {"prompt_ids": [...], "max_new_tokens": n,
                                         "stream": true} -> NDJSON: {"token": id} per token,
-                                        then {"done": true, "ttft_ms", "tokens", ...}
+                                        then {"done": true, "ttft_ms", "tokens", ...};
+                                        greedy, EOS ignored: exactly n tokens
     GET  /v1/models/<recipe>/ready      200 {"ready": true} once the engine is loaded
     GET  /v1/models/<recipe>/stats      the replica's load time, memory, batch sizes
     GET  /health                        200 {"status": "ok"}
@@ -25,6 +26,7 @@ import json
 
 import numpy as np
 
+from pipeline.generation.sampling import InvalidSampling, SamplingParams
 from pipeline.serving.batcher import QueueFull
 from pipeline.serving.collate import BadRequest
 
@@ -114,9 +116,10 @@ async def _generate(get_replica, request):
 
     try:
         body = _json(await request.body())
-        tokens = get_replica().generate(body.get("prompt_ids"), body.get("max_new_tokens", 16))
+        params = SamplingParams(body.get("max_new_tokens", 16), ignore_eos=True)
+        tokens = get_replica().generate(body.get("prompt_ids"), params)
         first = await anext(tokens)  # a bad request or a full queue raises here, before 200
-    except BadRequest as e:
+    except (BadRequest, InvalidSampling) as e:
         return _error(400, str(e))
     except QueueFull:
         return _error(503, "queue full")

@@ -15,6 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.generation.sampling import InvalidSampling, SamplingParams, check_vocab
 from pipeline.serving import collate
 from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
 
@@ -47,6 +48,7 @@ class Replica:
         self._task: asyncio.Task | None = None
         self._generating = 0  # generation requests admitted (running or waiting)
         self._gen_lock: asyncio.Lock | None = None
+        self.vocab = _vocab(recipe)
         self.load_s = time.perf_counter() - start
         self.load_memory = memory_mb()
         self.batches: dict[int, int] = {}  # batch size -> batches run
@@ -108,24 +110,24 @@ class Replica:
                               "compute_ms": compute_ms, "batch_size": len(batch)})
 
     # ------------------------------------------------------------------ generation
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int):
-        """Async iterator: {"token": id} per token, then {"done": True, timings}. One
-        generation runs at a time; up to max_queue_size wait (then QueueFull)."""
-        if not self.engine.generation:
-            raise collate.BadRequest(f"recipe `{self.recipe.name}` is not a generation engine: "
-                                     "POST .../infer")
-        _check_prompt(self.recipe, prompt_ids, max_new_tokens)
+    async def generate(self, prompt_ids: list[int], params: SamplingParams):
+        """Async iterator: {"token": id} per generated token, then {"done": True, "tokens",
+        "finish_reason": "stop" | "length", "prompt_tokens", "queue_ms", "ttft_ms", "tpot_ms",
+        "e2e_ms"}. EOS (unless params.ignore_eos) or a stop id ends the sequence ("stop") and
+        is not yielded. Raises collate.BadRequest (400) or QueueFull (503) before the first
+        item. One generation runs at a time; up to max_queue_size wait."""
+        self._check_generation(prompt_ids, params)
         limit = self.spec.max_queue_size
         if limit and self._generating >= limit + 1:
             raise QueueFull(f"queue full ({limit} requests waiting)")
         self._gen_lock = self._gen_lock or asyncio.Lock()
         self._generating += 1
         arrived = time.perf_counter()
+        first, n = None, 0
         try:
             async with self._gen_lock:
                 started = time.perf_counter()
-                loop, tokens = asyncio.get_running_loop(), self.engine.generate(prompt_ids, max_new_tokens)
-                first, n = None, 0
+                loop, tokens = asyncio.get_running_loop(), self.engine.generate(prompt_ids, params)
                 while (token := await loop.run_in_executor(self._pool, next, tokens, None)) is not None:
                     first = first or time.perf_counter()
                     n += 1
@@ -134,9 +136,23 @@ class Replica:
         finally:
             self._generating -= 1
         self.requests += 1
-        yield {"done": True, "tokens": n, "queue_ms": (started - arrived) * 1e3,
+        first = first or end
+        yield {"done": True, "tokens": n, "finish_reason": "length" if n == params.max_new_tokens else "stop",
+               "prompt_tokens": len(prompt_ids), "queue_ms": (started - arrived) * 1e3,
                "ttft_ms": (first - arrived) * 1e3, "e2e_ms": (end - arrived) * 1e3,
                "tpot_ms": (end - first) * 1e3 / (n - 1) if n > 1 else None}
+
+    def _check_generation(self, prompt_ids, params) -> None:
+        if not self.engine.generation:
+            raise collate.BadRequest(f"recipe `{self.recipe.name}` is not a generation engine: "
+                                     "POST .../infer")
+        if not isinstance(params, SamplingParams):
+            raise collate.BadRequest("generate takes a SamplingParams")
+        try:
+            check_vocab(params, self.vocab)
+        except InvalidSampling as e:
+            raise collate.BadRequest(str(e)) from None
+        _check_prompt(self.recipe, prompt_ids, params.max_new_tokens)
 
     # ------------------------------------------------------------------ state
     def stats(self) -> dict:
@@ -165,11 +181,16 @@ class Replica:
         self.engine.close()
 
 
+def _vocab(recipe) -> int | None:
+    """Token ids a request may hold: below the input_ids range's end, when the recipe has one."""
+    return int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else None
+
+
 def _check_prompt(recipe, prompt_ids, max_new_tokens) -> None:
     if not isinstance(prompt_ids, list) or not prompt_ids or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
         raise collate.BadRequest("prompt_ids must be a non-empty list of integer token ids")
-    vocab = int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else None
+    vocab = _vocab(recipe)
     if vocab is not None and not all(0 <= t < vocab for t in prompt_ids):
         raise collate.BadRequest(f"prompt_ids must be within [0, {vocab})")
     context = recipe.workload.context_max() + 1

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.slow
 
 def test_a_generation_engine_streams_the_tokens_it_generates_in_process(built_gen):  # noqa: F811
     pytest.importorskip("ray.serve")
+    from pipeline.generation.sampling import SamplingParams
     from pipeline.serving import app
     from pipeline.serving.engine import ServedEngine, choose
     from pipeline.store.folder_names import load
@@ -23,7 +24,7 @@ def test_a_generation_engine_streams_the_tokens_it_generates_in_process(built_ge
     prompt = [5, 17, 99, 3, 42, 7]
     engine = ServedEngine(recipe, choose(recipe, built_gen.engines, None), threads=1)
     try:
-        expected = list(engine.generate(prompt, 5))
+        expected = list(engine.generate(prompt, SamplingParams(5, ignore_eos=True)))
     finally:
         engine.close()
     with app.local_ray(num_cpus=2):
