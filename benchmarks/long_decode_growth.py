@@ -31,7 +31,7 @@ def main() -> None:
     from pipeline.core import stats
     from pipeline.generation import figures as gm
     from pipeline.generation import runners
-    from pipeline.generation.workload import Request, measure
+    from pipeline.generation.timed_requests import Request, measure
     from pipeline.recipe.workload import WorkloadSpec
 
     names = ("smollm2-long", "smollm2-flash-long")

@@ -209,7 +209,7 @@ def main() -> None:
     from pipeline.generation import figures as gm
     from pipeline.generation import genai_config, runners
     from pipeline.generation.llama_cache import StaticCacheLlama
-    from pipeline.generation.workload import Request, generate, measure
+    from pipeline.generation.timed_requests import Request, generate, measure
     from pipeline.recipe.workload import WorkloadSpec
     from pipeline.store.recipe_folder import now
 

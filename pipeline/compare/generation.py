@@ -28,7 +28,7 @@ from pipeline.core.errors import RecipeError
 from pipeline.generation import figures as gm
 from pipeline.generation.decoder import eos_token, workload_requests
 from pipeline.generation.runners import OrtLoopRunner
-from pipeline.generation.workload import measure
+from pipeline.generation.timed_requests import measure
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 from pipeline.store.folder_names import folder_name

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.generation import chat, genai_config
-from pipeline.generation.workload import requests
+from pipeline.generation.timed_requests import requests
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe
 from pipeline.recipe.gguf_header import HfConfig
@@ -49,7 +49,7 @@ def prompt_vocab(recipe: Recipe) -> int:
 def workload_requests(recipe: Recipe):
     text = None
     if recipe.workload.chat is not None:  # prompts of real text
-        from pipeline.generation.workload import prompt_tokens
+        from pipeline.generation.timed_requests import prompt_tokens
 
         text = chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text,
                              prompt_tokens(recipe.workload), decoder_shape(recipe.model).vocab)

@@ -16,7 +16,7 @@ from pipeline.artifacts.generation import (
 )
 from pipeline.artifacts.latency import LatencySummary, Speedup
 from pipeline.core import stats
-from pipeline.generation.workload import Request, Trace
+from pipeline.generation.timed_requests import Request, Trace
 
 
 def _pct(ns: np.ndarray) -> LatencySummary:

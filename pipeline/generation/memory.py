@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from pipeline.bench import monitor
-from pipeline.generation.workload import Request, generate
+from pipeline.generation.timed_requests import Request, generate
 
 INTERVAL_S = 0.002
 

@@ -7,8 +7,8 @@ so requests have the real spread of lengths a length-bucketing batcher meets. A 
 without validation data gets its random feeds at the opt shape (said so in `source`).
 
 Generation recipes: prompts from the validation split's rows when it is text, else the
-workload's own seeded prompts at batch 1 (pipeline.generation.workload), each asking for the
-workload's `new_tokens`.
+workload's own seeded prompts at batch 1 (pipeline.generation.timed_requests), each asking
+for the workload's `new_tokens`.
 
 Bodies follow docs/serving.md: {"inputs": {name: nested list of one sample, batch dim 1}}
 and {"prompt_ids": [...], "max_new_tokens": n, "stream": true}.

@@ -45,7 +45,7 @@ from pipeline.generation.decoder import (
     eos_token,
     workload_requests,
 )
-from pipeline.generation.workload import can_run, measure
+from pipeline.generation.timed_requests import can_run, measure
 from pipeline.metrics import accuracy as accuracy_metrics
 from pipeline.model import sources as models
 from pipeline.recipe import Recipe

@@ -93,7 +93,7 @@ def test_memory_is_measured_per_runner():
     """Defect 6: both runners showed the same process peak with no growth, one a 0 MB load:
     each runner is now made in a process of its own, so its load and peak are its own."""
     from pipeline.generation import memory
-    from pipeline.generation.workload import Request
+    from pipeline.generation.timed_requests import Request
 
     request = Request("p", "point", 1, ((np.zeros((1, 4), np.int64), 3),))
     figures = memory.isolated({"small": (_Hungry, (16,)), "big": (_Hungry, (96,))},

@@ -97,7 +97,7 @@ def test_runners_generate_the_same_tokens(built_gen: Project, tmp_path):
     import onnxruntime_genai  # noqa: F401  (a real dependency: no skip)
 
     from pipeline.generation import genai_config, runners
-    from pipeline.generation.workload import Request, generate
+    from pipeline.generation.timed_requests import Request, generate
     from pipeline.model import sources as models
 
     recipe = _recipe()

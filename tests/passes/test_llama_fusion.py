@@ -118,7 +118,7 @@ def test_fused_graph_keeps_its_cache_in_place(optimized, monkeypatch, tmp_path):
     import onnxruntime_genai  # noqa: F401  (a real dependency: no skip)
 
     from pipeline.generation import genai_config, runners
-    from pipeline.generation.workload import Request, generate
+    from pipeline.generation.timed_requests import Request, generate
 
     _, proj = optimized
     folder = proj.engines / "tiny-llama"

@@ -1,7 +1,9 @@
-"""The generation workload: requests (prefill + greedy decode, possibly several turns), run
-on generation runners and timed with the protocol of bench/: warm-up, then rounds in which
-the runners take turns (the order alternating each round), so a drift of the machine hits
-all of them alike; A/B ratios then come from per-round ratios (core.stats.paired_ratio).
+"""Generation requests and their timed runs: requests (prefill + greedy decode, possibly
+several turns), run on generation runners and timed with the protocol of bench/: warm-up,
+then rounds in which the runners take turns (the order alternating each round), so a drift
+of the machine hits all of them alike; A/B ratios then come from per-round ratios
+(core.stats.paired_ratio). (The recipe's `workload:` section is recipe/workload.py; the
+workloads that measure engines are pipeline/workloads/.)
 """
 
 from __future__ import annotations
