@@ -18,6 +18,7 @@ from pathlib import Path
 from pipeline.generation.sampling import InvalidSampling, SamplingParams, check_vocab
 from pipeline.serving import collate
 from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
+from pipeline.serving.metrics import ServingMetrics
 
 
 def memory_mb() -> dict[str, float]:
@@ -43,6 +44,7 @@ class Replica:
         self.policy = BatchPolicy(self.signature.max_batch_size, spec.max_queue_delay_us,
                                   self.signature.preferred, spec.max_queue_size)
         self.batcher = Batcher(self.policy, time.monotonic)
+        self.metrics = ServingMetrics(recipe.name)  # GET /metrics: this replica's own registry
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -98,11 +100,13 @@ class Replica:
             compute_ms = (time.perf_counter() - start) * 1e3
             answers = collate.split(self.signature, outputs, lengths)
         except Exception as e:  # the engine failed: every request of the batch is told
+            self.metrics.tensor_failure(len(batch))
             for f in futures:
                 if not f.done():
                     f.set_exception(e)
             return
         self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
+        self.metrics.tensor_batch(len(batch), [q.queue_s() for q in batch], compute_ms / 1e3)
         self.requests += len(batch)
         for q, f, answer in zip(batch, futures, answers):
             if not f.done():  # a client that went away cancelled its future
