@@ -12,6 +12,9 @@
     GET  /v1/models/<recipe>/ready      200 {"ready": true} once the engine is loaded
     GET  /v1/models/<recipe>/stats      the replica's load time, memory, batch sizes
     GET  /health                        200 {"status": "ok"}
+    GET  /metrics                       the replica's Prometheus metrics (serving/metrics.py)
+    /v2/...                             Triton's KServe v2 protocol for tensor models
+                                        (serving/kserve.py)
 Errors: 400 {"error": one line} for a bad request, 404 for another recipe, 503 {"error":
 "queue full"} when the bounded queue is full, 500 when the engine fails.
 
@@ -27,6 +30,7 @@ import json
 import numpy as np
 
 from pipeline.generation.sampling import InvalidSampling, SamplingParams
+from pipeline.serving import kserve
 from pipeline.serving.batcher import QueueFull
 from pipeline.serving.collate import BadRequest
 
@@ -65,6 +69,15 @@ def routes(app, get_replica, recipe_name: str) -> None:
     async def health():
         return {"status": "ok"}
 
+    @app.get("/metrics")
+    async def metrics():
+        from fastapi.responses import Response
+
+        body, content_type = get_replica().metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    kserve.routes(app, get_replica, recipe_name)
+
     @app.get("/v1/models/{name}/ready")
     async def ready(name: str):
         return _other(name) or {"ready": True, "engine": get_replica().choice.target}
@@ -101,6 +114,7 @@ async def _infer(get_replica, request):
     except BadRequest as e:
         return _error(400, str(e))
     except QueueFull:
+        get_replica().metrics.tensor_failure()  # Triton counts a rejection as a failure
         return _error(503, "queue full")
     timings = {k: answer[k] for k in ("queue_ms", "compute_ms", "batch_size")}
     if NPZ in request.headers.get("accept", ""):

@@ -196,6 +196,10 @@ def test_ray_serve_batches_requests_and_answers_as_the_engine_in_process(tiny, r
         engine.close()
     stats = _get(f"{server.url}/stats")
     assert stats["batches"] == {"4": 2} and stats["policy"]["max_batch_size"] == 4
+    with urllib.request.urlopen(f"http://{server.host}:{server.port}/metrics", timeout=60) as response:
+        metrics = response.read().decode()  # through Ray Serve's proxy: the same two batches
+    assert 'nv_inference_exec_count_total{model="tiny-bert",version="1"} 2.0' in metrics
+    assert 'pipeline:inference_batch_size_bucket{le="4.0",model="tiny-bert",version="1"} 2.0' in metrics
     assert _post(f"{server.url}/infer", {"inputs": {"input_ids": [[1, 2]]}})[0] == 400
     assert _get(f"http://{server.host}:{server.port}/health") == {"status": "ok"}
     server.stop()
