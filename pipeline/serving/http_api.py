@@ -98,6 +98,9 @@ def routes(app, get_replica, recipe_name: str) -> None:
             return wrong
         return await _generate(get_replica, request)
 
+    from pipeline.serving import openai_api  # /v1/chat/completions, /v1/completions, /v1/models
+    openai_api.routes(app, get_replica, recipe_name)
+
 
 async def _infer(get_replica, request):
     """One infer request: JSON or npz in, the outputs and the replica's timings out in the
