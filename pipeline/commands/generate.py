@@ -45,27 +45,22 @@ class Chat:
             return tok.encode("\n".join(m["content"] for m in messages), special_tokens=False)
         return tok.conversation(messages)
 
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
-
     def reply(self, messages: list[dict], max_tokens: int) -> str:
-        """Generate greedily until end of sequence, printing the text as it grows."""
+        """Generate greedily until end of sequence, printing the text as it grows (a character
+        split over tokens once it is whole: data/text_stream.py, as the server streams it)."""
         import numpy as np
+
+        from pipeline.data.text_stream import TextStream
 
         ids = self._ids(messages)
         params = self.og.GeneratorParams(self.model)
         params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False)
         generator = self.og.Generator(self.model, params)
         generator.append_tokens(np.asarray([ids], np.int32))
-        out: list[int] = []
-        shown = ""
+        text = TextStream(self.tokenizer)
         while not generator.is_done():
             generator.generate_next_token()
-            out.append(int(generator.get_next_tokens()[0]))
-            text = self._text(out)
-            if not text.endswith("\ufffd"):  # a multi-byte character is complete
-                sys.stdout.write(text[len(shown):])
-                sys.stdout.flush()
-                shown = text
-        sys.stdout.write("\n")
-        return self._text(out).strip()
+            sys.stdout.write(text.add(int(generator.get_next_tokens()[0])))
+            sys.stdout.flush()
+        sys.stdout.write(text.finish() + "\n")
+        return text.text.strip()
