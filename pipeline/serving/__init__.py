@@ -5,6 +5,8 @@
     engine.py     the engine folder checked as `verify` does, opened through its backend
     replica.py    one replica: engine + batcher on an asyncio loop, its own measurements
     http_api.py   the HTTP routes (FastAPI)
+    openai_api.py the OpenAI API for generation engines (chat/completions, completions, models)
+    openai_protocol.py  its request, answer, stream-chunk and error shapes
     app.py        the Ray Serve deployment, local Ray or a cluster, the in-process handle
     coldstart.py  the first request, checked in process, and serve-start-<engine>.json
     launch.py     what `pipeline serve` (pipeline/cli/serve.py) does: start, check, record, serve
