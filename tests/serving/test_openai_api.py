@@ -325,3 +325,25 @@ def test_the_tokenizer_comes_from_the_engines_folder_else_the_chat_workload(repl
     bpe().hf.save_pretrained(str(tmp_path))  # a folder with the model's tokenizer.json
     found = served_tokenizer(replica.recipe, Path(tmp_path) / "onnxruntime.onnx")
     assert not found.is_bytes and found.encode("Paris", False) == bpe().encode("Paris", False)
+
+
+@pytest.mark.slow
+def test_the_ray_serve_deployment_streams_a_chat_reply_through_its_proxy(replica):
+    """The same routes on `pipeline serve`'s own application (app.start), through Ray Serve's
+    HTTP proxy: events arrive as a stream, usage last, then [DONE]."""
+    pytest.importorskip("ray.serve")
+    from pipeline.serving import app
+
+    engines = replica.choice.path.parent.parent
+    with app.local_ray(num_cpus=2):
+        served = app.start(replica.recipe, engines)
+        try:
+            client = openai.OpenAI(base_url=f"http://{served.host}:{served.port}/v1",
+                                   api_key="unused", max_retries=0, timeout=120)
+            chunks, text = collect(client.chat.completions.create(
+                model=model_name(replica), messages=SPEAK, temperature=0, max_tokens=10,
+                stream=True, stream_options={"include_usage": True}))
+            assert chunks[-2].choices[0].finish_reason == "length" and len(text.encode()) == 10
+            assert chunks[-1].usage.completion_tokens == 10
+        finally:
+            served.stop()
