@@ -52,6 +52,44 @@ def _greedy(logits: np.ndarray, eos: int | None) -> np.ndarray:
     return logits.argmax(axis=-1).astype(np.int64)
 
 
+def ort_session(engine: Path, threads: int | None):
+    """A CPU session whose idle workers do not spin (while the baseline takes its turn, or
+    while a server's engine thread waits for requests: docs/measurement.md)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
+
+
+def zeroed_caches(past_names: list[str], shape: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
+    """One zeroed float32 cache per past input, each of `shape` [B, KV heads, tokens, head_dim]
+    (np.zeros: pages never written cost no resident memory)."""
+    return {n: np.zeros(shape, np.float32) for n in past_names}
+
+
+def run_cached(session, tokens: np.ndarray, mask: np.ndarray, past: PastBuffers, in_place: bool) -> list:
+    """One call of a KV-cache graph through IOBinding: tokens [B, T], attention_mask [B, total]
+    (each row's own length of 1s, then 0s), the pasts as OrtValues. In place (GroupQueryAttention),
+    each present is bound to its past's own buffer and the kernel appends the new K/V there;
+    otherwise the presents are new OrtValues. Returns [logits [B, T, V], presents...]."""
+    binding = session.io_binding()
+    binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
+    binding.bind_cpu_input("attention_mask", np.ascontiguousarray(mask, dtype=np.int64))
+    for name, value in past.items():
+        binding.bind_ortvalue_input(name, value)
+    binding.bind_output("logits")
+    for name, value in past.items():
+        if in_place:
+            binding.bind_ortvalue_output(present_of(name), value)
+        else:
+            binding.bind_output(present_of(name))
+    session.run_with_iobinding(binding)
+    return binding.get_outputs()
+
+
 class DecoderRunner(abc.ABC):
     """The contract of a generation runner (the module docstring says what each call does).
     As with the engine backends' Polygraphy-style runners, a runner is a context manager that
@@ -143,13 +181,8 @@ class OrtLoopRunner(_Turns):
         SmolLM2's 540 MB FP32 graph), on top of the session's own load."""
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        # idle workers must not spin while the baseline takes its turn (docs/measurement.md)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.ort, self.eos = ort, eos
-        self.session = ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
+        self.session = ort_session(engine, threads)
         inputs = self.session.get_inputs()
         self.past_names = [i.name for i in inputs[2:]]
         _, self.kv_heads, _, self.head_dim = inputs[2].shape
@@ -163,8 +196,8 @@ class OrtLoopRunner(_Turns):
 
     def _buffers(self, tokens: int) -> PastBuffers:
         """One zeroed [B, KV, tokens, hd] cache per past input."""
-        shape = (self.batch, self.kv_heads, tokens, self.head_dim)
-        return {n: self.ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for n in self.past_names}
+        caches = zeroed_caches(self.past_names, (self.batch, self.kv_heads, tokens, self.head_dim))
+        return {n: self.ort.OrtValue.ortvalue_from_numpy(c) for n, c in caches.items()}
 
     def _grow(self, needed: int) -> None:
         """A larger in-place cache holding what the old one held: room for `needed` tokens and
@@ -177,22 +210,11 @@ class OrtLoopRunner(_Turns):
         self.past = grown
 
     def _run(self, tokens: np.ndarray) -> np.ndarray:
-        binding = self.session.io_binding()
         self.length += tokens.shape[1]
         if self.in_place and self.length > self.capacity:
             self._grow(self.length)
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(tokens, dtype=np.int64))
-        binding.bind_cpu_input("attention_mask", np.ones((self.batch, self.length), np.int64))
-        for name, value in self.past.items():
-            binding.bind_ortvalue_input(name, value)
-        binding.bind_output("logits")
-        for name, past in self.past.items():
-            if self.in_place:  # the kernel writes the new K/V into the past's own buffer
-                binding.bind_ortvalue_output(present_of(name), past)
-            else:
-                binding.bind_output(present_of(name))
-        self.session.run_with_iobinding(binding)
-        outputs = binding.get_outputs()
+        mask = np.ones((self.batch, self.length), np.int64)
+        outputs = run_cached(self.session, tokens, mask, self.past, self.in_place)
         if not self.in_place:  # presents (bound in the pasts' order) become the next pasts
             self.past = dict(zip(self.past_names, outputs[1:]))
         self.logits = outputs[0].numpy()[:, -1].copy()  # [B, V]: the binding's buffer is reused

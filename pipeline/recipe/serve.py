@@ -44,6 +44,17 @@ class ServeSpec(Strict):
     pad_values: dict[str, float] = Field(
         default_factory=dict, description="Value padding fills, per input name (default 0: a "
         "0 attention mask hides padded tokens; pad ids are then never attended).")
+    max_running_sequences: int | None = Field(
+        None, ge=1, le=1024, description="Generation: sequences decoded together in one engine "
+        "call (continuous batching), each in a slot of a KV cache preallocated at load: "
+        "max_running_sequences x the recipe's context x the engine's KV bytes per token "
+        "(2 x layers x kv_heads x head_dim x 4: 45 KiB on SmolLM2). Default 16 on an ONNX "
+        "Runtime engine whose cache is in place (GroupQueryAttention); the PyTorch baseline and "
+        "graphs that concatenate their cache run one sequence at a time whatever is set.")
+    kv_cache_tokens: int | None = Field(
+        None, ge=1, description="Generation: tokens the running sequences may reserve together "
+        "(each reserves its prompt + max_new_tokens on admission; one that does not fit waits). "
+        "Default: every slot full (max_running_sequences x context), so only a smaller value binds.")
     replicas: int = Field(1, ge=1, le=64, description="Replicas (one engine each); `pipeline serve "
                           "--replicas` overrides. Triton: `instance_group.count`.")
     replica_cpus: float = Field(1.0, gt=0, le=256, description="CPUs Ray reserves per replica "

@@ -149,6 +149,24 @@ class ServedEngine:
             runner.last = np.array([token], np.int64)
             yield token
 
+    def slots(self, wanted: int):
+        """The generation engine as slots of a KV cache, each holding the recipe's context:
+        (BatchedSlots of `wanted` rows, None) on a graph that keeps its cache in place
+        (GroupQueryAttention), else (OneSlot, why it serves one sequence at a time)."""
+        from pipeline.generation.decoder import context_length
+        from pipeline.generation.runners import OrtLoopRunner
+        from pipeline.generation.slots import BatchedSlots, OneSlot
+
+        width = context_length(self.recipe)
+        if isinstance(self._gen, OrtLoopRunner) and self._gen.in_place:
+            return BatchedSlots(self._gen, wanted, width), None
+        if self.choice.kind == PYTORCH:
+            why = "the PyTorch baseline's static cache holds one sequence"
+        else:
+            why = ("the graph concatenates its KV cache (no GroupQueryAttention): its rows cannot "
+                   "be at different lengths")
+        return OneSlot(self._gen, width), why
+
     def close(self) -> None:
         if self._runner is not None and self._runner.is_active:
             self._runner.deactivate()

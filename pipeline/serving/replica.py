@@ -4,7 +4,8 @@ real clock, and what the replica measures about itself (load time, memory, batch
 No Ray here: the Ray Serve deployment (app.py) holds one Replica and forwards to it, and the
 tests drive a Replica directly too. The engine runs on one worker thread, one batch at a
 time (a replica is one engine instance, as Triton's instance_group count 1); requests queue
-in the batcher meanwhile, up to max_queue_size (then QueueFull: 503).
+in the batcher meanwhile, up to max_queue_size (then QueueFull: 503). A generation engine's
+requests are batched continuously instead (generation_loop.py over scheduler.py's rules).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from pipeline.generation.sampling import InvalidSampling, SamplingParams, check_vocab
 from pipeline.serving import collate
 from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
+from pipeline.serving.generation_loop import GenerationLoop
 from pipeline.serving.metrics import ServingMetrics
 
 
@@ -48,8 +50,8 @@ class Replica:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="engine")
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self._generating = 0  # generation requests admitted (running or waiting)
-        self._gen_lock: asyncio.Lock | None = None
+        self.generation = (GenerationLoop(self.engine, spec, self._pool, self.metrics)
+                           if self.engine.generation else None)
         self.vocab = _vocab(recipe)
         self.load_s = time.perf_counter() - start
         self.load_memory = memory_mb()
@@ -117,34 +119,24 @@ class Replica:
     async def generate(self, prompt_ids: list[int], params: SamplingParams):
         """Async iterator: {"token": id} per generated token, then {"done": True, "tokens",
         "finish_reason": "stop" | "length", "prompt_tokens", "queue_ms", "ttft_ms", "tpot_ms",
-        "e2e_ms"}. EOS (unless params.ignore_eos) or a stop id ends the sequence ("stop") and
-        is not yielded. Raises collate.BadRequest (400) or QueueFull (503) before the first
-        item. One generation runs at a time; up to max_queue_size wait."""
+        "e2e_ms"} (ttft_ms None when no token came, tpot_ms when fewer than two). EOS (unless
+        params.ignore_eos) or a stop id ends the sequence ("stop") and is not yielded. Raises
+        collate.BadRequest (400) or QueueFull (503) before the first item. Sequences are
+        batched continuously (generation_loop.py); a consumer that stops iterating (aclose,
+        a client gone) frees its sequence at the loop's next iteration."""
         self._check_generation(prompt_ids, params)
-        limit = self.spec.max_queue_size
-        if limit and self._generating >= limit + 1:
-            raise QueueFull(f"queue full ({limit} requests waiting)")
-        self._gen_lock = self._gen_lock or asyncio.Lock()
-        self._generating += 1
-        arrived = time.perf_counter()
-        first, n = None, 0
+        items = self.generation.generate(prompt_ids, params)
         try:
-            async with self._gen_lock:
-                started = time.perf_counter()
-                loop, tokens = asyncio.get_running_loop(), self.engine.generate(prompt_ids, params)
-                while (token := await loop.run_in_executor(self._pool, next, tokens, None)) is not None:
-                    first = first or time.perf_counter()
-                    n += 1
-                    yield {"token": token}
-                end = time.perf_counter()
+            first = await anext(items)
+        except ValueError as e:  # the scheduler's: it could never fit the cache
+            raise collate.BadRequest(str(e)) from None
+        try:
+            yield first
+            async for item in items:
+                yield item
         finally:
-            self._generating -= 1
+            await items.aclose()
         self.requests += 1
-        first = first or end
-        yield {"done": True, "tokens": n, "finish_reason": "length" if n == params.max_new_tokens else "stop",
-               "prompt_tokens": len(prompt_ids), "queue_ms": (started - arrived) * 1e3,
-               "ttft_ms": (first - arrived) * 1e3, "e2e_ms": (end - arrived) * 1e3,
-               "tpot_ms": (end - first) * 1e3 / (n - 1) if n > 1 else None}
 
     def _check_generation(self, prompt_ids, params) -> None:
         if not self.engine.generation:
@@ -175,9 +167,12 @@ class Replica:
                 "policy": {"max_batch_size": self.policy.max_batch_size,
                            "max_queue_delay_us": self.policy.max_queue_delay_us,
                            "preferred_batch_sizes": list(self.policy.preferred_batch_sizes),
-                           "max_queue_size": self.policy.max_queue_size}}
+                           "max_queue_size": self.policy.max_queue_size},
+                **({"generation": self.generation.stats()} if self.generation else {})}
 
     def close(self) -> None:
+        if self.generation:
+            self.generation.close()
         for q in self.batcher.drain():
             if not q.item[2].done():
                 q.item[2].set_exception(QueueFull("the replica is shutting down"))

@@ -1,0 +1,142 @@
+"""Slot runners: many sequences of one engine, each in a slot of its KV cache, decoded together.
+What a continuous-batching server (serving/scheduler.py, serving/replica.py) drives:
+
+    runner.prefill(slot, tokens [T]) -> logits [V]       a new sequence's prompt into its slot
+    runner.decode(slots, tokens [n]) -> logits [n, V]    one token for each running slot, one call
+    runner.release(slot)                                 the slot is free again
+Logits, never tokens: each request chooses its own (generation/sampling.py).
+
+- BatchedSlots: a GroupQueryAttention graph (the cache in place, genai_config.in_place_cache).
+  One preallocated cache per past input, [rows, KV heads, width, head_dim]. GQA reads each
+  row's length from the attention mask (seqlens_k = ReduceSum(mask) - 1; the mask's width is
+  the total length), so rows at different lengths decode in one call when each row's mask is
+  its own length of 1s, right-padded with 0s. The running sequences always fill rows
+  0..n-1 (compacted): a decode call binds the view cache[:n] (contiguous, shared with numpy, no
+  copy) and computes no padding rows; when a sequence leaves, the last row's used tokens move
+  into its row (a copy of used tokens only; 45 KiB a token on SmolLM2). Padding rows were the
+  alternative: a free row would still be computed every step (a decode step at batch 16
+  instead of 5), and a row with an all-0 mask gives GQA a length of -1. A prefill runs at
+  batch 1 on the view cache[row:row+1]: a sequence's prompt never waits for a batch.
+- OneSlot: any turn-keeping DecoderRunner (the PyTorch static cache, an ONNX graph that
+  concatenates its cache) as a single slot: one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline.generation.runners import DecoderRunner, OrtLoopRunner, run_cached, zeroed_caches
+
+
+class BatchedSlots:
+    """`rows` sequences of up to `width` tokens each in one in-place cache (see the module
+    docstring); built over an OrtLoopRunner, whose session and cache layout it shares."""
+
+    def __init__(self, loop: OrtLoopRunner, rows: int, width: int):
+        if not loop.in_place:
+            raise ValueError("BatchedSlots needs a graph that keeps its cache in place "
+                             "(GroupQueryAttention); serve others through OneSlot")
+        self.session, self.ort, self.rows, self.width = loop.session, loop.ort, rows, width
+        # past name -> [rows, KV, width, hd]; a row's view is bound for a prefill or decode
+        self.caches = zeroed_caches(loop.past_names, (rows, loop.kv_heads, width, loop.head_dim))
+        self.slot_at: list[int] = []          # row -> slot: rows 0..n-1 are the running slots
+        self.length: dict[int, int] = {}      # slot -> tokens its row holds
+
+    @property
+    def bytes_per_token(self) -> int:
+        """One token of one sequence across every layer's key and value (float32)."""
+        return sum(c.shape[1] * c.shape[3] * c.itemsize for c in self.caches.values())
+
+    def _views(self, start: int, stop: int) -> dict:
+        """OrtValues over rows [start, stop) of every cache (views: ORT writes into numpy's memory)."""
+        return {n: self.ort.OrtValue.ortvalue_from_numpy(c[start:stop]) for n, c in self.caches.items()}
+
+    def prefill(self, slot: int, tokens: np.ndarray) -> np.ndarray:
+        """Appends tokens [T] to `slot` (a new slot takes the next free row) at batch 1;
+        returns the last position's logits [V]."""
+        if slot not in self.length:
+            if len(self.slot_at) == self.rows:
+                raise ValueError(f"all {self.rows} rows are running")
+            self.slot_at.append(slot)
+            self.length[slot] = 0
+        row, held = self.slot_at.index(slot), self.length[slot]
+        total = held + len(tokens)
+        if total > self.width:
+            raise ValueError(f"slot {slot}: {total} tokens exceed the row's {self.width}")
+        mask = np.ones((1, total), np.int64)
+        outputs = run_cached(self.session, np.asarray(tokens)[None], mask, self._views(row, row + 1), True)
+        self.length[slot] = total
+        return outputs[0].numpy()[0, -1].copy()  # [V]: the binding's buffer is not ours to keep
+
+    def decode(self, slots: list[int], tokens: np.ndarray) -> np.ndarray:
+        """One token per running slot (tokens [n], in `slots`' order; every running slot, since
+        each row of the call appends a token) -> logits [n, V] in the same order."""
+        if sorted(slots) != sorted(self.slot_at):
+            raise ValueError(f"decode must cover every running slot {sorted(self.slot_at)}, got {sorted(slots)}")
+        n = len(self.slot_at)
+        row_of = {slot: row for row, slot in enumerate(self.slot_at)}
+        ids = np.empty((n, 1), np.int64)
+        lengths = np.empty(n, np.int64)
+        for slot, token in zip(slots, tokens):
+            ids[row_of[slot], 0] = token
+            lengths[row_of[slot]] = self.length[slot] + 1
+        if lengths.max() > self.width:
+            raise ValueError(f"a row would hold {lengths.max()} tokens, past its {self.width}")
+        # [n, longest]: row r is 1 for its own lengths[r] tokens, then 0 (GQA's seqlens_k per row)
+        mask = (np.arange(lengths.max())[None, :] < lengths[:, None]).astype(np.int64)
+        outputs = run_cached(self.session, ids, mask, self._views(0, n), True)
+        for slot in slots:
+            self.length[slot] += 1
+        logits = outputs[0].numpy()[:, -1]  # [n, V] in row order
+        return logits[[row_of[s] for s in slots]]  # fancy indexing copies
+
+    def release(self, slot: int) -> None:
+        """Frees `slot`'s row: the last row's sequence moves into it (its used tokens only)."""
+        row, last = self.slot_at.index(slot), len(self.slot_at) - 1
+        if row != last:
+            moved = self.slot_at[last]
+            used = self.length[moved]
+            for cache in self.caches.values():
+                cache[row, :, :used] = cache[last, :, :used]
+            self.slot_at[row] = moved
+        self.slot_at.pop()
+        del self.length[slot]
+
+    def close(self) -> None:
+        self.session = None
+        self.caches = {}
+
+
+class OneSlot:
+    """A turn-keeping DecoderRunner (OrtLoopRunner, TorchStaticRunner: they expose `logits` and
+    take `last`) as one slot: one sequence at a time (prefill starts it
+    afresh), for engines whose cache cannot hold rows at different lengths."""
+
+    rows = 1
+
+    def __init__(self, runner: DecoderRunner, width: int):
+        self.runner, self.width = runner, width
+        self.slot: int | None = None
+
+    def prefill(self, slot: int, tokens: np.ndarray) -> np.ndarray:
+        if self.slot is None:
+            self.runner.new(1)
+            self.slot = slot
+        elif slot != self.slot:
+            raise ValueError(f"one sequence at a time: slot {self.slot} is running")
+        self.runner.prefill(np.asarray(tokens, np.int64)[None])
+        return self.runner.logits[0]
+
+    def decode(self, slots: list[int], tokens: np.ndarray) -> np.ndarray:
+        if list(slots) != [self.slot]:
+            raise ValueError(f"decode must cover the running slot {self.slot}, got {slots}")
+        self.runner.last = np.asarray(tokens, np.int64)[:1]  # the token step() feeds
+        self.runner.step()
+        return self.runner.logits[:1]
+
+    def release(self, slot: int) -> None:
+        if slot == self.slot:
+            self.slot = None
+
+    def close(self) -> None:
+        self.runner.close()

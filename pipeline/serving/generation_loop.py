@@ -1,0 +1,216 @@
+"""Continuous batching in one replica: the scheduler's rules (scheduler.py) driven by an
+asyncio loop, the engine's slots (generation/slots.py) on the replica's one engine thread.
+
+    loop = GenerationLoop(engine, spec, pool, metrics)
+    async for item in loop.generate(prompt_ids, params): ...   # {"token"}... then {"done"}
+
+Each iteration: finished and cancelled sequences leave (their slots freed), waiting ones are
+admitted, each admitted prompt is prefilled alone (its first token goes to its client at
+once), then one decode step runs for every running sequence in one engine call. Tokens are
+chosen per row with each request's own SamplingParams and generator (sampling.next_token), on
+the engine thread; the scheduler is only touched from the event loop, which never blocks.
+An engine whose cache cannot hold rows at different lengths (the PyTorch baseline, an ONNX
+graph that concatenates its cache) runs through the same loop one sequence at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.generation.sampling import SamplingParams, next_token
+from pipeline.serving.scheduler import Limits, Scheduler, Sequence
+
+# Sequences decoded together by default on an engine that batches them: the closed-loop
+# benchmark (benchmarks/serve_chat.py, docs/serving.md) measured SmolLM2 INT4 on 2 cores up to
+# 16 concurrent streams; the KV cache of 16 slots is 16 x context x bytes_per_token.
+DEFAULT_MAX_RUNNING = 16
+
+
+@dataclass(eq=False)
+class _Stream:
+    """One request's channel to its client and its timings (time.perf_counter seconds)."""
+
+    seq: Sequence
+    rng: np.random.Generator
+    arrived: float
+    items: asyncio.Queue = field(default_factory=asyncio.Queue)  # token ids, then None or an error
+    admitted: float | None = None
+    first: float | None = None
+    end: float | None = None
+
+
+class GenerationLoop:
+    def __init__(self, engine, spec, pool, metrics=None):
+        """engine: a ServedEngine of a generation recipe; spec: the recipe's ServeSpec; pool:
+        the replica's one engine thread; metrics: a ServingMetrics (or None)."""
+        wanted = spec.max_running_sequences or DEFAULT_MAX_RUNNING
+        self.slots, self.one_at_a_time = engine.slots(wanted)
+        width, rows = self.slots.width, self.slots.rows
+        # the default budget is every slot full: only a smaller kv_cache_tokens binds
+        limits = Limits(rows, spec.kv_cache_tokens or rows * width, width, spec.max_queue_size)
+        self.scheduler = Scheduler(limits)
+        self.eos, self.pool, self.metrics = engine.eos, pool, metrics
+        self._streams: dict[int, _Stream] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.steps: dict[int, int] = {}       # sequences in a decode step -> steps
+        self.finished: dict[str, int] = {}    # finish_reason -> requests
+        self._state()
+
+    # ------------------------------------------------------------------ requests
+    async def generate(self, prompt_ids: list[int], params: SamplingParams):
+        """Replica.generate's iterator (its docstring has the items). Submits on the first
+        anext: ValueError (never fits) or QueueFull come before any item."""
+        seq = self.scheduler.submit(Sequence(list(prompt_ids), params))
+        stream = _Stream(seq, params.generator(), time.perf_counter())
+        self._streams[seq.id] = stream
+        self._kick()
+        try:
+            while (item := await stream.items.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield {"token": item}
+        finally:
+            if seq.finish_reason is None:  # the client went away (aclose, disconnect)
+                self.scheduler.cancel(seq)
+                self._kick()
+                self._finished(stream)
+        yield self._summary(stream)
+
+    def _summary(self, stream: _Stream) -> dict:
+        seq, ms = stream.seq, 1e3
+        n, first, end = len(seq.tokens), stream.first, stream.end
+        return {"done": True, "tokens": n, "finish_reason": seq.finish_reason,
+                "prompt_tokens": len(seq.prompt), "queue_ms": (stream.admitted - stream.arrived) * ms,
+                "ttft_ms": (first - stream.arrived) * ms if first else None,
+                "tpot_ms": (end - first) * ms / (n - 1) if n > 1 else None,
+                "e2e_ms": (end - stream.arrived) * ms}
+
+    def _kick(self) -> None:
+        """Wakes the loop; starts it on the running event loop (again, after an engine failure
+        stopped it, or when another event loop drives the replica now: a test's asyncio.run)."""
+        running = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not running:
+            self._wake = asyncio.Event()
+            self._task = running.create_task(self._loop())
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the loop
+    async def _loop(self) -> None:
+        try:
+            await self._iterations()
+        except Exception as e:  # a bug of the loop itself: no client may wait forever
+            for stream in list(self._streams.values()):
+                stream.items.put_nowait(e)
+            raise
+
+    async def _iterations(self) -> None:
+        while True:
+            plan = self.scheduler.plan()
+            await self._release(plan.released)
+            if self.scheduler.idle:
+                self._state()
+                self._wake.clear()  # no await since idle was read: no submit can be missed
+                await self._wake.wait()
+                continue
+            for seq in plan.admitted:
+                self._streams[seq.id].admitted = time.perf_counter()
+                if not seq.done:  # cancelled while it waited for its prefill
+                    await self._engine(self._prefill, [seq])
+            await self._release(self.scheduler.retire())  # finished at their first token
+            batch = self.scheduler.decoding()
+            if batch:
+                await self._engine(self._decode, batch)
+                self.steps[len(batch)] = self.steps.get(len(batch), 0) + 1
+                if self.metrics:
+                    self.metrics.gen_step(len(batch))
+            self._state()
+
+    async def _release(self, seqs: list[Sequence]) -> None:
+        if seqs:
+            slots = [s.slot for s in seqs]
+            await asyncio.get_running_loop().run_in_executor(self.pool, self._free, slots)
+
+    def _free(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.slots.release(slot)
+
+    async def _engine(self, call, seqs: list[Sequence]) -> None:
+        """`call(seqs, rngs) -> tokens` on the engine thread; each token applied and sent."""
+        rngs = [self._streams[s.id].rng for s in seqs]
+        try:
+            tokens = await asyncio.get_running_loop().run_in_executor(self.pool, call, seqs, rngs)
+        except Exception as e:  # the engine failed: these requests are told, the loop goes on
+            self.scheduler.fail(seqs)
+            for seq in seqs:
+                stream = self._streams.pop(seq.id, None)
+                if stream is not None:
+                    stream.items.put_nowait(e)
+                    if self.metrics:
+                        self.metrics.gen_failure()
+            return
+        now = time.perf_counter()
+        for seq, token in zip(seqs, tokens):
+            stream = self._streams.get(seq.id)
+            if stream is None or seq.cancelled:
+                continue
+            if self.scheduler.append(seq, token, self.eos):
+                stream.first = stream.first or now
+                stream.items.put_nowait(token)
+            if seq.finish_reason is not None:
+                stream.end = now
+                self._finished(stream)
+                stream.items.put_nowait(None)
+
+    def _prefill(self, seqs: list[Sequence], rngs: list) -> list[int]:
+        """Engine thread: the prompt into its slot at batch 1 -> the first token."""
+        (seq,), (rng,) = seqs, rngs
+        logits = self.slots.prefill(seq.slot, np.asarray(seq.prompt, np.int64))  # [V]
+        return [next_token(logits, seq.params, rng, self.eos)]
+
+    def _decode(self, seqs: list[Sequence], rngs: list) -> list[int]:
+        """Engine thread: each sequence's last token in one call -> logits [n, V] -> a token each."""
+        logits = self.slots.decode([s.slot for s in seqs], np.array([s.tokens[-1] for s in seqs], np.int64))
+        return [next_token(row, s.params, rng, self.eos) for row, s, rng in zip(logits, seqs, rngs)]
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _finished(self, stream: _Stream) -> None:
+        """A request ended (stop, length or abort): counted once, its stream forgotten."""
+        if self._streams.pop(stream.seq.id, None) is None:
+            return
+        seq = stream.seq
+        reason = seq.finish_reason or "abort"
+        stream.end = stream.end or time.perf_counter()
+        stream.admitted = stream.admitted or stream.end
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        if self.metrics:
+            n, first = len(seq.tokens), stream.first
+            self.metrics.gen_finished(reason, len(seq.prompt), n, stream.admitted - stream.arrived,
+                                      first - stream.arrived if first else None, stream.end - stream.arrived,
+                                      (stream.end - first) / (n - 1) if n > 1 else None)
+
+    def _state(self) -> None:
+        if self.metrics:
+            s = self.scheduler
+            self.metrics.gen_state(len(s.running), len(s.waiting), s.kv_reserved, s.limits.kv_tokens)
+
+    def stats(self) -> dict:
+        s = self.scheduler
+        return {"running": len(s.running), "waiting": len(s.waiting),
+                "max_running_sequences": s.limits.max_running, "one_at_a_time": self.one_at_a_time,
+                "kv_cache_tokens": s.limits.kv_tokens, "kv_tokens_reserved": s.kv_reserved,
+                "kv_tokens_held": s.kv_held, "kv_tokens_free": s.kv_free,
+                "slot_tokens": s.limits.slot_tokens, "kv_bytes_per_token": self.slots.bytes_per_token,
+                "decode_steps": {str(k): v for k, v in sorted(self.steps.items())},
+                "finished": dict(sorted(self.finished.items()))}
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        for stream in list(self._streams.values()):
+            stream.items.put_nowait(RuntimeError("the replica is shutting down"))
+        self._streams.clear()

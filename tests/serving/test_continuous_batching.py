@@ -1,0 +1,257 @@
+"""Continuous batching on a real engine: a tiny Llama (random weights, GQA 4/2) whose graph is
+fused into ONNX Runtime's GroupQueryAttention (the cache in place), built once. The slots
+decode rows at different lengths as each alone; a replica's greedy replies do not depend on
+their batch-mates; EOS ends a reply; more requests than slots all complete within the KV
+budget; a client that goes away frees its slot; a full queue refuses. Every wait is on an
+event or on the replica's own progress, never a fixed sleep."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tests.conftest import FAST_OPT, shared_build
+
+pytestmark = pytest.mark.slow
+
+EOS = 2  # the config's eos_token_id
+RECIPE = """\
+description: tiny Llama, GQA 4/2, random weights, GroupQueryAttention (the KV cache in place)
+model:
+  transformers:
+    config: {model_type: llama, vocab_size: 256, hidden_size: 64, intermediate_size: 128,
+             num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2,
+             max_position_embeddings: 512, bos_token_id: 1, eos_token_id: 2}
+    seed: 0
+    task: logits
+inputs:
+  - name: input_ids
+    dtype: int64
+    shape:
+      - {name: batch, min: 1, opt: 1, max: 2}
+      - {name: sequence, min: 1, opt: 8, max: 64}
+    range: [0, 256]
+outputs: [logits]
+export: {parity: {max_abs: 1.0e-3, cosine_min: 0.9999}}
+optimize:
+  passes: [fold_constants, attention_with_past, ort_fusions, pack_matmuls, group_query_attention]
+  options: {group_query_attention: {max_positions: 512}}
+data: {calibration: null}
+targets: [{kind: onnxruntime}]
+workload:
+  kind: generation
+  prompt_lengths: [8]
+  new_tokens: 4
+  batch_sizes: [1]
+  task: [{prompt: 6, new_tokens: 3}]
+  long: {prompt: 40, new_tokens: 24, bins: 1}   # the context a slot holds: 64 (+1)
+"""
+
+
+@pytest.fixture(scope="module")
+def gqa(tmp_path_factory):
+    return shared_build(tmp_path_factory, "tiny-llama-gqa", "tiny-llama-gqa", *FAST_OPT,
+                        recipes={"recipes/tiny-llama-gqa.yaml": RECIPE})
+
+
+def _replica(gqa, **serve):
+    from pipeline.recipe.serve import ServeSpec
+    from pipeline.serving.replica import Replica
+    from pipeline.store.folder_names import load
+
+    sets = tuple(FAST_OPT[i + 1] for i in range(0, len(FAST_OPT), 2))
+    recipe = load(str(gqa.path / "recipes" / "tiny-llama-gqa.yaml"), sets, gqa.engines)
+    spec = ServeSpec.model_validate({**recipe.serve.model_dump(exclude_unset=True), **serve})
+    return Replica(recipe, gqa.engines, None, spec, threads=1)
+
+
+def _drive(replica, main):
+    """asyncio.run(main(replica)), the replica closed after."""
+    async def run():
+        try:
+            return await main(replica)
+        finally:
+            replica.close()
+    return asyncio.run(run())
+
+
+async def _reply(replica, prompt, params, got_tokens: asyncio.Event | None = None, after: int = 1):
+    """(tokens, the final item); `got_tokens` is set once `after` tokens came."""
+    tokens, final = [], None
+    async for item in replica.generate(prompt, params):
+        if "token" in item:
+            tokens.append(item["token"])
+            if got_tokens is not None and len(tokens) >= after:
+                got_tokens.set()
+        else:
+            final = item
+    if got_tokens is not None:
+        got_tokens.set()  # a reply shorter than `after` releases its waiters too
+    return tokens, final
+
+
+def _requests(n: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """n prompts of 2..30 tokens, each with its own max_new_tokens (1..34, within the 65 a slot holds)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        prompt = rng.integers(3, 256, size=int(rng.integers(2, 31))).tolist()
+        out.append((prompt, int(rng.integers(1, 65 - len(prompt)))))
+    return out
+
+
+def test_slots_decode_rows_at_different_lengths_as_each_alone(gqa):
+    """Rows of 3, 9 and 14 tokens in one decode call give each row's batch-1 logits; when the
+    middle one leaves, the last row moves into its place and still decodes the same."""
+    from pipeline.generation.runners import OrtLoopRunner
+    from pipeline.generation.slots import BatchedSlots
+
+    loop = OrtLoopRunner(gqa.built / "onnxruntime.onnx", eos=EOS, threads=1)
+    rng = np.random.default_rng(3)
+    prompts = {slot: rng.integers(3, 256, size=n) for slot, n in ((5, 3), (1, 9), (7, 14))}
+    steps = rng.integers(3, 256, size=(2, 3))
+    alone = {}
+    for slot, prompt in prompts.items():
+        one = BatchedSlots(loop, 1, 65)
+        first = one.prefill(0, prompt)
+        alone[slot] = [first, *(one.decode([0], steps[i, [list(prompts).index(slot)]])[0] for i in range(2))]
+    many = BatchedSlots(loop, 4, 65)
+    got = {slot: [many.prefill(slot, p)] for slot, p in prompts.items()}
+    order = list(prompts)
+    for slot, row in zip(order, many.decode(order, steps[0])):
+        got[slot].append(row)
+    many.release(1)  # the middle row: the last (slot 7) moves into it
+    assert many.slot_at == [5, 7]
+    for slot, row in zip([7, 5], many.decode([7, 5], steps[1, [2, 0]])):
+        got[slot].append(row)
+    for slot in (5, 7):
+        for a, b in zip(alone[slot], got[slot]):
+            np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert len(got[1]) == 2 and np.abs(alone[1][1] - got[1][1]).max() < 1e-5
+
+
+def test_greedy_replies_do_not_depend_on_batch_mates(gqa):
+    """32 requests of different prompt lengths and max_new_tokens, in four waves of eight:
+    a wave arrives when a request of the last one has its third token, so requests join a
+    batch whose rows are at other positions. Every reply equals the same request served alone."""
+    from pipeline.generation.sampling import SamplingParams
+
+    requests = _requests(32)
+
+    async def main(replica):
+        alone = [await _reply(replica, p, SamplingParams(n, ignore_eos=True)) for p, n in requests]
+        waves = [requests[i:i + 8] for i in range(0, 32, 8)]
+        tasks = []
+        for wave in waves:
+            third = asyncio.Event()
+            tasks += [asyncio.create_task(_reply(replica, p, SamplingParams(n, ignore_eos=True), third, 3))
+                      for p, n in wave]
+            await third.wait()
+        together = await asyncio.gather(*tasks)
+        return alone, together, replica.stats()["generation"]
+
+    alone, together, stats = _drive(_replica(gqa), main)
+    for (prompt, n), (a, _), (b, final) in zip(requests, alone, together):
+        assert len(a) == n and a == b, f"prompt of {len(prompt)}, {n} new tokens"
+        assert final["finish_reason"] == "length" and final["tokens"] == n
+        assert final["prompt_tokens"] == len(prompt) and final["e2e_ms"] >= final["queue_ms"] >= 0
+    assert max(int(k) for k in stats["decode_steps"]) >= 8, stats["decode_steps"]
+    assert stats["running"] == 0 and stats["kv_tokens_reserved"] == 0 and stats["finished"] == {"length": 64}
+
+
+def test_seeded_sampling_does_not_depend_on_batch_mates_either(gqa):
+    from pipeline.generation.sampling import SamplingParams
+
+    requests = _requests(6, seed=1)
+    params = [SamplingParams(n, temperature=0.8, top_p=0.9, top_k=50, seed=i, ignore_eos=True)
+              for i, (_, n) in enumerate(requests)]
+
+    async def main(replica):
+        alone = [await _reply(replica, p, q) for (p, _), q in zip(requests, params)]
+        together = await asyncio.gather(*(_reply(replica, p, q) for (p, _), q in zip(requests, params)))
+        return alone, together
+
+    alone, together = _drive(_replica(gqa), main)
+    assert [a for a, _ in alone] == [b for b, _ in together]
+
+
+def test_a_reply_stops_at_end_of_sequence_unless_asked_to_ignore_it(gqa):
+    """A reply ends where greedy decoding chooses EOS, which it does not return; asked to
+    ignore EOS, the same prompt's reply is that reply and more (EOS masked out), and among
+    batch-mates the reply stops at the same token."""
+    from pipeline.generation.sampling import SamplingParams
+
+    async def main(replica):
+        for seed in range(300):  # a prompt whose greedy reply says EOS after a few tokens
+            prompt = np.random.default_rng(seed).integers(3, 256, size=6).tolist()
+            tokens, final = await _reply(replica, prompt, SamplingParams(40))
+            if final["finish_reason"] == "stop" and len(tokens) >= 2:
+                break
+        else:
+            pytest.fail("no reply of 300 stopped at EOS")
+        forced = await _reply(replica, prompt, SamplingParams(40, ignore_eos=True))
+        with_mates = await asyncio.gather(*(_reply(replica, p, SamplingParams(n)) for p, n in _requests(5)),
+                                          _reply(replica, prompt, SamplingParams(40)))
+        return (tokens, final), forced, with_mates[-1]
+
+    (tokens, final), (forced, forced_final), (mated, _) = _drive(_replica(gqa), main)
+    assert final["tokens"] == len(tokens) < 40 and EOS not in tokens
+    assert forced[:len(tokens)] == tokens == mated and forced[len(tokens)] != EOS
+    assert forced_final["finish_reason"] == "length" and len(forced) == 40
+
+
+def test_more_requests_than_slots_all_complete_within_the_kv_budget(gqa):
+    from pipeline.generation.sampling import SamplingParams
+
+    requests = [(list(range(3, 3 + k)), 10) for k in (8, 11, 9, 12, 10, 8, 12, 9, 11, 10)]
+
+    async def main(replica):
+        return (await asyncio.gather(*(_reply(replica, p, SamplingParams(n, ignore_eos=True))
+                                       for p, n in requests)), replica.stats()["generation"])
+
+    # 3 slots, but 45 tokens of budget: two of these (18..22 tokens each) run at once, never three
+    replies, stats = _drive(_replica(gqa, max_running_sequences=3, kv_cache_tokens=45), main)
+    assert all(len(tokens) == 10 and final["finish_reason"] == "length" for tokens, final in replies)
+    assert max(int(k) for k in stats["decode_steps"]) == 2
+    assert stats["max_running_sequences"] == 3 and stats["kv_cache_tokens"] == 45
+    assert stats["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # k+v x layers x kv heads x head_dim x fp32
+
+
+def test_a_client_that_goes_away_frees_its_slot(gqa):
+    """One slot: a long reply is abandoned after two tokens; the next request gets the slot."""
+    from pipeline.generation.sampling import SamplingParams
+
+    async def main(replica):
+        items = replica.generate([5, 6, 7], SamplingParams(60, ignore_eos=True))
+        assert "token" in await anext(items) and "token" in await anext(items)
+        await items.aclose()
+        tokens, final = await _reply(replica, [9, 10], SamplingParams(4, ignore_eos=True))
+        return tokens, final, replica.stats()["generation"]
+
+    tokens, final, stats = _drive(_replica(gqa, max_running_sequences=1), main)
+    assert len(tokens) == 4 and final["finish_reason"] == "length"
+    assert stats["finished"] == {"abort": 1, "length": 1} and stats["running"] == 0
+
+
+def test_a_full_queue_refuses_and_an_impossible_request_is_a_bad_request(gqa):
+    from pipeline.generation.sampling import SamplingParams
+    from pipeline.serving.batcher import QueueFull
+    from pipeline.serving.collate import BadRequest
+
+    async def main(replica):
+        running = replica.generate([5, 6], SamplingParams(60, ignore_eos=True))
+        assert "token" in await anext(running)  # it holds the one slot
+        waiting = asyncio.create_task(_reply(replica, [7, 8], SamplingParams(3, ignore_eos=True)))
+        while not replica.generation.scheduler.waiting:  # until its submit ran
+            await asyncio.sleep(0)
+        with pytest.raises(QueueFull):
+            await anext(replica.generate([9], SamplingParams(3)))
+        with pytest.raises(BadRequest, match="context"):
+            await anext(replica.generate([9] * 30, SamplingParams(40)))
+        await running.aclose()
+        return await waiting
+
+    tokens, final = _drive(_replica(gqa, max_running_sequences=1, max_queue_size=1), main)
+    assert len(tokens) == 3 and final["queue_ms"] > 0
