@@ -146,8 +146,8 @@ def _with_kind(entry: Any) -> Any:
 ENTRY_MIGRATIONS = {1: _with_kind, 2: split_effective_precision}
 
 
-def manifest(data: Any) -> JsonObject:
-    """manifest.json's content, checked: a plain dict the store keeps and updates."""
+def manifest(data: Any) -> Manifest:
+    """manifest.json's content as its model, checked: what the store keeps and updates."""
     if not isinstance(data, dict):
         raise Unusable(f"a JSON {type(data).__name__}, not an object")
     version = data.get("schema", MANIFEST_SCHEMA)
@@ -158,7 +158,4 @@ def manifest(data: Any) -> JsonObject:
         parsed = Manifest.model_validate(data)
     except ValidationError as e:
         raise Unusable(describe(e)) from None
-    out = dump(parsed)
-    out.setdefault("files", {})
-    out.setdefault("stages", {})
-    return out
+    return parsed  # `files`, `stages` and `pending` are always set: dumped even when empty

@@ -36,10 +36,11 @@ def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> dict[str, str
     manifest_path = engines_dir / recipe.name / MANIFEST
     if manifest_path.is_file():  # read through its model: a bad one is IntegrityError (exit 5)
         manifest = Store(engines_dir, recipe.name).read_manifest()
-        device, versions = manifest.get("device") or {}, manifest.get("versions") or {}
+        gpu_name = manifest.device.gpu if manifest.device else None
+        versions = manifest.versions
     else:
-        device, versions = deps.device(), deps.versions()
-    gpu = slug(device.get("gpu") or "cpu")
+        gpu_name, versions = deps.device()["gpu"], deps.versions()
+    gpu = slug(gpu_name or "cpu")
     trt = slug(versions.get("tensorrt") or "none")
     return {
         "gpu": gpu,

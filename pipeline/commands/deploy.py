@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import backends
-from pipeline.artifacts import engine_format
+from pipeline.artifacts import dump, engine_format
 from pipeline.core import deps, paths, safe_files
 from pipeline.core.errors import (
     DependencyError,
@@ -152,8 +152,8 @@ def _triton(kind: str) -> backends.TritonModel | None:
 
 
 def _engine(store: Store, entry: dict, kind: str) -> Engine:
-    stage = store.manifest["stages"].get(f"build:{entry['target']}") or {}
-    name = (stage.get("outputs") or [Path(entry["path"]).name])[0]
+    stage = store.stage_record(f"build:{entry['target']}")
+    name = (stage.outputs if stage and stage.outputs else [Path(entry["path"]).name])[0]
     reported = Path(str(entry.get("path") or ""))
     if reported.name != name or ".." in reported.parts:  # what `verify` checks too
         raise IntegrityError(f"{store.dir / 'report.json'}: target `{entry['target']}` reports its "
@@ -168,7 +168,7 @@ def _engine(store: Store, entry: dict, kind: str) -> Engine:
     if artifact.sha256 != entry["sha256"]:
         raise IntegrityError(f"{artifact.path}: sha256 {artifact.sha256[:12]}… is not the engine "
                              f"the report validated ({entry['sha256'][:12]}…)", "rerun the recipe")
-    meta = stage.get("meta") or {}
+    meta = stage.meta if stage else {}
     gpu = _triton(kind).gpu(meta)
     # the graph is read for output types and shapes: a recorded file of the folder, unchanged
     graph = store.verify(_source_name(store, meta.get("source", "model.onnx"))).path
@@ -282,7 +282,8 @@ def deploy(recipe: Recipe, engines_root: Path, out: Path, wanted: tuple[str, ...
             "recipe": recipe.name, "recipe_sha256": recipe.digest, "target": e.target,
             "kind": e.kind, "sha256": e.sha256, "bytes": e.path.stat().st_size,
             "precision": e.entry.get("precision"), "gates": e.entry.get("gates"),
-            "versions": store.manifest.get("versions"), "device": store.manifest.get("device"),
+            "versions": store.manifest.versions,
+            "device": dump(store.manifest.device) if store.manifest.device else None,
             "deployed": now(), "deployed_with": deps.versions().get("pipeline"),
         })
         with _model_folder(out, model) as folder:

@@ -53,12 +53,12 @@ def _graph_before_precision(store: Store) -> tuple[Path, Path] | None:
     """(float graph, typed graph) when the recipe ran a precision stage, else None."""
     from pipeline.run.execute import GRAPH_STAGES
 
-    stages = store.manifest["stages"]
+    stages = store.manifest.stages
     if "precision" not in stages:
         return None
     earlier = [s for s in GRAPH_STAGES[: GRAPH_STAGES.index("precision")] if s in stages]
-    before = stages[earlier[-1]]["outputs"][0]
-    return store.dir / before, store.dir / stages["precision"]["outputs"][0]
+    before = stages[earlier[-1]].outputs[0]
+    return store.dir / before, store.dir / stages["precision"].outputs[0]
 
 
 # The effective-precision bar of the "float fallback" tag when the recipe sets none.
@@ -100,10 +100,10 @@ def models(recipes: list[Recipe], root: Path) -> dict[str, dict]:
     out = {}
     for r in recipes:
         store = Store(root, folder_name(r))
-        export = store.manifest["stages"].get("export")
+        export = store.stage_record("export")
         params = None
         if export:
-            params = onnx_info.describe(store.dir / export["outputs"][0])["parameters"]
+            params = onnx_info.describe(store.dir / export.outputs[0])["parameters"]
         out[r.name] = {"parameters": params, "opt_dims": sweep.opt_dims(r),
                        "description": r.description}
     return out
@@ -231,7 +231,7 @@ def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: protoco
     rows = []
     opt = timed.shapes[0]
     for r in recipes:
-        manifest = Store(root, folder_name(r)).manifest
+        store = Store(root, folder_name(r))
         for e in reports[r.name]["engines"]:
             key = f"{r.name}/{e['target']}"
             acc = e.get("accuracy") or {}
@@ -246,7 +246,7 @@ def side_by_side(recipes: list[Recipe], reports: dict[str, dict], timed: protoco
                 "throughput_per_s": getattr(opt.latency_ms.get(key), "throughput_per_s", None),
                 "peak_rss_mb": ((e.get("resources") or {}).get("peak_rss_mb")),
                 "engine_mb": e["bytes"] / 2**20 if e.get("bytes") else None,
-                "build_s": (manifest["stages"].get(f"build:{e['target']}") or {}).get("seconds"),
+                "build_s": getattr(store.stage_record(f"build:{e['target']}"), "seconds", None),
             })
     return rows
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.artifacts import recorded
+from pipeline.artifacts.manifest import Manifest
 from pipeline.core import paths
 from pipeline.core.errors import IntegrityError
 from pipeline.store.recipe_folder import MANIFEST, Store
@@ -43,7 +44,7 @@ class Packed:
         return len(self.manifest) + sum(len(b) for b in self.files.values())
 
 
-def _manifest(packed: Packed, where: str) -> dict:
+def _manifest(packed: Packed, where: str) -> Manifest:
     try:
         return recorded.manifest(json.loads(packed.manifest))
     except (ValueError, recorded.Unusable) as e:
@@ -54,31 +55,31 @@ def _manifest(packed: Packed, where: str) -> dict:
 def pack(folder: Path) -> Packed:
     """Read a finished engine folder: its manifest and the files it records."""
     packed = Packed(folder.name, (folder / MANIFEST).read_bytes())
-    for name in _manifest(packed, str(folder))["files"]:
+    for name in _manifest(packed, str(folder)).files:
         packed.files[name] = (folder / name).read_bytes()
     return packed
 
 
-def check(packed: Packed, where: str) -> dict:
+def check(packed: Packed, where: str) -> Manifest:
     """The manifest of `packed` once every file is the one it records; else IntegrityError."""
     manifest = _manifest(packed, where)
-    if manifest.get("pending"):
+    if manifest.pending:
         raise IntegrityError(f"{where}: the folder came back with an interrupted commit "
-                             f"({', '.join(sorted(manifest['pending']))})", "the job is retried")
-    recorded_names, sent = set(manifest["files"]), set(packed.files)
+                             f"({', '.join(sorted(manifest.pending))})", "the job is retried")
+    recorded_names, sent = set(manifest.files), set(packed.files)
     if recorded_names != sent:
         extra, missing = sorted(sent - recorded_names), sorted(recorded_names - sent)
         raise IntegrityError(f"{where}: the files that came back are not the recorded ones "
                              f"(missing {missing or 'none'}, unrecorded {extra or 'none'})",
                              "the job is retried")
     for name, data in packed.files.items():
-        entry = manifest["files"][name]
+        entry = manifest.files[name]
         if paths.name_problem(name):
             raise IntegrityError(f"{where}: {paths.name_problem(name)} is named as an artifact")
         digest = hashlib.sha256(data).hexdigest()
-        if len(data) != entry["bytes"] or digest != entry["sha256"]:
+        if len(data) != entry.bytes or digest != entry.sha256:
             raise IntegrityError(f"{where}/{name}: sha256 {digest[:12]}… ({len(data)} bytes) does not "
-                                 f"match the manifest's {entry['sha256'][:12]}… ({entry['bytes']} "
+                                 f"match the manifest's {entry.sha256[:12]}… ({entry.bytes} "
                                  "bytes): the transfer is corrupt", "the job is retried")
     return manifest
 

@@ -119,7 +119,7 @@ class Run:
 
         chosen = [t.id for t in self.targets]
         try:
-            previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest["files"]
+            previous = (self.store.read_json("report.json") if "report.json" in self.store.manifest.files
                         and (self.store.dir / "report.json").is_file() else None)
         except IntegrityError as e:
             if not self.force:
@@ -198,7 +198,7 @@ class Run:
         inputs = ([graph] if graph else []) + ([base.one()] if base else [])
         inputs += [self.store.artifact(f"validate-{e.target}.json") for e in engines if e.status == "built"]
         inputs += [self.store.artifact(v.file) for e in engines for v in e.versus if v.file]
-        loads = [self.store.artifact(n) for n in sorted(self.store.manifest["files"])
+        loads = [self.store.artifact(n) for n in self.store.file_names()
                  if n.startswith("load-") and n.endswith(".json")]  # `pipeline load`'s results
         inputs += loads
         skipped = [dump(e) for e in engines if e.status != "built"]

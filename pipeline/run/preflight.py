@@ -98,7 +98,7 @@ def folder_owner(store: Store, recipe: Recipe) -> None:
     (recipes/standard.yaml, recipes/old/standard.yaml) would overwrite each other's
     engines. Refused while the file that built the folder still exists and is another
     file; a folder whose recipe file moved (or a run from another directory) is not."""
-    recorded = store.manifest.get("recipe_file")
+    recorded = store.manifest.recipe_file
     if not recorded or recipe.source is None:
         return
     built_by = Path(recorded)

@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.artifacts.manifest import StageRecord
 from pipeline.core import deps
 from pipeline.recipe import sha256_json
-from pipeline.store.recipe_folder import Artifact, Store, now
+from pipeline.store.recipe_folder import Artifacts, Store, now
 
 
 def stage_key(stage_id: str, spec: object, inputs: Mapping[str, str], *, code: str | None = None,
@@ -40,7 +40,7 @@ def stage_key(stage_id: str, spec: object, inputs: Mapping[str, str], *, code: s
 
 def commit(store: Store, stage_id: str, produced: dict[str, Path], key: str, *,
            meta: dict[str, Any] | None = None, seconds: float | None = None, stamped: bool = True,
-           **manifest_fields: Any) -> dict[str, Artifact]:
+           **manifest_fields: Any) -> Artifacts:
     """Commit the files `produced` ({name: path in a work folder}) as stage `stage_id` with its
     record: `key` (stage_key), `meta` (the stage's own facts), `seconds` (how long it ran,
     kept to the millisecond) and, when `stamped`, `finished` (now). The record holds only
@@ -55,7 +55,7 @@ def commit(store: Store, stage_id: str, produced: dict[str, Path], key: str, *,
     return store.commit_stage(stage_id, produced, StageRecord(**fields), **manifest_fields)
 
 
-def recommit(store: Store, stage_id: str, produced: dict[str, Path]) -> dict[str, Artifact]:
+def recommit(store: Store, stage_id: str, produced: dict[str, Path]) -> Artifacts:
     """Replace some files of a recorded stage and keep its record as it is (key, meta, time),
     so a later run still finds the stage done: loadgen re-renders the report stage's
     report.md with its Serving section this way. A name the stage never recorded is a bug

@@ -36,7 +36,7 @@ from pipeline.recipe import Recipe
 from pipeline.run import code_digest, records
 from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
-from pipeline.store.recipe_folder import Artifact, Interrupted, Store
+from pipeline.store.recipe_folder import Artifact, Artifacts, Interrupted, Store
 
 Produce = Callable[[Path], Produced]
 
@@ -115,7 +115,7 @@ class Result:
     """What one stage left in the store: its files, its meta, and its records as models (the
     ones it made in this run, else read back from the verified files on first use)."""
 
-    outputs: dict[str, Artifact]
+    outputs: Artifacts
     meta: dict
     cached: bool
     store: Store | None = None
@@ -216,7 +216,7 @@ class StageCache:
             return Produced(produced, record.meta)
         return None
 
-    def _cached_outputs(self, record: StageRecord) -> dict[str, Artifact] | None:
+    def _cached_outputs(self, record: StageRecord) -> Artifacts | None:
         """The recorded outputs, verified; None if one is gone (then the stage reruns)."""
         outputs = {}
         for name in record.outputs:

@@ -37,7 +37,7 @@ def versus(cache: StageCache, ref: str, other: Recipe, other_store: Store,
     for e in engines:
         target = next(t for t in recipe.targets if t.id == e.target)
         twin = next((t for t in other.targets if t.id == target.id), None)
-        if twin is None or engine_name(twin) not in other_store.manifest["files"]:
+        if twin is None or engine_name(twin) not in other_store.manifest.files:
             e.versus.append(Versus(other=ref, target=target.id, reason=f"`{other.name}` has no "
                                    f"built `{target.id}` engine to compare with"))
             continue

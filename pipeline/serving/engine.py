@@ -61,7 +61,7 @@ def choose(recipe, engines_root: Path, wanted: str | None) -> Choice:
     if wanted == PYTORCH:
         return Choice(PYTORCH, PYTORCH, None, None, None)
     store = Store(folder.parent, folder.name)
-    if "report.json" not in store.manifest["files"]:
+    if "report.json" not in store.manifest.files:
         raise InputError(f"{folder}: no report.json; the engines were not validated",
                          f"run `pipeline run {recipe.name}`")
     entries = store.read_json("report.json")["engines"]
@@ -75,14 +75,14 @@ def choose(recipe, engines_root: Path, wanted: str | None) -> Choice:
                          f"here (engines: {have})",
                          f"name one with --engine (a target id or kind, or `{PYTORCH}`)")
     entry = runnable[0]
-    stage = store.manifest["stages"].get(f"build:{entry['target']}") or {}
-    name = (stage.get("outputs") or [Path(entry["path"]).name])[0]
+    stage = store.stage_record(f"build:{entry['target']}")
+    name = (stage.outputs if stage and stage.outputs else [Path(entry["path"]).name])[0]
     artifact = store.verify(name)
     if artifact.sha256 != entry.get("sha256"):
         raise IntegrityError(f"{artifact.path}: not the engine the report validated",
                              f"rebuild with `pipeline run {folder.name} --force`")
-    source = (stage.get("meta") or {}).get("source", "model.onnx")
-    graph = store.verify(source).path if source in store.manifest["files"] else None
+    source = (stage.meta if stage else {}).get("source", "model.onnx")
+    graph = store.verify(source).path if source in store.manifest.files else None
     return Choice(entry["target"], entry["kind"], artifact.path, artifact.sha256, graph)
 
 

@@ -40,7 +40,7 @@ def load(ref: str, overrides: tuple[str, ...] = (), engines_root: Path = Path("e
     if match is None or Path(ref).suffix in (".yaml", ".yml"):
         return load_recipe(ref, overrides)
     store = Store(engines_root, ref)  # the manifest read through its model: a wrong one is exit 5
-    recorded = store.manifest.get("recipe_overrides") if store.dir.is_dir() else None
+    recorded = store.manifest.recipe_overrides if store.dir.is_dir() else None
     if recorded is None or overrides_digest(recorded) != match["digest"]:
         raise RecipeError(f"{ref}: no engines folder {store.dir} recording the --set values "
                           f"it was built with",

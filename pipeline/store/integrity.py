@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.artifacts import dump
+from pipeline.artifacts.manifest import FileEntry, Manifest
 from pipeline.core import deps, paths, safe_files
 from pipeline.core.errors import InputError, IntegrityError
 from pipeline.store.recipe_folder import MANIFEST, Store, read_recorded_json, sha256_file
@@ -65,8 +67,8 @@ def verify(folder: Path, environment: bool = True, public_key=None) -> Verdict:
     except IntegrityError as e:  # one failed check; the other folders are still verified
         verdict.checks.append(Check(MANIFEST, False, str(e)))
         return verdict
-    verdict.checks += _files(folder, manifest["files"], manifest.get("pending") or {})
-    verdict.checks += _report(folder, manifest["files"])
+    verdict.checks += _files(folder, manifest.files, manifest.pending)
+    verdict.checks += _report(folder, manifest.files)
     if environment:
         verdict.checks += _environment(manifest)
     if public_key is not None:
@@ -74,7 +76,7 @@ def verify(folder: Path, environment: bool = True, public_key=None) -> Verdict:
     return verdict
 
 
-def _signature(folder: Path, manifest: dict, public_key) -> Check:
+def _signature(folder: Path, manifest: Manifest, public_key) -> Check:
     """The folder's signed provenance (pipeline.store.provenance): signed by this key, and every
     subject (manifest.json, each recorded file) the file that is here now."""
     from pipeline.artifacts import json_file
@@ -89,7 +91,7 @@ def _signature(folder: Path, manifest: dict, public_key) -> Check:
     except (json_file.Unreadable, provenance.ProvenanceError) as e:
         return Check(what, False, str(e).replace("\n", " "))
     here = {"manifest.json": sha256_file(folder / MANIFEST),
-            **{name: entry["sha256"] for name, entry in manifest["files"].items()}}
+            **{name: entry.sha256 for name, entry in manifest.files.items()}}
     differ = sorted(n for n in signed.keys() | here.keys() if signed.get(n) != here.get(n))
     if differ:
         return Check(what, False, f"signed, but {', '.join(differ[:5])} "
@@ -99,7 +101,7 @@ def _signature(folder: Path, manifest: dict, public_key) -> Check:
                  f"{len(signed)} subjects match")
 
 
-def _files(folder: Path, files: dict, pending: dict) -> list[Check]:
+def _files(folder: Path, files: dict[str, FileEntry], pending: dict[str, str]) -> list[Check]:
     if not files and not pending:
         return [Check(MANIFEST, False, "records no files")]
     checks = []
@@ -116,11 +118,11 @@ def _files(folder: Path, files: dict, pending: dict) -> list[Check]:
             checks.append(Check(name, False, "missing (recorded in the manifest)"))
             continue
         actual, size = sha256_file(path), path.stat().st_size
-        if actual == pending.get(name) != entry["sha256"]:
+        if actual == pending.get(name) != entry.sha256:
             checks.append(Check(name, False, _INTERRUPTED.format(recipe=folder.name), True))
-        elif actual != entry["sha256"]:
+        elif actual != entry.sha256:
             checks.append(Check(name, False, f"sha256 {actual[:16]}… does not match the manifest's "
-                                             f"{entry['sha256'][:16]}… ({size} vs {entry['bytes']} bytes)"))
+                                             f"{entry.sha256[:16]}… ({size} vs {entry.bytes} bytes)"))
         elif problem := read_recorded_json(path)[1]:  # the manifest was rewritten to match a broken file
             checks.append(Check(name, False, f"sha256 matches the manifest, but the file is {problem}"))
         else:
@@ -132,7 +134,7 @@ _INTERRUPTED = ("interrupted commit: a run was stopped while renaming this file 
                 "tampering); `pipeline run {recipe}` finishes it")
 
 
-def _report(folder: Path, files: dict) -> list[Check]:
+def _report(folder: Path, files: dict[str, FileEntry]) -> list[Check]:
     """The engines the report vouches for are the files the manifest records."""
     path = folder / "report.json"
     if "report.json" not in files or not path.is_file():
@@ -149,7 +151,7 @@ def _report(folder: Path, files: dict) -> list[Check]:
         if e.get("status") != "built" or not isinstance(e.get("path"), str) or not e["path"]:
             continue
         name = Path(e["path"]).name
-        recorded = (files.get(name) or {}).get("sha256")
+        recorded = files[name].sha256 if name in files else None
         ok = recorded == e.get("sha256")
         wrong_format = ok and _format_problem(e["kind"], folder / name)
         if wrong_format:  # the report's kind names the Triton platform deploy would use
@@ -171,10 +173,11 @@ def _format_problem(kind: str, path: Path) -> str | None:
         return None  # the file's own check names it
 
 
-def _environment(manifest: dict) -> list[Check]:
+def _environment(manifest: Manifest) -> list[Check]:
     checks = []
-    for block, current in (("versions", deps.versions()), ("device", deps.device())):
-        recorded = manifest.get(block) or {}
+    built_on = dump(manifest.device) if manifest.device else {}
+    for block, recorded, current in (("versions", manifest.versions, deps.versions()),
+                                     ("device", built_on, deps.device())):
         for key in sorted(set(recorded) | set(current)):
             built, here = recorded.get(key), current.get(key)
             checks.append(Check(f"{block}.{key}", built == here,

@@ -31,6 +31,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pipeline.artifacts import dump
+from pipeline.artifacts.manifest import Manifest
 from pipeline.core.json_object import JsonObject
 
 Digests = dict[str, str]  # subject (file) name -> its sha256
@@ -71,13 +73,13 @@ def builder_id() -> str:
     return f"local:{os.uname().nodename}"
 
 
-def statement(folder: Path, manifest: dict, digest_of) -> JsonObject:
+def statement(folder: Path, manifest: Manifest, digest_of) -> JsonObject:
     """The in-toto statement for a folder whose manifest has been read (and verified)."""
     subjects = [{"name": "manifest.json", "digest": {"sha256": digest_of(folder / "manifest.json")}}]
-    subjects += [{"name": name, "digest": {"sha256": entry["sha256"]}}
-                 for name, entry in sorted(manifest["files"].items())]
-    stages = [{"name": f"stage:{sid}", "digest": {"sha256": record["key"]}}
-              for sid, record in sorted(manifest["stages"].items())]
+    subjects += [{"name": name, "digest": {"sha256": entry.sha256}}
+                 for name, entry in sorted(manifest.files.items())]
+    stages = [{"name": f"stage:{sid}", "digest": {"sha256": record.key}}
+              for sid, record in sorted(manifest.stages.items())]
     invocation = os.environ.get("GITHUB_RUN_ID")
     return {
         "_type": STATEMENT_TYPE,
@@ -86,9 +88,9 @@ def statement(folder: Path, manifest: dict, digest_of) -> JsonObject:
         "predicate": {
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
-                "externalParameters": {"recipe": manifest.get("recipe"),
-                                       "recipe_sha256": manifest.get("recipe_sha256"),
-                                       "recipe_overrides": manifest.get("recipe_overrides") or []},
+                "externalParameters": {"recipe": manifest.recipe,
+                                       "recipe_sha256": manifest.recipe_sha256,
+                                       "recipe_overrides": manifest.recipe_overrides or []},
                 "resolvedDependencies": [
                     *stages,
                     {"name": "pipeline-source", "digest": {"sha256": source_digest()},
@@ -97,10 +99,11 @@ def statement(folder: Path, manifest: dict, digest_of) -> JsonObject:
                 ],
             },
             "runDetails": {
-                "builder": {"id": builder_id(), "version": manifest.get("versions") or {}},
-                "metadata": {"finishedOn": manifest.get("updated"),
+                "builder": {"id": builder_id(), "version": manifest.versions},
+                "metadata": {"finishedOn": manifest.updated,
                              **({"invocationId": invocation} if invocation else {})},
-                "byproducts": [{"name": "device", "annotations": manifest.get("device") or {}}],
+                "byproducts": [{"name": "device",
+                                "annotations": dump(manifest.device) if manifest.device else {}}],
             },
         },
     }

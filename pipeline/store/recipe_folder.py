@@ -16,9 +16,9 @@ first records the new digests under the manifest's `pending` (and drops the stag
 then renames the files, then records them in `files` and empties `pending`. Killed in
 between, every file has either its recorded digest or its pending one: that is an
 interrupted commit, not tampering, and the stage (with no record) simply reruns. Any other
-digest is a file changed by hand: IntegrityError. (`files` entries keep one shape:
-{sha256, bytes, stage}.) A recorded JSON file must also still be the object the pipeline
-wrote (`read_recorded_json`), since a manifest rewritten to match a broken file passes the sha256.
+digest is a file changed by hand: IntegrityError. A recorded JSON file must also still be
+the object the pipeline wrote (`read_recorded_json`), since a manifest rewritten to match a
+broken file passes the sha256.
 Manifests and recorded JSON files are read through their models (pipeline.artifacts): a
 file that does not fit is refused in one line (IntegrityError), whatever is wrong in it.
 An unreadable manifest stops every command; `run --force` renames it to
@@ -47,9 +47,10 @@ from typing import Any
 
 from pipeline.artifacts import json_file, recorded
 from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
-from pipeline.artifacts.manifest import Manifest, StageRecord
+from pipeline.artifacts.manifest import FileEntry, Manifest, StageRecord
 from pipeline.core import deps, paths, safe_files
 from pipeline.core.errors import InputError, IntegrityError, LockError
+from pipeline.core.json_object import JsonObject
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
@@ -64,6 +65,13 @@ class Artifact:
     path: Path
     sha256: str
     bytes: int
+
+
+Artifacts = dict[str, Artifact]  # a stage's committed files: name in the store -> its Artifact
+
+
+def _empty_manifest() -> Manifest:  # a folder's manifest before its first commit
+    return Manifest.model_validate({"schema": SCHEMA, "files": {}, "stages": {}})
 
 
 def sha256_file(path: Path) -> str:
@@ -114,7 +122,7 @@ class Store:
     def __init__(self, root: Path, recipe_name: str):
         self.dir = Path(root) / recipe_name
         self.tmp = self.dir / ".tmp"
-        self._manifest: dict | None = None
+        self._manifest: Manifest | None = None
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
@@ -198,18 +206,19 @@ class Store:
 
     # ------------------------------------------------------------------ manifest
     @property
-    def manifest(self) -> dict:
-        """The manifest as its JSON (checked when read); a stage's record typed is
-        `stage_record`, the recorded names `file_names`."""
+    def manifest(self) -> Manifest:
+        """The manifest as its model (checked when read): `files` (name -> FileEntry),
+        `stages` (id -> StageRecord, also `stage_record`), `pending`, the recipe, versions
+        and device. Changed only through the store's methods, written by `save_manifest`."""
         if self._manifest is None:
             self._manifest = self.read_manifest()
         return self._manifest
 
-    def read_manifest(self) -> dict:
+    def read_manifest(self) -> Manifest:
         path = self.dir / MANIFEST
         self.check_folder()
         if not os.path.lexists(path):
-            return {"schema": SCHEMA, "files": {}, "stages": {}}
+            return _empty_manifest()
         try:
             data = json_file.read(path)  # bounded: a planted file is refused, never a crash
         except json_file.Unreadable as e:
@@ -237,36 +246,34 @@ class Store:
         if aside.exists():
             aside = aside.with_name(f"{aside.name}-{os.getpid()}")
         os.replace(path, aside)
-        self._manifest = {"schema": SCHEMA, "files": {}, "stages": {}}
+        self._manifest = _empty_manifest()
         return aside
 
     def save_manifest(self, **fields: Any) -> None:
-        m = self.manifest
-        m.update(fields)
-        m["schema"] = SCHEMA
-        m["updated"] = now()
-        m["versions"] = deps.versions()
-        m["device"] = deps.device()
-        write_atomic(self.dir / MANIFEST, dumps(recorded.dump(Manifest.model_validate(m))))
+        """Write the manifest with `fields` (recipe, recipe_sha256, ...) set, stamped with
+        the time, the tool versions and the device; checked whole by its model first."""
+        data = {**recorded.dump(self.manifest), **fields, "schema": SCHEMA, "updated": now(),
+                "versions": deps.versions(), "device": deps.device()}
+        self._manifest = Manifest.model_validate(data)
+        write_atomic(self.dir / MANIFEST, dumps(recorded.dump(self._manifest)))
 
     def stage_record(self, stage_id: str) -> StageRecord | None:
         """The record of stage `stage_id` as its model; None when the stage has none (never
         run here, or a commit of it was interrupted)."""
-        entry = self.manifest["stages"].get(stage_id)
-        return None if entry is None else StageRecord.model_validate(entry)
+        return self.manifest.stages.get(stage_id)
 
     def stage_ids(self) -> list[str]:
         """The stages this folder records, in the manifest's order."""
-        return list(self.manifest["stages"])
+        return list(self.manifest.stages)
 
     def forget_stage(self, stage_id: str) -> None:
         """Drop a stage's record (in memory, written with the next save): it counts as not
         done; its files stay where they are."""
-        self.manifest["stages"].pop(stage_id, None)
+        self.manifest.stages.pop(stage_id, None)
 
     def file_names(self) -> list[str]:
         """The names of every recorded file, sorted."""
-        return sorted(self.manifest["files"])
+        return sorted(self.manifest.files)
 
     # ------------------------------------------------------------------ artifacts
     def workdir(self, stage_id: str) -> Path:
@@ -285,40 +292,41 @@ class Store:
         size = produced.stat().st_size
         os.replace(produced, final)
         _fsync_dir(self.dir)
-        self.manifest["files"][name] = {"sha256": digest, "bytes": size, "stage": stage_id}
+        self.manifest.files[name] = FileEntry(sha256=digest, bytes=size, stage=stage_id)
         return Artifact(name, final, digest, size)
 
     def commit_stage(self, stage_id: str, produced: dict[str, Path], record: StageRecord,
-                     **fields: Any) -> dict[str, Artifact]:
+                     **fields: Any) -> Artifacts:
         """Commit all files of one stage and its record, safe against a kill at any point.
         The record (built by pipeline.run.records) is dumped here, the one place it becomes
         the manifest's JSON, and before anything moves: a meta that cannot be written fails
         the commit while the folder is still as it was."""
-        entry = recorded.dump(record)
+        entry = StageRecord.model_validate(recorded.dump(record))  # a copy, as it will read back
         self.forget_stage(stage_id)  # until step 3 the stage counts as not done
-        self.manifest["pending"] = {name: sha256_file(path) for name, path in produced.items()}
+        self.manifest.pending = {name: sha256_file(path) for name, path in produced.items()}
         self.save_manifest(**fields)  # step 1: what is about to appear
         outputs = {name: self.commit(path, name, stage_id) for name, path in produced.items()}
-        self.manifest["stages"][stage_id] = entry  # step 2 done: step 3
-        self.manifest["pending"] = {}
+        self.manifest.stages[stage_id] = entry  # step 2 done: step 3
+        self.manifest.pending = {}
         self.save_manifest(**fields)
         return outputs
 
     def artifact(self, name: str) -> Artifact:
-        entry = self.manifest["files"][name]
-        return Artifact(name, self.dir / name, entry["sha256"], entry["bytes"])
+        entry = self.manifest.files[name]
+        return Artifact(name, self.dir / name, entry.sha256, entry.bytes)
 
     def verify(self, name: str) -> Artifact:
         """The recorded artifact, after checking the file still has its recorded sha256."""
         return self._verified(name)[0]
 
-    def read_json(self, name: str) -> dict:
-        """A recorded JSON artifact (report.json, validate-<target>.json, ...), verified."""
+    def read_json(self, name: str) -> JsonObject:
+        """A recorded JSON artifact (report.json, validate-<target>.json, ...), verified, as
+        its model reads it (recorded.parse: every key checked, report.json migrated)."""
         return self._verified(name)[1]
 
     def _verified(self, name: str) -> tuple[Artifact, Any]:
         """(artifact, its JSON content or None): the file read and parsed once."""
-        entry = self.manifest["files"].get(name)
+        entry = self.manifest.files.get(name)
         if paths.name_problem(name):  # only a name from outside (a report's) can be one
             raise IntegrityError(f"{self.dir}: {paths.name_problem(name)} is named as an artifact",
                                  f"rebuild with `pipeline run {self.dir.name} --force`")
@@ -330,17 +338,17 @@ class Store:
         if not path.is_file():
             raise IntegrityError(f"{path}: recorded in the manifest but missing", "rerun the recipe")
         actual = sha256_file(path)
-        pending = self.manifest.get("pending", {}).get(name)
-        if actual == pending != entry["sha256"]:
+        pending = self.manifest.pending.get(name)
+        if actual == pending != entry.sha256:
             raise _interrupted(path, self.dir)
-        if actual != entry["sha256"]:
-            recorded = " or ".join(f"{d[:12]}…" for d in (entry["sha256"], pending) if d)
+        if actual != entry.sha256:
+            recorded = " or ".join(f"{d[:12]}…" for d in (entry.sha256, pending) if d)
             raise IntegrityError(
                 f"{path}: sha256 {actual[:12]}… does not match the manifest's "
                 f"{recorded}; the file changed after it was built",
                 f"rebuild with `pipeline run {self.dir.name} --force`",
             )
-        artifact = Artifact(name, path, actual, entry["bytes"])
+        artifact = Artifact(name, path, actual, entry.bytes)
         data, problem = read_recorded_json(path)
         if problem is not None and problem.stale:  # another pipeline version's, not tampered
             raise IntegrityError(f"{path}: {problem}", f"rerun with --force: `pipeline run "
@@ -353,7 +361,7 @@ class Store:
 
     def verify_all(self) -> None:
         """Refuse the folder if any recorded file that still exists has changed."""
-        for name in list(self.manifest["files"]):
+        for name in list(self.manifest.files):
             if os.path.lexists(self.dir / name):  # a symlink in its place is refused, not skipped
                 try:
                     self.verify(name)

@@ -102,10 +102,10 @@ def test_any_damaged_manifest_is_read_or_refused_in_one_line(originals, data):
     except Unusable as e:
         assert "\n" not in e.problem
         return
-    for name, entry in read["files"].items():  # what store.artifact / verify use
-        assert "/" not in name and isinstance(entry["bytes"], int) and len(entry["sha256"]) == 64
-    for record in read["stages"].values():
-        assert all(o in read["files"] for o in record["outputs"])
+    for name, entry in read.files.items():  # what store.artifact / verify use
+        assert "/" not in name and isinstance(entry.bytes, int) and len(entry.sha256) == 64
+    for record in read.stages.values():
+        assert all(o in read.files for o in record.outputs)
 
 
 def _cheap(path: tuple) -> bool:

@@ -578,9 +578,9 @@ def test_tensorrt_builds_from_a_plain_onnx_chain_of_the_same_stages(project, mon
     ops = Counter(n.op_type for n in onnx.load(str(plain.path)).graph.node)
     assert ops["QuantizeLinear"] > 0 and ops["MatMul"] > 0  # INT8 Q/DQ, TensorRT's placement
     trt_backend.check_parseable(plain.path)  # what the build checks first: passes
-    stages = run.store.manifest["stages"]
+    stages = run.store.manifest.stages
     assert {"optimize:plain", "precision:plain"} <= set(stages)
-    meta = stages["optimize:plain"]["meta"]  # the plain chain: no ORT-only pass ran
+    meta = stages["optimize:plain"].meta  # the plain chain: no ORT-only pass ran
     assert meta["accepted"] == ["pack_matmuls"] and meta["no_match"] == ["fold_constants"]
     # a second run finds both chains cached
     again = Run(recipe, project.engines)

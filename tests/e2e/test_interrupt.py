@@ -206,7 +206,7 @@ def test_sigkill_inside_a_commit_is_not_mistaken_for_tampering(tmp_path):
             assert (s.dir / "a.bin").read_bytes().startswith(b"new ")
             assert (s.dir / "b.bin").read_bytes() == b"old b.bin"
         s.verify_all()  # no IntegrityError: every file has its old or its announced digest
-        assert "build:x" not in s.manifest["stages"]  # so the stage reruns
+        assert "build:x" not in s.manifest.stages  # so the stage reruns
         # ... and a rerun of the stage completes the folder
         with s.lock():
             work = s.workdir("build:x")
@@ -216,8 +216,8 @@ def test_sigkill_inside_a_commit_is_not_mistaken_for_tampering(tmp_path):
                            StageRecord(key="2" * 64, outputs=["a.bin", "b.bin"]))
         again = Store(root, "r")
         again.verify_all()
-        assert again.manifest["stages"]["build:x"]["key"] == "2" * 64
-        assert again.manifest["pending"] == {}
+        assert again.manifest.stages["build:x"].key == "2" * 64
+        assert again.manifest.pending == {}
         # a file changed by hand is still refused
         (again.dir / "b.bin").write_bytes(b"edited")
         try:

@@ -37,8 +37,8 @@ def test_the_chain_stops_where_asked_then_goes_on_from_the_cache(digits):
     last = chain.run()
     assert last.name == "typed.onnx" and set(chain.meta) == set(GRAPH_STAGES)
     assert chain.exported.name == "model.onnx"
-    stages = chain.cache.store.manifest["stages"]
-    assert [stages[s]["outputs"][0] for s in GRAPH_STAGES] == ["model.onnx", "optimized.onnx", "typed.onnx"]
+    stages = chain.cache.store.manifest.stages
+    assert [stages[s].outputs[0] for s in GRAPH_STAGES] == ["model.onnx", "optimized.onnx", "typed.onnx"]
     done = chain.cache.work_done
     chain.cache.work_done = False
     assert chain.run().sha256 == last.sha256 and not chain.cache.work_done  # all cached

@@ -47,7 +47,7 @@ def test_a_folder_built_by_another_recipe_file_of_the_same_name_is_refused(tmp_p
         (folder / "standard.yaml").write_text("extends: " + str(load("standard").source) + "\n")
     mine, theirs = load(str(here / "standard.yaml")), load(str(there / "standard.yaml"))
     store = Store(tmp_path / "engines", "standard")
-    store.manifest["recipe_file"] = str(theirs.source)
+    store.manifest.recipe_file = str(theirs.source)
     with pytest.raises(RecipeError, match="two recipe files named `standard`"):
         preflight.folder_owner(store, mine)
     preflight.folder_owner(store, theirs)  # its own folder

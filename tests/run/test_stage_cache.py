@@ -71,7 +71,7 @@ def test_a_stage_runs_once_then_is_cached_with_its_meta(cache):
     again = cache.stage("export", {"a": 1}, [], produce)
     assert len(calls) == 1 and not first.cached and again.cached
     assert again.meta == {"said": "hello"} and again.one().path.read_text() == "hello"
-    assert cache.store.manifest["stages"]["export"]["outputs"] == ["out.txt"]
+    assert cache.store.manifest.stages["export"].outputs == ["out.txt"]
     cache.stage("export", {"a": 2}, [], produce)  # another spec: runs again
     assert len(calls) == 2
 
@@ -95,7 +95,7 @@ def test_a_failing_stage_is_one_stage_failure_and_leaves_nothing(cache):
 
     with pytest.raises(StageFailed, match="export failed: ValueError: a library failed"):
         cache.stage("export", {}, [], produce)
-    assert "export" not in cache.store.manifest["stages"]
+    assert "export" not in cache.store.manifest.stages
     assert not (cache.store.dir / "half.onnx").exists()
     assert not cache.store.workdir("export").exists() or not any(cache.store.workdir("export").iterdir())
 
@@ -104,7 +104,7 @@ def test_records_of_targets_the_recipe_dropped_are_forgotten(cache):
     cache.stage("validate:gone", {}, [], lambda wd: write(wd, "v.txt", "x"))
     cache.stage("validate:onnxruntime", {}, [], lambda wd: write(wd, "w.txt", "y"))
     cache.forget_targets_not_in(cache.recipe)
-    assert set(cache.store.manifest["stages"]) == {"validate:onnxruntime"}
+    assert set(cache.store.manifest.stages) == {"validate:onnxruntime"}
 
 
 def test_a_gate_is_a_typed_record():

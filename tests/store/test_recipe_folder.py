@@ -56,12 +56,12 @@ def test_a_committed_stage_is_what_a_fresh_store_reads_and_the_lock_sweeps_lefto
         made = _commit_export(store)
         (store.tmp / "killed-stage").mkdir()  # what a killed run leaves behind
     again = Store(tmp_path, "r")  # another process, reading the manifest from the disk
-    assert again.manifest["stages"]["export"]["outputs"] == ["model.onnx", "notes.txt"]
+    assert again.manifest.stages["export"].outputs == ["model.onnx", "notes.txt"]
     assert again.stage_record("export") == StageRecord(key="ab" * 32, outputs=["model.onnx", "notes.txt"])
     assert again.stage_ids() == ["export"] and again.file_names() == ["model.onnx", "notes.txt"]
-    assert again.manifest["pending"] == {}
-    assert {n: e["sha256"] for n, e in again.manifest["files"].items()} == {n: a.sha256 for n, a in made.items()}
-    assert {e["stage"] for e in again.manifest["files"].values()} == {"export"}
+    assert again.manifest.pending == {}
+    assert {n: e.sha256 for n, e in again.manifest.files.items()} == {n: a.sha256 for n, a in made.items()}
+    assert {e.stage for e in again.manifest.files.values()} == {"export"}
     again.verify_all()
     assert again.read_json("model.onnx") is None  # recorded, verified, and not JSON
     with again.lock():
@@ -73,7 +73,7 @@ def test_a_file_with_only_its_pending_digest_is_an_interrupted_commit_not_tamper
     _commit_export(store)
     # killed after announcing a new graph (step 1) and renaming it in, before recording it
     store.forget_stage("export")
-    store.manifest["pending"] = {"model.onnx": hashlib.sha256(b"new graph").hexdigest()}
+    store.manifest.pending = {"model.onnx": hashlib.sha256(b"new graph").hexdigest()}
     store.save_manifest()
     (store.dir / "model.onnx").write_bytes(b"new graph")
     again = Store(tmp_path, "r")
@@ -95,5 +95,5 @@ def test_an_unreadable_manifest_is_refused_then_set_aside_whole(tmp_path):
     fresh = Store(tmp_path, "r")
     aside = fresh.set_aside_bad_manifest()
     assert aside.name.startswith(f"{MANIFEST}{ASIDE}") and aside.read_text() == '{"schema": 1, "files": '
-    assert fresh.manifest["files"] == {} and not (store.dir / MANIFEST).exists()
+    assert fresh.manifest.files == {} and not (store.dir / MANIFEST).exists()
     assert fresh.set_aside_bad_manifest() is None  # nothing unreadable left
