@@ -4,6 +4,8 @@
     collate.py    request checks, length buckets, padding, stacking, splitting
     engine.py     the engine folder checked as `verify` does, opened through its backend
     replica.py    one replica: engine + batcher on an asyncio loop, its own measurements
+    scheduler.py  continuous batching's rules (generation): admission, KV budget, finishing
+    generation_loop.py  those rules driven on the replica's engine thread, per-row sampling
     http_api.py   the HTTP routes (FastAPI)
     openai_api.py the OpenAI API for generation engines (chat/completions, completions, models)
     openai_protocol.py  its request, answer, stream-chunk and error shapes

@@ -16,7 +16,7 @@
     /v2/...                             Triton's KServe v2 protocol for tensor models
                                         (serving/kserve.py)
 Errors: 400 {"error": one line} for a bad request, 404 for another recipe, 503 {"error":
-"queue full"} when the bounded queue is full, 500 when the engine fails.
+"queue full"} with Retry-After when the bounded queue is full, 500 when the engine fails.
 
 `routes(app, get_replica, recipe_name)` adds the routes to a FastAPI app whose handlers
 reach the replica through `get_replica()` (the Ray Serve deployment's, or a test's).
@@ -37,10 +37,14 @@ from pipeline.serving.collate import BadRequest
 NPZ = "application/x-npz"
 
 
+RETRY_AFTER_S = 1  # a 503's Retry-After: a decode step or a batch frees a place within ~1 s here
+
+
 def _error(status: int, message: str):
     from fastapi.responses import JSONResponse
 
-    return JSONResponse({"error": message}, status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def parse_npz(body: bytes) -> dict[str, np.ndarray]:

@@ -255,3 +255,11 @@ def test_a_full_queue_refuses_and_an_impossible_request_is_a_bad_request(gqa):
 
     tokens, final = _drive(_replica(gqa, max_running_sequences=1, max_queue_size=1), main)
     assert len(tokens) == 3 and final["queue_ms"] > 0
+
+
+def test_a_503_says_when_to_retry():
+    from pipeline.serving import http_api
+
+    refused = http_api._error(503, "queue full")
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert "retry-after" not in http_api._error(400, "bad").headers
