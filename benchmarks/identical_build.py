@@ -24,7 +24,11 @@ MEASURED = re.compile(
     r"(latency|_ms|_ns|_us|_s\b|_s\.|seconds|speedup|ratio|ci95|verdict|blocks|tokens_per_s|"
     r"time_per_task|ttft|tpot|rss|memory|resources|created|cold_start|harness|stop|"
     r"floor|bandwidth|cov|std|mean|p50|p90|p99|\bn\b|profile|plot|warnings|_pct|share_of_time|"
-    r"detail|note)", re.I)
+    r"detail|note|finished|updated)", re.I)
+
+
+# manifest.json: a stage's cache key digests the code that runs it, so moved code changes it
+CACHE_KEY = re.compile(r"^stages\.[^.]+\.key$")
 
 
 def flatten(value, prefix=""):
@@ -38,6 +42,47 @@ def flatten(value, prefix=""):
         yield prefix, value
 
 
+def npz_arrays_differing(before: Path, after: Path) -> list[str]:
+    """The arrays of two .npz files that differ (or are in one only), by name."""
+    import numpy as np
+
+    with np.load(before) as b, np.load(after) as a:
+        names = sorted(set(b.files) | set(a.files))
+        return [n for n in names if n not in b.files or n not in a.files
+                or not (b[n].shape == a[n].shape and np.array_equal(b[n], a[n]))]
+
+
+def file_verdict(name: str, before: Path, after: Path) -> tuple[str, bool]:
+    """A differing file's verdict and whether it may differ: files of timings may; an .npz
+    may when only arrays of measured quantities differ (e.g. the baseline's answer seconds)."""
+    if TIMED_FILES.match(name):
+        return "no (measured)", True
+    if name.endswith(".npz"):
+        arrays = npz_arrays_differing(before / name, after / name)
+        if arrays and all(MEASURED.search(a) for a in arrays):
+            return f"no (measured arrays only: {', '.join(arrays)})", True
+        return f"**NO** (arrays: {', '.join(arrays)})", False
+    return "**NO**", False
+
+
+def json_values(name: str, before: Path, after: Path) -> tuple[list[str], bool]:
+    """A JSON file of both builds compared value by value: measured values and the stage
+    cache keys (they digest the code, which the restructuring changed) may differ."""
+    vb = dict(flatten(json.loads((before / name).read_text())))
+    va = dict(flatten(json.loads((after / name).read_text())))
+    measured, keys, other = [], [], []
+    for key in sorted(set(vb) | set(va)):
+        if name == "manifest.json" and key.startswith("files."):
+            continue  # the file table above judged every recorded file
+        if vb.get(key, "<absent>") != va.get(key, "<absent>"):
+            (keys if CACHE_KEY.search(key) else measured if MEASURED.search(key) else other).append(key)
+    lines = ["", f"{name}: {len(vb)} values before, {len(va)} after; {len(measured)} measured values "
+             f"differ (timings, memory, dates), {len(keys)} stage cache keys differ, "
+             f"{len(other)} other values differ."]
+    lines += [f"- **{key}**: {vb.get(key, '<absent>')!r} -> {va.get(key, '<absent>')!r}" for key in other]
+    return lines, not other
+
+
 def compare(before: Path, after: Path) -> tuple[list[str], bool]:
     lines, same = [], True
     files_b = json.loads((before / "manifest.json").read_text())["files"]
@@ -45,23 +90,14 @@ def compare(before: Path, after: Path) -> tuple[list[str], bool]:
     lines += ["| file | before sha256 | after sha256 | same |", "|---|---|---|---|"]
     for name in sorted(set(files_b) | set(files_a)):
         b, a = files_b.get(name, {}).get("sha256"), files_a.get(name, {}).get("sha256")
-        equal = a == b
-        if not equal and not TIMED_FILES.match(name):
-            same = False
-        lines.append(f"| {name} | {(b or '—')[:12]} | {(a or '—')[:12]} | "
-                     f"{'yes' if equal else ('no (measured)' if TIMED_FILES.match(name) else '**NO**')} |")
-    rb = dict(flatten(json.loads((before / "report.json").read_text())))
-    ra = dict(flatten(json.loads((after / "report.json").read_text())))
-    measured, other = [], []
-    for key in sorted(set(rb) | set(ra)):
-        if rb.get(key, "<absent>") != ra.get(key, "<absent>"):
-            (measured if MEASURED.search(key) else other).append(key)
-    lines += ["", f"report.json: {len(rb)} values before, {len(ra)} after; "
-              f"{len(measured)} measured values differ (timings, memory, dates), "
-              f"{len(other)} other values differ."]
-    for key in other:
-        same = False
-        lines.append(f"- **{key}**: {rb.get(key, '<absent>')!r} -> {ra.get(key, '<absent>')!r}")
+        verdict, allowed = ("yes", True) if a == b else (
+            ("**NO** (in one build only)", False) if None in (a, b) else file_verdict(name, before, after))
+        same &= allowed
+        lines.append(f"| {name} | {(b or '—')[:12]} | {(a or '—')[:12]} | {verdict} |")
+    for name in ("report.json", "manifest.json"):
+        value_lines, values_same = json_values(name, before, after)
+        lines += value_lines
+        same &= values_same
     return lines, same
 
 
