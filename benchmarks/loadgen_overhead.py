@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
+    from pipeline.artifacts import dump
     from pipeline.core import deps
     from pipeline.loadgen import client, server
     from pipeline.loadgen.loadtest import LoadTest, Settings
@@ -71,8 +72,9 @@ def main() -> None:
             test = LoadTest(client.Target(url), body, Settings(duration=args.duration, warmup=1.0,
                             min_requests=200, timeout=5.0), server_pid=echo.pid)
             cpu0 = _cpu_s()
-            point, outcomes = test.point(rate)
+            measured, outcomes = test.point(rate)
             cpu = _cpu_s() - cpu0
+            point = dump(measured)  # the LoadPoint as load-*.json holds it, and the client's CPU
             point["client_cpu_us_per_request"] = cpu / max(1, len(outcomes)) * 1e6
             points.append(point)
             print(f"{rate:7.0f}/s offered ({point['scheduled_rate']:.1f} scheduled): achieved "

@@ -6,8 +6,13 @@ served recipe (pipeline/loadgen), read back by report.md and `compare --load`.
       requests: where the bodies came from      client: the generator's own limits
       points: [LoadPoint]  one per offered rate (or concurrency)
         rates, goodput, failures, latency_ms {p50, p90, p99, p99.9: Quantile}, late,
-        queue_ms / compute_ms, batch_sizes, slo: [SloVerdict], resources, generation
-      capacity: Capacity | None    soak: Soak | None    plot: the knee / soak PNG
+        queue_ms / compute_ms, batch_sizes, slo: [SloVerdict], resources: Resources,
+        generation: TokenTimings
+      capacity: Capacity | None    soak: Soak (windows: [SoakWindow], verdict) | None
+      plot: the knee / soak PNG
+
+pipeline/loadgen builds these where it measures (summary.summarize makes the LoadPoint) and
+the store dumps them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,33 @@ class Spread(Closed):
     p99: float
 
 
+# A percentile's name (p50, p90, p99, p99.9) -> its Quantile.
+Percentiles = dict[str, Quantile]
+
+
+class Resources(Closed):
+    """The server's processes while a point ran (pipeline.loadgen.resources)."""
+
+    cpu_pct_mean: float = Field(description="Percent of one core, summed over the processes.")
+    cpu_pct_max: float
+    rss_mib_mean: float
+    rss_mib_peak: float
+    samples: float = Field(description="Samples taken (a count, written as a number).")
+
+
+class TokenTimings(Closed):
+    """A generation point's token timings, from the client (ms) and the server's own."""
+
+    ttft_ms: Percentiles = Field(description="Scheduled send to the first token.")
+    tpot_ms: Percentiles = Field(description="Each request's mean gap after its first token.")
+    itl_ms: Percentiles = Field(description="Every gap between two tokens, pooled.")
+    e2e_ms: Percentiles = Field(description="The request's latency (the point's latency_ms).")
+    tokens_per_s: float
+    mean_tokens: float
+    server_ttft_ms: Spread | None = None
+    server_tpot_ms: Spread | None = None
+
+
 class LoadPoint(Closed):
     offered_rate: float = Field(description="Requests/s asked for (closed loop: users).")
     scheduled_rate: float = Field(description="Requests/s the measured schedule holds.")
@@ -66,7 +98,7 @@ class LoadPoint(Closed):
     errors: Count
     timeouts: Count
     error_examples: list[str] = []
-    latency_ms: dict[str, Quantile]
+    latency_ms: Percentiles
     latency_mean_ms: float | None
     late: Late
     queue_ms: Spread | None
@@ -74,8 +106,8 @@ class LoadPoint(Closed):
     batch_sizes: dict[str, Count] = {}
     slo: list[SloVerdict] = []
     passed: bool | None = Field(description="The capacity criterion; None without an SLO.")
-    resources: dict[str, float] | None = None
-    generation: dict[str, Any] | None = None
+    resources: Resources | None = None
+    generation: TokenTimings | None = None
     concurrency: Count | None = None
 
 
@@ -86,9 +118,37 @@ class Capacity(Closed):
     why: str
 
 
+class SoakWindow(Closed):
+    """One time window of a soak's point (by scheduled send time)."""
+
+    start_s: float
+    end_s: float
+    requests: Count
+    failures: Count
+    p99_ms: Quantile
+    rss_mib: float | None = Field(description="The server's mean RSS in the window.")
+    cpu_pct: float | None
+
+
+class Slope(Closed):
+    """A least-squares slope per hour over the windows, with its 95% t-interval."""
+
+    per_hour: float
+    ci95: list[float]
+    points: Count
+
+
+class SoakVerdict(Closed):
+    memory_slope_mib_per_hour: Slope | None
+    p99_slope_ms_per_hour: Slope | None
+    threshold_mib_per_hour: float
+    leak: Literal["leak", "no leak", "inconclusive"]
+    why: str
+
+
 class Soak(Closed):
-    windows: list[dict[str, Any]]
-    verdict: dict[str, Any]
+    windows: list[SoakWindow]
+    verdict: SoakVerdict
 
 
 class LoadResult(Closed):

@@ -23,10 +23,10 @@ def is_load_file(name: str) -> bool:
     return name.startswith("load-") and name.endswith(".json")
 
 
-def write(result: dict, plot: Path | None, store, workload=None) -> Path:
-    """Validate `result`, commit it (and `plot`) into the store's folder; returns the JSON path.
-    workload: the recipe's (workloads.of), for report.md's engine sections."""
-    model = LoadResult.model_validate(result)
+def write(model: LoadResult, plot: Path | None, store, workload=None) -> Path:
+    """Commit `model` (and `plot`) into the store's folder, the one place it is dumped;
+    returns the JSON path. workload: the recipe's (workloads.of), for report.md's engine
+    sections."""
     name = file_name(model.engine, model.name)
     stem = name[:-len(".json")]
     with store.lock():

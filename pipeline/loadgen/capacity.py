@@ -17,25 +17,43 @@ the tests.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from pipeline.artifacts.serving import Capacity
 
 MAX_POINTS = 10
 TOLERANCE = 0.05
 LOWEST_RATE = 0.05  # requests/s: below this a server does not hold the SLO at all
 
 
-def search(measure: Callable[[float], dict], start: float, *, max_points: int = MAX_POINTS,
-           tolerance: float = TOLERANCE, on_point: Callable[[dict], None] | None = None) -> dict:
-    """{capacity, bracket: [passing, failing], points: [point...], converged, why}."""
+class Point(Protocol):
+    """What the search reads of a point (an artifacts.serving.LoadPoint, or a test's own)."""
+
+    @property
+    def offered_rate(self) -> float: ...
+
+    @property
+    def passed(self) -> bool | None: ...
+
+
+P = TypeVar("P", bound=Point)
+
+
+def search(measure: Callable[[float], P], start: float, *, max_points: int = MAX_POINTS,
+           tolerance: float = TOLERANCE,
+           on_point: Callable[[P], None] | None = None) -> tuple[Capacity, list[P]]:
+    """(the capacity with its bracket [passing, failing], whether it converged and why; the
+    points measured, by offered rate)."""
     if start <= 0:
         raise ValueError("the start rate must be > 0")
-    points: list[dict] = []
+    points: list[P] = []
 
     def passes(rate: float) -> bool:
         point = measure(rate)
         points.append(point)
         if on_point:
             on_point(point)
-        return bool(point["passed"])
+        return bool(point.passed)
 
     good, bad = None, None
     rate = start
@@ -66,5 +84,5 @@ def search(measure: Callable[[float], dict], start: float, *, max_points: int = 
         why = f"stopped after {len(points)} points with the bracket {(bad - good) / good:.0%} wide"
     else:
         why = f"bracket within {tolerance:.0%}"
-    return {"capacity": good, "bracket": [good, bad], "converged": converged, "why": why,
-            "points": sorted(points, key=lambda p: p["offered_rate"])}
+    found = Capacity(capacity=good, bracket=[good, bad], converged=converged, why=why)
+    return found, sorted(points, key=lambda p: p.offered_rate)

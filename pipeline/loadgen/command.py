@@ -8,6 +8,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.artifacts.serving import Capacity, LoadPoint, LoadResult, Soak
 from pipeline.core.errors import InputError
 
 
@@ -104,9 +105,11 @@ def run(req: Request) -> None:
                       f"{len(bodies)} request bodies from {requests_info['source']}")
         test = LoadTest(client.Target(url, generate=generation), bodies, settings, pid,
                         on_point=lambda p: console.print(_line(p)))
-        result = _measure(test, mode, req)
+        measured = _measure(test, mode, req)
         stats = server.stats(url)  # the server's own view (load time, memory, batches), if any
-    result.update({
+    result = LoadResult.model_validate({  # a capacity or soak only where the mode has one
+        "points": measured.points, **({"capacity": measured.capacity} if measured.capacity else {}),
+        **({"soak": measured.soak} if measured.soak else {}),
         "schema": 1, "recipe": folder, "engine": engine, "name": req.name, "created": now(),
         "url": url, "mode": mode, "arrival": schedule.describe(req.arrival, req.burstiness),
         "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
@@ -144,43 +147,53 @@ def _server(req: Request, recipe, logs: Path):
     return contextlib.nullcontext()
 
 
-def _plot(png: Path, result: dict, req: Request, mode: str, terms, folder: str, engine: str) -> None:
+def _plot(png: Path, result: LoadResult, req: Request, mode: str, terms, folder: str,
+          engine: str) -> None:
     """The soak's windows, or the points' latency against rate with the SLO's latency bound."""
     from pipeline.loadgen import plots
 
     if mode == "soak":
-        plots.soak_png(png, result["soak"]["windows"], f"soak: {folder} at {req.rate:g}/s")
+        plots.soak_png(png, result.soak.windows, f"soak: {folder} at {req.rate:g}/s")
     else:
         bound = next((t.bound_ms for t in terms if t.metric == "latency"), None)
-        plots.knee_png(png, result["points"], f"{folder} ({engine}): {mode}", bound)
+        plots.knee_png(png, result.points, f"{folder} ({engine}): {mode}", bound)
 
 
-def _print_outcome(result: dict, path: Path) -> None:
+def _print_outcome(result: LoadResult, path: Path) -> None:
     """The capacity found or the soak's verdict, when measured, then where the result went."""
     from pipeline.core.ui import console
 
-    cap = result.get("capacity")
+    cap = result.capacity
     if cap:
-        console.print(f"capacity: {cap['capacity']} requests/s (bracket {cap['bracket']}; {cap['why']})")
-    if result.get("soak"):
-        v = result["soak"]["verdict"]
-        console.print(f"soak: {v['leak']} ({v['why']})")
+        console.print(f"capacity: {cap.capacity} requests/s (bracket {cap.bracket}; {cap.why})")
+    if result.soak:
+        v = result.soak.verdict
+        console.print(f"soak: {v.leak} ({v.why})")
     console.print(f"load: {path}")
 
 
-def _measure(test, mode: str, req: Request) -> dict:
+@dataclass(frozen=True)
+class _Measured:
+    """What one mode measured: its points, and the capacity or the soak when it has one."""
+
+    points: list[LoadPoint]
+    capacity: Capacity | None = None
+    soak: Soak | None = None
+
+
+def _measure(test, mode: str, req: Request) -> _Measured:
     if mode == "closed":
-        return {"points": [test.closed(req.concurrency)]}
+        return _Measured([test.closed(req.concurrency)])
     if mode == "rate":
-        return {"points": [test.point(req.rate)[0]]}
+        return _Measured([test.point(req.rate)[0]])
     if mode == "sweep":
-        return {"points": test.sweep(req.sweep)}
+        return _Measured(test.sweep(req.sweep))
     if mode == "soak":
         point, soak = test.soak(req.rate, req.windows, req.leak_threshold)
-        return {"points": [point], "soak": soak}
+        return _Measured([point], soak=soak)
     start = req.start_rate or _probe_rate(test)
-    found = test.capacity(start, req.max_points, req.tolerance)
-    return {"points": found.pop("points"), "capacity": found}
+    found, points = test.capacity(start, req.max_points, req.tolerance)
+    return _Measured(points, capacity=found)
 
 
 def _probe_rate(test) -> float:
@@ -194,7 +207,7 @@ def _probe_rate(test) -> float:
         point = test.closed(1)
     finally:
         test.settings, test.on_point = saved, on_point
-    return max(point["achieved_rate"], 0.1)
+    return max(point.achieved_rate, 0.1)
 
 
 def _replica_pid(url: str) -> int | None:
@@ -208,12 +221,12 @@ def _replica_pid(url: str) -> int | None:
     return pid if isinstance(pid, int) and psutil.pid_exists(pid) else None
 
 
-def _line(p: dict) -> str:
-    q = p["latency_ms"]
-    fmt = lambda x: "—" if x["value"] is None else f"{x['value']:.1f}"  # noqa: E731
-    verdict = "" if p["passed"] is None else ("  pass" if p["passed"] else "  FAIL")
-    who = f"{p['concurrency']} users" if p.get("concurrency") else f"{p['offered_rate']:.2f}/s offered"
-    return (f"  {who} ({p['scheduled_rate']:.2f}/s scheduled): achieved {p['achieved_rate']:.2f}/s, "
-            f"n {p['requests']}, failed "
-            f"{p['requests'] - p['ok']}, p50 {fmt(q['p50'])} ms, p99 {fmt(q['p99'])} ms, "
-            f"late {p['late']['share']:.1%}{verdict}")
+def _line(p: LoadPoint) -> str:
+    q = p.latency_ms
+    fmt = lambda x: "—" if x.value is None else f"{x.value:.1f}"  # noqa: E731
+    verdict = "" if p.passed is None else ("  pass" if p.passed else "  FAIL")
+    who = f"{p.concurrency} users" if p.concurrency else f"{p.offered_rate:.2f}/s offered"
+    return (f"  {who} ({p.scheduled_rate:.2f}/s scheduled): achieved {p.achieved_rate:.2f}/s, "
+            f"n {p.requests}, failed "
+            f"{p.requests - p.ok}, p50 {fmt(q['p50'])} ms, p99 {fmt(q['p99'])} ms, "
+            f"late {p.late.share:.1%}{verdict}")

@@ -16,11 +16,64 @@ Writes engines/compare/<A>-vs-<B>/compare-load.md and .json.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.artifacts import dump
+from pipeline.artifacts.serving import Capacity, LoadResult, Quantile
 from pipeline.core.errors import InputError
+from pipeline.core.json_object import JsonObject
 
 SAME_RATE = 0.02
+
+
+@dataclass(frozen=True)
+class CapacityLine:
+    """B's capacity over A's, its interval from the two search brackets, the verdict."""
+
+    a: Capacity
+    b: Capacity
+    ratio: float | None
+    interval: tuple[float | None, float | None]
+    verdict: str
+
+    def dump(self) -> JsonObject:
+        return {"a": dump(self.a), "b": dump(self.b), "ratio": self.ratio,
+                "interval": list(self.interval), "verdict": self.verdict}
+
+
+@dataclass(frozen=True)
+class RateLine:
+    """At one offered rate both measured: B's p99 over A's, its interval, the verdict."""
+
+    rate: float
+    a_p99: Quantile
+    b_p99: Quantile
+    ratio: float | None
+    interval: tuple[float | None, float | None]
+    verdict: str
+    a_passed: bool | None
+    b_passed: bool | None
+
+    def dump(self) -> JsonObject:
+        return {"rate": self.rate, "a_p99": dump(self.a_p99), "b_p99": dump(self.b_p99),
+                "ratio": self.ratio, "interval": list(self.interval), "verdict": self.verdict,
+                "a_passed": self.a_passed, "b_passed": self.b_passed}
+
+
+@dataclass(frozen=True)
+class LoadComparison:
+    """compare-load.json: the two folders' names, the capacity line, the same-rate lines."""
+
+    a: str
+    b: str
+    capacity: CapacityLine | None
+    same_rate: list[RateLine]
+
+    def dump(self) -> JsonObject:
+        return {"a": self.a, "b": self.b,
+                "capacity": self.capacity.dump() if self.capacity else None,
+                "same_rate": [r.dump() for r in self.same_rate]}
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
@@ -32,14 +85,14 @@ def split_ref(ref: str) -> tuple[str, str | None]:
     return ref, None
 
 
-def _loads(recipe, name: str | None, root: Path) -> list[dict]:
+def _loads(recipe, name: str | None, root: Path) -> list[LoadResult]:
     from pipeline.loadgen.artifact import recorded_loads
     from pipeline.store.folder_names import folder_name
     from pipeline.store.recipe_folder import Store
 
     store = Store(root, folder_name(recipe))
     loads = recorded_loads(store) if (store.dir / "manifest.json").is_file() else []
-    loads = [r for r in loads if r.get("name") == name]
+    loads = [LoadResult.model_validate(r) for r in loads if r.get("name") == name]
     if not loads:
         what = f"load results named {name}" if name else "load results (load-*.json)"
         raise InputError(f"{store.dir}: no {what}",
@@ -64,35 +117,34 @@ def _verdict(lo, hi, above: str, below: str) -> str:
     return "indistinguishable"
 
 
-def capacity_line(a: list[dict], b: list[dict]) -> dict | None:
-    ca = next((r["capacity"] for r in a if r.get("capacity")), None)
-    cb = next((r["capacity"] for r in b if r.get("capacity")), None)
-    if not ca or not cb or ca["capacity"] is None or cb["capacity"] is None:
+def capacity_line(a: list[LoadResult], b: list[LoadResult]) -> CapacityLine | None:
+    ca = next((r.capacity for r in a if r.capacity), None)
+    cb = next((r.capacity for r in b if r.capacity), None)
+    if not ca or not cb or ca.capacity is None or cb.capacity is None:
         return None
-    ratio, lo, hi = _ratio_interval((ca["capacity"], ca["bracket"][0], ca["bracket"][1]),
-                                    (cb["capacity"], cb["bracket"][0], cb["bracket"][1]))
-    return {"a": ca, "b": cb, "ratio": ratio, "interval": [lo, hi],
-            "verdict": _verdict(lo, hi, "B higher", "B lower")}
+    ratio, lo, hi = _ratio_interval((ca.capacity, ca.bracket[0], ca.bracket[1]),
+                                    (cb.capacity, cb.bracket[0], cb.bracket[1]))
+    return CapacityLine(ca, cb, ratio, (lo, hi), _verdict(lo, hi, "B higher", "B lower"))
 
 
-def same_rate_lines(a: list[dict], b: list[dict]) -> list[dict]:
-    pa = [p for r in a for p in r["points"] if not p.get("concurrency")]
-    pb = [p for r in b for p in r["points"] if not p.get("concurrency")]
+def same_rate_lines(a: list[LoadResult], b: list[LoadResult]) -> list[RateLine]:
+    pa = [p for r in a for p in r.points if not p.concurrency]
+    pb = [p for r in b for p in r.points if not p.concurrency]
     out = []
     for x in pa:
-        y = next((y for y in pb if abs(y["offered_rate"] - x["offered_rate"])
-                  <= SAME_RATE * x["offered_rate"]), None)
+        y = next((y for y in pb if abs(y.offered_rate - x.offered_rate)
+                  <= SAME_RATE * x.offered_rate), None)
         if y is None:
             continue
-        qa, qb = x["latency_ms"]["p99"], y["latency_ms"]["p99"]
-        ratio, lo, hi = _ratio_interval((qa["value"], qa["lo"], qa["hi"]), (qb["value"], qb["lo"], qb["hi"]))
-        out.append({"rate": x["offered_rate"], "a_p99": qa, "b_p99": qb, "ratio": ratio,
-                    "interval": [lo, hi], "verdict": _verdict(lo, hi, "B slower", "B faster"),
-                    "a_passed": x.get("passed"), "b_passed": y.get("passed")})
-    return sorted(out, key=lambda r: r["rate"])
+        qa, qb = x.latency_ms["p99"], y.latency_ms["p99"]
+        ratio, lo, hi = _ratio_interval((qa.value, qa.lo, qa.hi), (qb.value, qb.lo, qb.hi))
+        out.append(RateLine(x.offered_rate, qa, qb, ratio, (lo, hi),
+                            _verdict(lo, hi, "B slower", "B faster"), x.passed, y.passed))
+    return sorted(out, key=lambda r: r.rate)
 
 
-def compare_loads(refs: list[str], overrides: tuple[str, ...], root: Path) -> tuple[dict, Path]:
+def compare_loads(refs: list[str], overrides: tuple[str, ...],
+                  root: Path) -> tuple[LoadComparison, Path]:
     """refs: `RECIPE[:NAME]` each (see split_ref)."""
     from pipeline.store import folder_names as folders
     from pipeline.store.recipe_folder import write_atomic
@@ -107,15 +159,14 @@ def compare_loads(refs: list[str], overrides: tuple[str, ...], root: Path) -> tu
         raise InputError(f"compare --load {refs[0]} {refs[1]}: the same results twice",
                          "name a serving variant, e.g. minilm-int8 minilm-int8:b1")
     a, b = (_loads(r, n, root) for r, (_, n) in zip(recipes, parts))
-    result = {"a": names[0], "b": names[1], "capacity": capacity_line(a, b),
-              "same_rate": same_rate_lines(a, b)}
-    if result["capacity"] is None and not result["same_rate"]:
+    result = LoadComparison(names[0], names[1], capacity_line(a, b), same_rate_lines(a, b))
+    if result.capacity is None and not result.same_rate:
         raise InputError(f"{names[0]} and {names[1]}: neither both capacities nor a common "
                          "offered rate to compare",
                          "run `pipeline load --slo ...` on both, or the same --rate/--sweep")
     folder = Path(root) / "compare" / "-vs-".join(names)
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / "compare-load.json", json.dumps(result, indent=2) + "\n")
+    write_atomic(folder / "compare-load.json", json.dumps(result.dump(), indent=2) + "\n")
     write_atomic(folder / "compare-load.md", "\n".join(lines(result)) + "\n")
     return result, folder
 
@@ -128,25 +179,24 @@ def _pair(bracket: list) -> str:
     return "[" + ", ".join("—" if x is None else f"{x:.2f}" for x in bracket) + "]"
 
 
-def lines(result: dict) -> list[str]:
-    a, b = result["a"], result["b"]
-    out = [f"# Serving: {b} (B) against {a} (A)", ""]
-    c = result["capacity"]
+def lines(result: LoadComparison) -> list[str]:
+    out = [f"# Serving: {result.b} (B) against {result.a} (A)", ""]
+    c = result.capacity
     if c:
-        lo, hi = c["interval"]
-        out += [f"Capacity at the SLO: A {c['a']['capacity']:.2f}/s (bracket {_pair(c['a']['bracket'])}), "
-                f"B {c['b']['capacity']:.2f}/s (bracket {_pair(c['b']['bracket'])}): B/A "
-                f"**{_f(c['ratio'])}x** [{_f(lo)}, {_f(hi, '.2f') if hi else '∞'}] (from the "
-                f"search brackets): **{c['verdict']}**.", ""]
-    if result["same_rate"]:
+        lo, hi = c.interval
+        out += [f"Capacity at the SLO: A {c.a.capacity:.2f}/s (bracket {_pair(c.a.bracket)}), "
+                f"B {c.b.capacity:.2f}/s (bracket {_pair(c.b.bracket)}): B/A "
+                f"**{_f(c.ratio)}x** [{_f(lo)}, {_f(hi, '.2f') if hi else '∞'}] (from the "
+                f"search brackets): **{c.verdict}**.", ""]
+    if result.same_rate:
         out += ["| offered/s | A p99 ms [95% CI] | B p99 ms [95% CI] | B/A [interval] | verdict |",
                 "|---|---|---|---|---|"]
-        for r in result["same_rate"]:
-            qa, qb = r["a_p99"], r["b_p99"]
-            out.append(f"| {r['rate']:.2f} | {_f(qa['value'], '.1f')} [{_f(qa['lo'], '.1f')}, "
-                       f"{_f(qa['hi'], '.1f')}] | {_f(qb['value'], '.1f')} [{_f(qb['lo'], '.1f')}, "
-                       f"{_f(qb['hi'], '.1f')}] | {_f(r['ratio'])} [{_f(r['interval'][0])}, "
-                       f"{_f(r['interval'][1])}] | {r['verdict']} |")
+        for r in result.same_rate:
+            qa, qb = r.a_p99, r.b_p99
+            out.append(f"| {r.rate:.2f} | {_f(qa.value, '.1f')} [{_f(qa.lo, '.1f')}, "
+                       f"{_f(qa.hi, '.1f')}] | {_f(qb.value, '.1f')} [{_f(qb.lo, '.1f')}, "
+                       f"{_f(qb.hi, '.1f')}] | {_f(r.ratio)} [{_f(r.interval[0])}, "
+                       f"{_f(r.interval[1])}] | {r.verdict} |")
     return out
 
 

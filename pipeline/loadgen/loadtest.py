@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.artifacts.serving import Capacity, LoadPoint, Soak
 from pipeline.loadgen import capacity, client, resources, schedule, soak, summary
 from pipeline.loadgen.slo import Term
 
@@ -34,7 +35,7 @@ class LoadTest:
     bodies: list[dict]
     settings: Settings
     server_pid: int | None = None
-    on_point: Callable[[dict], None] | None = None
+    on_point: Callable[[LoadPoint], None] | None = None
     samples: list = field(default_factory=list)
 
     def schedule(self, rate: float, window: float | None = None) -> tuple[np.ndarray, float]:
@@ -52,7 +53,7 @@ class LoadTest:
         window = max(s.duration, needed)
         return times[times < s.warmup + window], window
 
-    def point(self, rate: float, window: float | None = None) -> tuple[dict, list[client.Outcome]]:
+    def point(self, rate: float, window: float | None = None) -> tuple[LoadPoint, list[client.Outcome]]:
         """One open-loop point at `rate` requests/s: (summary, outcomes)."""
         s = self.settings
         times, window = self.schedule(rate, window)
@@ -61,13 +62,14 @@ class LoadTest:
         point = summary.summarize(outcomes, warmup=s.warmup, window=window, offered_rate=rate,
                                   terms=s.terms, generation=s.generation)
         # the sampler started ~0.05 s (the client's lead) before t0: close enough for windows
-        point["resources"] = resources.summary(sampler.between(s.warmup, s.warmup + window))
+        used = resources.summary(sampler.between(s.warmup, s.warmup + window))
+        point = point.model_copy(update={"resources": used})
         self.samples = sampler.samples
         if self.on_point:
             self.on_point(point)
         return point, outcomes
 
-    def closed(self, users: int) -> dict:
+    def closed(self, users: int) -> LoadPoint:
         s = self.settings
         with resources.ServerSampler(self.server_pid) as sampler:
             outcomes = client.run_closed(self.target, users, s.warmup + s.duration, self.bodies,
@@ -75,24 +77,26 @@ class LoadTest:
         point = summary.summarize(outcomes, warmup=s.warmup, window=s.duration,
                                   offered_rate=float(users), terms=s.terms,
                                   generation=s.generation)
-        point["concurrency"] = users
-        point["offered_rate"] = point["scheduled_rate"]  # closed loop offers what it gets back
-        point["resources"] = resources.summary(sampler.between(s.warmup, s.warmup + s.duration))
+        point = point.model_copy(update={
+            "concurrency": users,
+            "offered_rate": point.scheduled_rate,  # closed loop offers what it gets back
+            "resources": resources.summary(sampler.between(s.warmup, s.warmup + s.duration))})
         if self.on_point:
             self.on_point(point)
         return point
 
-    def sweep(self, rates: list[float]) -> list[dict]:
+    def sweep(self, rates: list[float]) -> list[LoadPoint]:
         return [self.point(r)[0] for r in rates]
 
-    def capacity(self, start: float, max_points: int, tolerance: float) -> dict:
+    def capacity(self, start: float, max_points: int,
+                 tolerance: float) -> tuple[Capacity, list[LoadPoint]]:
         return capacity.search(lambda r: self.point(r)[0], start, max_points=max_points,
                                tolerance=tolerance)
 
-    def soak(self, rate: float, count: int, threshold: float) -> tuple[dict, dict]:
+    def soak(self, rate: float, count: int, threshold: float) -> tuple[LoadPoint, Soak]:
         """A point as long as `duration`, cut into `count` windows: (point, soak)."""
         s = self.settings
         point, outcomes = self.point(rate, window=s.duration)
         wins = soak.windows(outcomes, self.samples, start=s.warmup, end=s.warmup + s.duration,
                             count=count)
-        return point, {"windows": wins, "verdict": soak.verdict(wins, threshold)}
+        return point, Soak(windows=wins, verdict=soak.verdict(wins, threshold))

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.artifacts.serving import LoadPoint, SoakWindow
+
 
 def _plt():
     import matplotlib
@@ -18,18 +20,18 @@ def _plt():
     return plt
 
 
-def _q(points: list[dict], name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _q(points: list[LoadPoint], name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """value, lo, hi arrays (nan where unknown; hi nan = unbounded)."""
     def get(p, k):
-        v = p["latency_ms"][name][k]
+        v = getattr(p.latency_ms[name], k)
         return np.nan if v is None else v
     return tuple(np.asarray([get(p, k) for p in points], dtype=float) for k in ("value", "lo", "hi"))
 
 
-def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None = None) -> Path:
+def knee_png(path: Path, points: list[LoadPoint], title: str, bound_ms: float | None = None) -> Path:
     plt = _plt()
-    pts = sorted(points, key=lambda p: p["offered_rate"])
-    x = np.asarray([p["offered_rate"] for p in pts])
+    pts = sorted(points, key=lambda p: p.offered_rate)
+    x = np.asarray([p.offered_rate for p in pts])
     fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
     finite = False
     for name, style in (("p50", "o-"), ("p99", "s-")):
@@ -41,9 +43,9 @@ def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None 
     if bound_ms:
         ax.axhline(bound_ms, color="red", linestyle="--", linewidth=1, label=f"SLO {bound_ms:g} ms")
     for xi, p in zip(x, pts):
-        if p.get("passed") is not None:
-            ax.annotate("pass" if p["passed"] else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
-                        ha="center", fontsize=7, color="green" if p["passed"] else "red")
+        if p.passed is not None:
+            ax.annotate("pass" if p.passed else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
+                        ha="center", fontsize=7, color="green" if p.passed else "red")
     ax.set(xlabel="offered rate (requests/s)", ylabel="latency from scheduled send (ms)",
            title="latency vs offered load (failed requests count as infinite)")
     if finite:  # a point where every request failed has no latency to draw
@@ -51,8 +53,8 @@ def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None 
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax_r.plot(x, x, color="grey", linestyle=":", label="achieved = offered")
-    ax_r.plot(x, [p["achieved_rate"] for p in pts], "o-", label="achieved")
-    ax_r.plot(x, [p["goodput"] for p in pts], "^-", label="goodput (within SLO)")
+    ax_r.plot(x, [p.achieved_rate for p in pts], "o-", label="achieved")
+    ax_r.plot(x, [p.goodput for p in pts], "^-", label="goodput (within SLO)")
     ax_r.set(xlabel="offered rate (requests/s)", ylabel="requests/s", title="throughput")
     ax_r.grid(alpha=0.3)
     ax_r.legend(fontsize=8)
@@ -63,16 +65,16 @@ def knee_png(path: Path, points: list[dict], title: str, bound_ms: float | None 
     return path
 
 
-def soak_png(path: Path, windows: list[dict], title: str) -> Path:
+def soak_png(path: Path, windows: list[SoakWindow], title: str) -> Path:
     plt = _plt()
-    mid = np.asarray([(w["start_s"] + w["end_s"]) / 2 for w in windows])
+    mid = np.asarray([(w.start_s + w.end_s) / 2 for w in windows])
     fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
-    p99 = [np.nan if w["p99_ms"]["value"] is None else w["p99_ms"]["value"] for w in windows]
+    p99 = [np.nan if w.p99_ms.value is None else w.p99_ms.value for w in windows]
     ax.plot(mid, p99, "o-", label="p99 latency (ms)")
     ax.set(xlabel="time (s)", ylabel="p99 (ms)")
     ax.grid(alpha=0.3)
     ax_m = ax.twinx()
-    rss = [np.nan if w["rss_mib"] is None else w["rss_mib"] for w in windows]
+    rss = [np.nan if w.rss_mib is None else w.rss_mib for w in windows]
     ax_m.plot(mid, rss, "s--", color="tab:orange", label="server RSS (MiB)")
     ax_m.set_ylabel("server RSS (MiB)")
     fig.legend(fontsize=8, loc="upper left")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 import time
 
+from pipeline.artifacts.serving import Resources
+
 
 class ServerSampler:
     """Context manager: samples (t seconds, cpu %, rss MiB) every `every` seconds."""
@@ -69,10 +71,10 @@ class ServerSampler:
         return [s for s in self.samples[1:] if start <= s[0] < end]
 
 
-def summary(samples: list[tuple[float, float, float]]) -> dict | None:
+def summary(samples: list[tuple[float, float, float]]) -> Resources | None:
     if not samples:
         return None
     cpu = [s[1] for s in samples]
     rss = [s[2] for s in samples]
-    return {"cpu_pct_mean": sum(cpu) / len(cpu), "cpu_pct_max": max(cpu),
-            "rss_mib_mean": sum(rss) / len(rss), "rss_mib_peak": max(rss), "samples": len(samples)}
+    return Resources(cpu_pct_mean=sum(cpu) / len(cpu), cpu_pct_max=max(cpu),
+                     rss_mib_mean=sum(rss) / len(rss), rss_mib_peak=max(rss), samples=len(samples))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.artifacts.serving import Slope, SoakVerdict, SoakWindow
 from pipeline.loadgen.client import Outcome
 from pipeline.loadgen.summary import quantile
 
@@ -21,7 +22,7 @@ LEAK_MIB_PER_HOUR = 10.0
 MIN_WINDOWS = 4
 
 
-def slope(t_s: np.ndarray, y: np.ndarray) -> dict | None:
+def slope(t_s: np.ndarray, y: np.ndarray) -> Slope | None:
     """Least-squares slope of y on t per hour, 95% t-interval; None under 3 points."""
     from scipy import stats
 
@@ -32,12 +33,12 @@ def slope(t_s: np.ndarray, y: np.ndarray) -> dict | None:
         return None
     fit = stats.linregress(t_s / 3600.0, y)
     half = stats.t.ppf(0.975, t_s.size - 2) * fit.stderr
-    return {"per_hour": float(fit.slope), "ci95": [float(fit.slope - half), float(fit.slope + half)],
-            "points": int(t_s.size)}
+    return Slope(per_hour=float(fit.slope), ci95=[float(fit.slope - half), float(fit.slope + half)],
+                 points=int(t_s.size))
 
 
 def windows(outcomes: list[Outcome], samples: list[tuple[float, float, float]], *, start: float,
-            end: float, count: int, sampler_offset: float = 0.0) -> list[dict]:
+            end: float, count: int, sampler_offset: float = 0.0) -> list[SoakWindow]:
     """`count` equal windows of [start, end) by scheduled time: requests, p99 (interval),
     failures, and the server's mean CPU and RSS (samples: (t, cpu %, rss MiB), their t
     shifted by sampler_offset onto the client's clock)."""
@@ -47,27 +48,27 @@ def windows(outcomes: list[Outcome], samples: list[tuple[float, float, float]], 
         mine = [o for o in outcomes if lo <= o.due < hi]
         lat = [o.latency * 1e3 for o in mine]
         res = [s for s in samples if lo <= s[0] - sampler_offset < hi]
-        out.append({"start_s": float(lo), "end_s": float(hi), "requests": len(mine),
-                    "failures": sum(o.status != "ok" for o in mine),
-                    "p99_ms": quantile(lat, 0.99),
-                    "rss_mib": float(np.mean([s[2] for s in res])) if res else None,
-                    "cpu_pct": float(np.mean([s[1] for s in res])) if res else None})
+        out.append(SoakWindow(start_s=float(lo), end_s=float(hi), requests=len(mine),
+                              failures=sum(o.status != "ok" for o in mine),
+                              p99_ms=quantile(lat, 0.99),
+                              rss_mib=float(np.mean([s[2] for s in res])) if res else None,
+                              cpu_pct=float(np.mean([s[1] for s in res])) if res else None))
     return out
 
 
-def verdict(wins: list[dict], threshold: float = LEAK_MIB_PER_HOUR) -> dict:
-    mid = np.asarray([(w["start_s"] + w["end_s"]) / 2 for w in wins])
-    rss = np.asarray([np.nan if w["rss_mib"] is None else w["rss_mib"] for w in wins])
-    p99 = np.asarray([np.nan if w["p99_ms"]["value"] is None else w["p99_ms"]["value"] for w in wins])
+def verdict(wins: list[SoakWindow], threshold: float = LEAK_MIB_PER_HOUR) -> SoakVerdict:
+    mid = np.asarray([(w.start_s + w.end_s) / 2 for w in wins])
+    rss = np.asarray([np.nan if w.rss_mib is None else w.rss_mib for w in wins])
+    p99 = np.asarray([np.nan if w.p99_ms.value is None else w.p99_ms.value for w in wins])
     memory, latency = slope(mid, rss), slope(mid, p99)
     if memory is None or len(wins) < MIN_WINDOWS:
         leak = "inconclusive"
         why = f"fewer than {MIN_WINDOWS} windows with memory samples"
-    elif memory["ci95"][0] > threshold:
+    elif memory.ci95[0] > threshold:
         leak, why = "leak", f"memory grows faster than {threshold:g} MiB/h over the whole 95% interval"
-    elif memory["ci95"][1] < threshold:
+    elif memory.ci95[1] < threshold:
         leak, why = "no leak", f"memory growth below {threshold:g} MiB/h over the whole 95% interval"
     else:
         leak, why = "inconclusive", f"the 95% interval of the memory slope straddles {threshold:g} MiB/h; run longer"
-    return {"memory_slope_mib_per_hour": memory, "p99_slope_ms_per_hour": latency,
-            "threshold_mib_per_hour": threshold, "leak": leak, "why": why}
+    return SoakVerdict(memory_slope_mib_per_hour=memory, p99_slope_ms_per_hour=latency,
+                       threshold_mib_per_hour=threshold, leak=leak, why=why)

@@ -11,9 +11,19 @@ the last request is None: the point holds too few requests to bound that percent
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.artifacts.serving import (
+    Late,
+    LoadPoint,
+    Percentiles,
+    Quantile,
+    SloVerdict,
+    Spread,
+    TokenTimings,
+)
 from pipeline.loadgen import early_stopping
 from pipeline.loadgen.client import Outcome
 from pipeline.loadgen.slo import Term
@@ -28,56 +38,64 @@ def _finite(x: float | None) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def quantile(values, q: float, confidence: float = 0.95) -> dict:
-    """{value, lo, hi} in the values' unit: the q-quantile (order statistic of rank ceil(q n))
-    and its distribution-free interval; inf values (failed requests) sort last."""
+def quantile(values, q: float, confidence: float = 0.95) -> Quantile:
+    """The q-quantile in the values' unit (order statistic of rank ceil(q n)) and its
+    distribution-free interval; inf values (failed requests) sort last."""
     from scipy.stats import binom
 
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = x.size
     if n == 0:
-        return {"value": None, "lo": None, "hi": None}
+        return Quantile(value=None, lo=None, hi=None)
     value = x[min(n, max(1, int(np.ceil(q * n)))) - 1]
     alpha = 1.0 - confidence
     lo_rank = int(binom.ppf(alpha / 2, n, q))        # 1-based rank of the lower bound
     hi_rank = int(binom.ppf(1 - alpha / 2, n, q)) + 1  # 1-based rank of the upper bound
     lo = x[lo_rank - 1] if lo_rank >= 1 else None
     hi = x[hi_rank - 1] if hi_rank <= n else None
-    return {"value": _finite(value), "lo": _finite(lo), "hi": _finite(hi)}
+    return Quantile(value=_finite(value), lo=_finite(lo), hi=_finite(hi))
 
 
-def percentiles(values_ms) -> dict:
+def percentiles(values_ms) -> Percentiles:
     return {name: quantile(values_ms, q) for name, q in QUANTILES.items()}
 
 
-def _spread(values) -> dict | None:
+def _spread(values) -> Spread | None:
     v = np.asarray([x for x in values if x is not None], dtype=np.float64)
     if v.size == 0:
         return None
     p50, p99 = np.percentile(v, [50, 99])
-    return {"mean": float(v.mean()), "p50": float(p50), "p99": float(p99)}
+    return Spread(mean=float(v.mean()), p50=float(p50), p99=float(p99))
 
 
-def judge(terms: tuple[Term, ...], metrics_ms: dict[str, np.ndarray], n: int) -> list[dict]:
+def judge(terms: tuple[Term, ...], metrics_ms: dict[str, np.ndarray], n: int) -> list[SloVerdict]:
     """Each SLO term: the sample percentile within the bound, and MLPerf's early-stopping
     rule passing. metrics_ms: "latency"/"ttft"/"tpot" -> [n] ms, inf for failed requests."""
     out = []
     for t in terms:
         values = metrics_ms[t.metric]
         over = int(np.sum(~(values <= t.bound_ms)))  # NaN (no second token) counts as over
-        sample = quantile(values, t.percentile)["value"]
+        sample = quantile(values, t.percentile).value
         within = sample is not None and sample <= t.bound_ms
         early = early_stopping.holds(n, over, p=t.percentile)
-        out.append({"term": t.label, "metric": t.metric, "percentile": t.percentile,
-                    "bound_ms": t.bound_ms, "over": over, "sample_percentile_ms": sample,
-                    "early_stopping": early, "passed": bool(within and early),
-                    "more_needed": early_stopping.more_needed(n, over, p=t.percentile)})
+        out.append(SloVerdict(term=t.label, metric=t.metric, percentile=t.percentile,
+                              bound_ms=t.bound_ms, over=over, sample_percentile_ms=sample,
+                              early_stopping=early, passed=bool(within and early),
+                              more_needed=early_stopping.more_needed(n, over, p=t.percentile)))
     return out
 
 
-def _tokens(measured: list[Outcome]) -> dict[str, np.ndarray]:
-    """Per request [n] ms: ttft, tpot (mean gap after the first token), inf when failed; and
-    the pooled inter-token gaps."""
+@dataclass(frozen=True)
+class TokenTimes:
+    """Per request [n] ms: ttft (inf when failed), tpot (mean gap after the first token; NaN
+    with one token, inf when failed); and the pooled inter-token gaps."""
+
+    ttft: np.ndarray
+    tpot: np.ndarray
+    itl: np.ndarray
+
+
+def _tokens(measured: list[Outcome]) -> TokenTimes:
     ttft, tpot, itl = [], [], []
     for o in measured:
         ok = o.status == "ok" and o.tokens
@@ -88,11 +106,25 @@ def _tokens(measured: list[Outcome]) -> dict[str, np.ndarray]:
             itl.extend(gaps.tolist())
         else:
             tpot.append(np.inf if not ok else np.nan)  # one token: no TPOT, not a failure
-    return {"ttft": np.asarray(ttft), "tpot": np.asarray(tpot), "itl": np.asarray(itl)}
+    return TokenTimes(np.asarray(ttft), np.asarray(tpot), np.asarray(itl))
+
+
+def _token_timings(measured: list[Outcome], tokens: TokenTimes, e2e_ms: Percentiles,
+                   span: float) -> TokenTimings:
+    ok_tokens = [len(o.tokens) for o in measured if o.status == "ok"]
+    return TokenTimings(
+        ttft_ms=percentiles(tokens.ttft), tpot_ms=percentiles(tokens.tpot[~np.isnan(tokens.tpot)]),
+        itl_ms=percentiles(tokens.itl), e2e_ms=e2e_ms,
+        tokens_per_s=float(sum(ok_tokens)) / span if measured else 0.0,
+        mean_tokens=float(np.mean(ok_tokens)) if ok_tokens else 0.0,
+        # what the server measured itself (from arrival): a TPOT far above the client's
+        # means tokens reached the client in bursts, not one by one
+        server_ttft_ms=_spread(o.server.get("ttft_ms") for o in measured),
+        server_tpot_ms=_spread(o.server.get("tpot_ms") for o in measured))
 
 
 def summarize(outcomes: list[Outcome], *, warmup: float, window: float, offered_rate: float,
-              terms: tuple[Term, ...] = (), generation: bool = False) -> dict:
+              terms: tuple[Term, ...] = (), generation: bool = False) -> LoadPoint:
     """The measured requests are those due in [warmup, warmup + window); earlier ones warmed
     the server. window: seconds of schedule measured (closed loop: of the run)."""
     measured = [o for o in outcomes if warmup <= o.due < warmup + window]
@@ -103,61 +135,40 @@ def summarize(outcomes: list[Outcome], *, warmup: float, window: float, offered_
     span = max(window, (max(ends) - warmup) if ends else window)  # a backlog stretches it
     late_ms = np.asarray([(o.sent - o.due) * 1e3 for o in measured])
     tokens = _tokens(measured) if generation else None
-    metrics = {"latency": latency_ms, **({"ttft": tokens["ttft"], "tpot": tokens["tpot"]}
-                                         if tokens else {})}
-    verdicts = judge(terms, metrics, n)
-    achieved = statuses["ok"] / span if n else 0.0
-    scheduled_rate = n / window if window else 0.0
+    metrics = {"latency": latency_ms, **({"ttft": tokens.ttft, "tpot": tokens.tpot} if tokens else {})}
     within = np.ones(n, dtype=bool)
     for t in terms:
         within &= metrics[t.metric] <= t.bound_ms
     if not terms:
         within = latency_ms < np.inf
-    point = {
-        "offered_rate": offered_rate,
-        "scheduled_rate": scheduled_rate,
-        "achieved_rate": achieved,
-        "goodput": float(within.sum()) / span if n else 0.0,
-        "requests": n,
-        "warmup_requests": sum(o.due < warmup for o in outcomes),
-        "window_s": window,
-        "ok": statuses["ok"], "rejected": statuses["rejected"], "errors": statuses["error"],
-        "timeouts": statuses["timeout"],
-        "error_examples": sorted({o.error for o in measured if o.error})[:3],
-        "latency_ms": percentiles(latency_ms),
-        "latency_mean_ms": _finite(latency_ms[np.isfinite(latency_ms)].mean()) if statuses["ok"] else None,
-        "late": {"share": float(np.mean(late_ms > LATE_MS)) if n else 0.0,
-                 "p99_ms": float(np.percentile(late_ms, 99)) if n else 0.0,
-                 "max_ms": float(late_ms.max()) if n else 0.0},
-        "queue_ms": _spread(o.queue_ms for o in measured),
-        "compute_ms": _spread(o.compute_ms for o in measured),
-        "batch_sizes": {str(k): v for k, v in sorted(Counter(
+    latency = percentiles(latency_ms)
+    point = LoadPoint(
+        offered_rate=offered_rate, scheduled_rate=n / window if window else 0.0,
+        achieved_rate=statuses["ok"] / span if n else 0.0,
+        goodput=float(within.sum()) / span if n else 0.0,
+        requests=n, warmup_requests=sum(o.due < warmup for o in outcomes), window_s=window,
+        ok=statuses["ok"], rejected=statuses["rejected"], errors=statuses["error"],
+        timeouts=statuses["timeout"],
+        error_examples=sorted({o.error for o in measured if o.error})[:3],
+        latency_ms=latency,
+        latency_mean_ms=_finite(latency_ms[np.isfinite(latency_ms)].mean()) if statuses["ok"] else None,
+        late=Late(share=float(np.mean(late_ms > LATE_MS)) if n else 0.0,
+                  p99_ms=float(np.percentile(late_ms, 99)) if n else 0.0,
+                  max_ms=float(late_ms.max()) if n else 0.0),
+        queue_ms=_spread(o.queue_ms for o in measured),
+        compute_ms=_spread(o.compute_ms for o in measured),
+        batch_sizes={str(k): v for k, v in sorted(Counter(
             o.batch_size for o in measured if o.batch_size is not None).items())},
-        "slo": verdicts,
-    }
-    if tokens is not None:
-        ok_tokens = [len(o.tokens) for o in measured if o.status == "ok"]
-        point["generation"] = {
-            "ttft_ms": percentiles(tokens["ttft"]),
-            "tpot_ms": percentiles(tokens["tpot"][~np.isnan(tokens["tpot"])]),
-            "itl_ms": percentiles(tokens["itl"]),
-            "e2e_ms": point["latency_ms"],
-            "tokens_per_s": float(sum(ok_tokens)) / span if n else 0.0,
-            "mean_tokens": float(np.mean(ok_tokens)) if ok_tokens else 0.0,
-            # what the server measured itself (from arrival): a TPOT far above the client's
-            # means tokens reached the client in bursts, not one by one
-            "server_ttft_ms": _spread(o.server.get("ttft_ms") for o in measured),
-            "server_tpot_ms": _spread(o.server.get("tpot_ms") for o in measured),
-        }
-    point["passed"] = passed(point) if terms else None
-    return point
+        slo=judge(terms, metrics, n), passed=None,
+        **({"generation": _token_timings(measured, tokens, latency, span)} if tokens else {}))
+    return point.model_copy(update={"passed": passed(point) if terms else None})
 
 
-def passed(point: dict) -> bool:
+def passed(point: LoadPoint) -> bool:
     """The capacity criterion: every SLO term holds (sample percentile and early stopping),
     the achieved rate within 2% of the offered one, failures under 0.1%."""
-    n = point["requests"]
-    failures = n - point["ok"]
-    return (all(v["passed"] for v in point["slo"])
-            and point["achieved_rate"] >= (1 - RATE_SHORTFALL) * point["scheduled_rate"]
+    n = point.requests
+    failures = n - point.ok
+    return (all(v.passed for v in point.slo)
+            and point.achieved_rate >= (1 - RATE_SHORTFALL) * point.scheduled_rate
             and (n > 0 and failures / n < ERRORS_MAX))

@@ -62,8 +62,8 @@ def test_a_client_stall_sends_late_and_still_counts_from_the_schedule():
     for o in late:
         assert o.latency >= o.sent - o.due  # the time spent waiting to be sent is in the latency
     point = summary.summarize(outs, warmup=0.0, window=1.5, offered_rate=100.0)
-    assert point["late"]["share"] >= len(late) / len(outs) - 1e-9
-    assert point["late"]["max_ms"] >= 100
+    assert point.late.share >= len(late) / len(outs) - 1e-9
+    assert point.late.max_ms >= 100
 
 
 def test_closed_loop_keeps_at_most_n_requests_in_flight():
@@ -82,12 +82,12 @@ def test_timeouts_and_rejections_are_counted_never_dropped():
         outs = client.run_open(client.Target(server.url), _constant(50, 0.8), BODY, timeout=0.6)
     point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=50.0,
                               terms=parse("p99=500ms"))
-    assert point["requests"] == len(outs) == len(b.arrivals) == 40
+    assert point.requests == len(outs) == len(b.arrivals) == 40
     # the hung request timed out (a busy machine may add more); every 4th arrival was a 503
-    assert point["timeouts"] >= 1 and point["rejected"] >= 9
-    assert point["ok"] + point["rejected"] + point["timeouts"] + point["errors"] == 40
-    assert point["slo"][0]["over"] >= 40 - point["ok"]  # every failure is over the bound
-    assert point["passed"] is False
+    assert point.timeouts >= 1 and point.rejected >= 9
+    assert point.ok + point.rejected + point.timeouts + point.errors == 40
+    assert point.slo[0].over >= 40 - point.ok  # every failure is over the bound
+    assert point.passed is False
     timed_out = [o for o in outs if o.status == "timeout"]
     assert all(o.latency == float("inf") and o.done - o.due >= 0.6 - 0.01 for o in timed_out)
 
@@ -99,11 +99,11 @@ def test_streamed_tokens_give_ttft_tpot_and_goodput():
                                [{"prompt_ids": [1, 2, 3], "max_new_tokens": 5, "stream": True}], 5.0)
     point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=40.0, generation=True,
                               terms=parse("ttft=1s,tpot=1s", generation=True))
-    g = point["generation"]
-    assert point["ok"] == 20 and g["mean_tokens"] == 5
-    assert g["ttft_ms"]["p50"]["value"] < point["latency_ms"]["p50"]["value"]
-    assert g["tpot_ms"]["p50"]["value"] >= 3.0  # the server waits 4 ms between tokens
-    assert point["goodput"] > 0
+    g = point.generation
+    assert point.ok == 20 and g.mean_tokens == 5
+    assert g.ttft_ms["p50"].value < point.latency_ms["p50"].value
+    assert g.tpot_ms["p50"].value >= 3.0  # the server waits 4 ms between tokens
+    assert point.goodput > 0
 
 
 def test_pipeline_load_writes_its_typed_artifact(project):
@@ -182,9 +182,9 @@ def test_pipeline_load_soak_reports_windows_and_a_verdict(project):
     loaded = LoadResult.model_validate_json(
         (project.engines / "digits" / "load-onnxruntime.json").read_text())
     assert loaded.mode == "soak" and len(loaded.soak.windows) == 3
-    assert sum(w["requests"] for w in loaded.soak.windows) == loaded.points[0].requests
-    assert any((w["rss_mib"] or 0) > 0 for w in loaded.soak.windows)  # this process, sampled
-    assert loaded.soak.verdict["leak"] in ("leak", "no leak", "inconclusive")
+    assert sum(w.requests for w in loaded.soak.windows) == loaded.points[0].requests
+    assert any((w.rss_mib or 0) > 0 for w in loaded.soak.windows)  # this process, sampled
+    assert loaded.soak.verdict.leak in ("leak", "no leak", "inconclusive")
     assert "soak:" in result.err
 
 

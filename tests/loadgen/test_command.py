@@ -66,7 +66,7 @@ def test_load_serve_batches_against_the_real_server(digits):
     assert max(int(size) for size in point.batch_sizes) > 1  # batched
     assert sum(point.batch_sizes.values()) == point.ok
     assert loaded.server["started_here"] and loaded.server["ready"]["engine"] == "onnxruntime"
-    assert point.resources and point.resources["rss_mib_peak"] > 0  # the server's processes
+    assert point.resources and point.resources.rss_mib_peak > 0  # the server's processes
     # the server and its Ray instance are gone: its process group is empty
     pid = loaded.server["sampled_pid"]
     with pytest.raises(ProcessLookupError):

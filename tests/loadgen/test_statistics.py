@@ -5,10 +5,12 @@ known capacity, the soak's leak verdict. Everything here is seeded and determini
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from pipeline.artifacts.serving import Quantile, SoakWindow
 from pipeline.loadgen import capacity, early_stopping, schedule, soak, summary
 from pipeline.loadgen.client import Outcome
 from pipeline.loadgen.slo import parse
@@ -98,15 +100,15 @@ def test_percentile_intervals_cover_the_true_quantile():
     hits = 0
     for _ in range(400):
         q = summary.quantile(rng.exponential(1.0, 300), 0.90)
-        hits += q["lo"] <= true_p90 <= q["hi"]
+        hits += q.lo <= true_p90 <= q.hi
     assert 0.92 <= hits / 400  # a 95% interval (binomial sd of the share: 1.1%)
 
 
 def test_failed_requests_count_as_infinitely_late():
     q = summary.quantile([1.0] * 98 + [math.inf] * 2, 0.99)
-    assert q["value"] is None  # the p99 is a failed request: no finite latency
+    assert q.value is None  # the p99 is a failed request: no finite latency
     q = summary.quantile([1.0] * 999 + [math.inf], 0.999)
-    assert q["value"] == 1.0 and q["hi"] is None  # 1 in 1000: too few to bound p99.9 above
+    assert q.value == 1.0 and q.hi is None  # 1 in 1000: too few to bound p99.9 above
 
 
 # ------------------------------------------------------------------ capacity
@@ -134,53 +136,61 @@ def test_capacity_search_finds_a_simulated_queue_capacity():
         window = outs[-1].due + 1e-9
         return summary.summarize(outs, warmup=0.0, window=window, offered_rate=rate, terms=terms)
 
-    found = capacity.search(measure, start=10.0, max_points=12, tolerance=0.02)
-    again = capacity.search(measure, start=10.0, max_points=12, tolerance=0.02)
-    assert found["capacity"] == again["capacity"]  # deterministic
-    assert found["converged"], found["why"]
+    found, points = capacity.search(measure, start=10.0, max_points=12, tolerance=0.02)
+    again, _ = capacity.search(measure, start=10.0, max_points=12, tolerance=0.02)
+    assert found.capacity == again.capacity  # deterministic
+    assert found.converged, found.why
     # the rule demands the p99 hold at 99% confidence, so it stops a little below the truth
-    assert 0.9 * true_capacity <= found["capacity"] <= true_capacity
-    assert found["bracket"][1] > found["capacity"]
-    assert len(found["points"]) <= 12
+    assert 0.9 * true_capacity <= found.capacity <= true_capacity
+    assert found.bracket[1] > found.capacity
+    assert len(points) <= 12
+
+
+@dataclass(frozen=True)
+class _Point:  # all the search reads of a point
+    offered_rate: float
+    passed: bool
 
 
 def test_capacity_search_reports_an_unbounded_or_empty_search():
-    always = capacity.search(lambda r: {"offered_rate": r, "passed": True}, 1.0, max_points=4)
-    assert always["capacity"] == 8.0 and always["bracket"][1] is None and not always["converged"]
-    never = capacity.search(lambda r: {"offered_rate": r, "passed": False}, 1.0, max_points=4)
-    assert never["capacity"] is None and "no rate" in never["why"]
+    always, points = capacity.search(lambda r: _Point(r, True), 1.0, max_points=4)
+    assert always.capacity == 8.0 and always.bracket[1] is None and not always.converged
+    assert [p.offered_rate for p in points] == [1.0, 2.0, 4.0, 8.0]
+    never, _ = capacity.search(lambda r: _Point(r, False), 1.0, max_points=4)
+    assert never.capacity is None and "no rate" in never.why
 
 
 def test_a_point_under_the_bound_fails_with_too_few_requests_or_any_errors():
     terms = parse("p99=50ms")
     fast = [Outcome(due=i * 0.01, sent=i * 0.01, done=i * 0.01 + 0.001, status="ok") for i in range(400)]
     point = summary.summarize(fast, warmup=0, window=4.0, offered_rate=100, terms=terms)
-    assert point["slo"][0]["sample_percentile_ms"] < 50 and not point["passed"]  # 400 < 459
-    assert point["slo"][0]["more_needed"] == 59
+    assert point.slo[0].sample_percentile_ms < 50 and not point.passed  # 400 < 459
+    assert point.slo[0].more_needed == 59
     more = fast + [Outcome(due=4 + i * 0.01, sent=4 + i * 0.01, done=4 + i * 0.01 + 0.001, status="ok")
                    for i in range(100)]
-    assert summary.summarize(more, warmup=0, window=5.0, offered_rate=100, terms=terms)["passed"]
+    assert summary.summarize(more, warmup=0, window=5.0, offered_rate=100, terms=terms).passed
     more[3].status = "rejected"
     point = summary.summarize(more, warmup=0, window=5.0, offered_rate=100, terms=terms)
-    assert point["rejected"] == 1 and not point["passed"]
+    assert point.rejected == 1 and not point.passed
 
 
 # ------------------------------------------------------------------ soak
-def _windows(slope_mib_per_s: float, noise: float) -> list[dict]:
+def _windows(slope_mib_per_s: float, noise: float) -> list[SoakWindow]:
     rng = np.random.default_rng(5)
     out = []
     for i in range(10):
         t = i * 60.0
-        out.append({"start_s": t, "end_s": t + 60, "rss_mib": 500 + slope_mib_per_s * (t + 30)
-                    + rng.normal(0, noise), "p99_ms": {"value": 20.0}})
+        out.append(SoakWindow(start_s=t, end_s=t + 60, requests=100, failures=0,
+                              p99_ms=Quantile(value=20.0, lo=19.0, hi=21.0), cpu_pct=None,
+                              rss_mib=500 + slope_mib_per_s * (t + 30) + float(rng.normal(0, noise))))
     return out
 
 
 def test_leak_verdict_needs_the_whole_interval_past_the_threshold():
-    assert soak.verdict(_windows(100 / 3600, 0.2))["leak"] == "leak"  # 100 MiB/h
-    assert soak.verdict(_windows(0.0, 0.2))["leak"] == "no leak"
-    assert soak.verdict(_windows(10 / 3600, 30.0))["leak"] == "inconclusive"  # noise hides it
-    assert soak.verdict(_windows(100 / 3600, 0.2)[:3])["leak"] == "inconclusive"
+    assert soak.verdict(_windows(100 / 3600, 0.2)).leak == "leak"  # 100 MiB/h
+    assert soak.verdict(_windows(0.0, 0.2)).leak == "no leak"
+    assert soak.verdict(_windows(10 / 3600, 30.0)).leak == "inconclusive"  # noise hides it
+    assert soak.verdict(_windows(100 / 3600, 0.2)[:3]).leak == "inconclusive"
 
 
 def test_every_point_holds_its_minimum_requests_and_duration():
