@@ -120,6 +120,7 @@ class OneSlot:
     afresh), for engines whose cache cannot hold rows at different lengths."""
 
     rows = 1
+    bytes_per_token = None  # the runner keeps its own cache, of its own layout
 
     def __init__(self, runner: DecoderRunner, width: int):
         self.runner, self.width = runner, width

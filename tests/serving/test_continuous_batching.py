@@ -263,3 +263,30 @@ def test_a_503_says_when_to_retry():
     refused = http_api._error(503, "queue full")
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert "retry-after" not in http_api._error(400, "bad").headers
+
+
+def test_the_pytorch_baseline_is_served_one_sequence_at_a_time_through_the_same_loop(gqa):
+    """--engine pytorch: the static cache holds one sequence, so the loop runs with one slot
+    (the stats say why); concurrent requests all complete, each as the baseline alone."""
+    from pipeline.generation.sampling import SamplingParams
+    from pipeline.recipe.serve import ServeSpec
+    from pipeline.serving.replica import Replica
+
+    base = _replica(gqa)
+    recipe, engines = base.recipe, gqa.engines
+    base.close()
+    requests = _requests(3, seed=2)
+
+    async def main(replica):
+        alone = [await _reply(replica, p, SamplingParams(n, ignore_eos=True)) for p, n in requests]
+        together = await asyncio.gather(*(_reply(replica, p, SamplingParams(n, ignore_eos=True))
+                                          for p, n in requests))
+        return alone, together, replica.stats()["generation"], replica.metrics.exposition()[0].decode()
+
+    spec = ServeSpec.model_validate({**recipe.serve.model_dump(exclude_unset=True), "max_running_sequences": 8})
+    alone, together, stats, metrics = _drive(Replica(recipe, engines, "pytorch", spec, threads=1), main)
+    assert [a for a, _ in alone] == [b for b, _ in together]
+    assert all(len(t) == n for (t, _), (_, n) in zip(together, requests))
+    assert stats["max_running_sequences"] == 1 and "PyTorch" in stats["one_at_a_time"]
+    assert set(stats["decode_steps"]) == {"1"}
+    assert 'pipeline:request_success_total{finished_reason="length",model_name="tiny-llama-gqa"} 6.0' in metrics
