@@ -133,7 +133,29 @@ def markdown(result: dict) -> str:
     lines += ["", f"The engine alone at batch 1 (runners.OrtLoopRunner, no server): decode step p50 "
               f"{e['tpot_ms_p50']:.1f} ms ({e['tokens_per_s']:.0f} tokens/s), prefill of "
               f"{e['prompt_tokens']} tokens {e['prefill_ms']:.0f} ms.", ""]
+    if result.get("identical"):
+        same = result["identical"]
+        lines += [f"Greedy replies under batching: {same['identical']} of {same['requests']} questions "
+                  f"token-identical to each served alone (all {same['requests']} submitted at once, decode steps "
+                  f"{same['decode_step_sizes']}; first divergences at {same['first_divergences'] or 'none'}).", ""]
     return "\n".join(lines)
+
+
+async def identical(replica, questions: list[list[int]], n: int, params) -> dict:
+    """The first n questions served alone, then all n at once: the share of replies that are
+    token-identical (a quantized engine's kernels could round differently at batch > 1)."""
+    async def reply(prompt):
+        return [item["token"] async for item in replica.generate(prompt, params) if "token" in item]
+
+    alone = [await reply(p) for p in questions[:n]]
+    before = dict(replica.generation.steps)
+    together = await asyncio.gather(*(reply(p) for p in questions[:n]))
+    after = replica.generation.steps
+    divergences = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                   for a, b in zip(alone, together) if a != b]
+    return {"requests": n, "identical": n - len(divergences), "first_divergences": divergences,
+            "decode_step_sizes": {str(k): after[k] - before.get(k, 0) for k in sorted(after)
+                                  if after[k] - before.get(k, 0)}}
 
 
 async def serve_levels(replica, questions, streams: list[int], params) -> list[dict]:
@@ -152,6 +174,8 @@ def main() -> None:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--identical", type=int, default=32,
+                        help="questions served alone and then at once, compared (0: skip)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve_chat")
     args = parser.parse_args()
 
@@ -168,6 +192,7 @@ def main() -> None:
     params = SamplingParams(args.new_tokens, ignore_eos=True)
     try:
         levels = asyncio.run(serve_levels(replica, questions, args.streams, params))
+        same = asyncio.run(identical(replica, questions, args.identical, params)) if args.identical else None
         stats = replica.stats()["generation"]
     finally:
         replica.close()
@@ -177,7 +202,7 @@ def main() -> None:
               "new_tokens": args.new_tokens, "prompt_tokens_mean": statistics.mean(map(len, questions)),
               "replica": {k: stats[k] for k in ("max_running_sequences", "kv_cache_tokens", "slot_tokens",
                                                 "kv_bytes_per_token")},
-              "levels": levels,
+              "levels": levels, "identical": same,
               "engine_batch1": engine_tpot(replica.choice.path, eos_token(recipe), questions[0],
                                            args.new_tokens, args.threads)}
     stem = Path(f"{args.out}-{result['date']}")

@@ -98,7 +98,10 @@ class BatchedSlots:
         return logits[[row_of[s] for s in slots]]  # fancy indexing copies
 
     def release(self, slot: int) -> None:
-        """Frees `slot`'s row: the last row's sequence moves into it (its used tokens only)."""
+        """Frees `slot`'s row: the last row's sequence moves into it (its used tokens only).
+        A slot whose prefill failed before it took a row has none to free."""
+        if slot not in self.length:
+            return
         row, last = self.slot_at.index(slot), len(self.slot_at) - 1
         if row != last:
             moved = self.slot_at[last]

@@ -64,7 +64,7 @@ class GenerationLoop:
     # ------------------------------------------------------------------ requests
     async def generate(self, prompt_ids: list[int], params: SamplingParams):
         """Replica.generate's iterator (its docstring has the items). Submits on the first
-        anext: ValueError (never fits) or QueueFull come before any item."""
+        anext: NeverFits or QueueFull come before any item."""
         seq = self.scheduler.submit(Sequence(list(prompt_ids), params))
         stream = _Stream(seq, params.generator(), time.perf_counter())
         self._streams[seq.id] = stream

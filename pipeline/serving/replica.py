@@ -21,6 +21,7 @@ from pipeline.serving import collate
 from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
 from pipeline.serving.generation_loop import GenerationLoop
 from pipeline.serving.metrics import ServingMetrics
+from pipeline.serving.scheduler import NeverFits
 
 
 def memory_mb() -> dict[str, float]:
@@ -128,7 +129,7 @@ class Replica:
         items = self.generation.generate(prompt_ids, params)
         try:
             first = await anext(items)
-        except ValueError as e:  # the scheduler's: it could never fit the cache
+        except NeverFits as e:
             raise collate.BadRequest(str(e)) from None
         try:
             yield first

@@ -16,7 +16,7 @@ A sequence finishes at EOS or a stop id ("stop": that token is not returned), or
 max_new_tokens ("length"); a cancelled one (its client went away) leaves at the next
 iteration, or at once while it still waits.
 Bounds: a sequence whose prompt + max_new_tokens exceeds the slot width or the whole KV
-budget can never run (ValueError: 400); beyond max_waiting queued sequences (0: unbounded),
+budget can never run (NeverFits: 400); beyond max_waiting queued sequences (0: unbounded),
 plus those the free slots will take at the next iteration, a submit raises QueueFull (503).
 """
 
@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 
 from pipeline.generation.sampling import SamplingParams, ends_sequence
 from pipeline.serving.batcher import QueueFull
+
+
+class NeverFits(ValueError):
+    """A sequence longer than a slot or the whole KV budget: it could never run (HTTP 400)."""
 
 
 @dataclass(frozen=True)
@@ -85,12 +89,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the caller's events
     def submit(self, seq: Sequence) -> Sequence:
-        """Queue `seq`; ValueError when it could never run, QueueFull when the queue is full."""
+        """Queue `seq`; NeverFits when it could never run, QueueFull when the queue is full."""
         if seq.reserved > self.limits.slot_tokens:
-            raise ValueError(f"prompt ({len(seq.prompt)}) + max_new_tokens ({seq.params.max_new_tokens}) "
+            raise NeverFits(f"prompt ({len(seq.prompt)}) + max_new_tokens ({seq.params.max_new_tokens}) "
                              f"exceeds the engine's context of {self.limits.slot_tokens} tokens")
         if seq.reserved > self.limits.kv_tokens:
-            raise ValueError(f"prompt + max_new_tokens ({seq.reserved}) exceeds the KV cache budget "
+            raise NeverFits(f"prompt + max_new_tokens ({seq.reserved}) exceeds the KV cache budget "
                              f"of {self.limits.kv_tokens} tokens")
         queued = sum(not s.cancelled for s in self.waiting)
         if self.limits.max_waiting and queued >= self.limits.max_waiting + len(self._free_slots):

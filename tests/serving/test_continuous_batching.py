@@ -290,3 +290,31 @@ def test_the_pytorch_baseline_is_served_one_sequence_at_a_time_through_the_same_
     assert stats["max_running_sequences"] == 1 and "PyTorch" in stats["one_at_a_time"]
     assert set(stats["decode_steps"]) == {"1"}
     assert 'pipeline:request_success_total{finished_reason="length",model_name="tiny-llama-gqa"} 6.0' in metrics
+
+
+def test_an_engine_failure_ends_its_requests_and_the_loop_goes_on(gqa):
+    """A prefill that raises (planted once) fails only its own request; its slot is free again
+    and the requests decoding beside it, and the ones after, complete."""
+    from pipeline.generation.sampling import SamplingParams
+
+    async def main(replica):
+        slots = replica.generation.slots
+        real = slots.prefill
+
+        def fails_once(slot, tokens):
+            slots.prefill = real
+            raise RuntimeError("planted engine failure")
+
+        running = replica.generate([5, 6, 7], SamplingParams(30, ignore_eos=True))
+        first = await anext(running)
+        slots.prefill = fails_once
+        with pytest.raises(RuntimeError, match="planted"):
+            await _reply(replica, [8, 9], SamplingParams(5))
+        rest = [item async for item in running]
+        after = await _reply(replica, [8, 9], SamplingParams(5, ignore_eos=True))
+        return first, rest, after, replica.stats()["generation"]
+
+    first, rest, (tokens, final), stats = _drive(_replica(gqa, max_running_sequences=2), main)
+    assert "token" in first and rest[-1]["finish_reason"] == "length" and rest[-1]["tokens"] == 30
+    assert len(tokens) == 5 and final["finish_reason"] == "length"
+    assert stats["running"] == 0 and stats["kv_tokens_reserved"] == 0

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.generation.sampling import SamplingParams
 from pipeline.serving.batcher import QueueFull
-from pipeline.serving.scheduler import Limits, Scheduler, Sequence
+from pipeline.serving.scheduler import Limits, NeverFits, Scheduler, Sequence
 
 EOS = 2
 
@@ -49,10 +49,10 @@ def test_the_kv_budget_admits_in_arrival_order_and_counts_prompt_plus_max_new_to
 
 def test_a_sequence_that_could_never_fit_is_refused_at_submit():
     s = _scheduler(kv_tokens=50, slot_tokens=40)
-    with pytest.raises(ValueError, match="context of 40 tokens"):
+    with pytest.raises(NeverFits, match="context of 40 tokens"):
         s.submit(_seq(30, 11))
     s.submit(_seq(30, 10))  # exactly the slot
-    with pytest.raises(ValueError, match="KV cache budget of 50"):
+    with pytest.raises(NeverFits, match="KV cache budget of 50"):
         Scheduler(Limits(2, 50, 100)).submit(_seq(30, 21))
 
 
