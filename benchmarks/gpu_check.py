@@ -170,7 +170,7 @@ def main() -> int:
     if not deps.gpus():
         print("Error: gpu-check needs an NVIDIA GPU (nvidia-smi found none)", file=sys.stderr)
         return 2
-    gpu = deps.device()["gpu"]
+    gpu = deps.identity().gpu
     out = args.out or Path("benchmarks/results") / f"gpu-check-{gpu.replace(' ', '-')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     results = {"what": __doc__.split("\n\n")[0], "device": deps.device(), "versions": deps.versions(),

@@ -65,7 +65,7 @@ def write_results(bench, cmd, protocol, load_before, load_after, engines: Path, 
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(engines / "flash" / bench["plot"], out / f"{name}.png")
     machine = {"cpu": deps.cpu_name(), "cores": len(os.sched_getaffinity(0)),
-               "gpu": deps.device()["gpu"], "load_average_before": load_before[0],
+               "gpu": deps.identity().gpu, "load_average_before": load_before[0],
                "load_average_after": load_after[0]}
     record = {"machine": machine, "versions": deps.versions(), "command": cmd[1:],
               "protocol": protocol, "bench": bench}

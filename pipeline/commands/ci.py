@@ -39,7 +39,7 @@ def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> dict[str, str
         gpu_name = manifest.device.gpu if manifest.device else None
         versions = manifest.versions
     else:
-        gpu_name, versions = deps.device()["gpu"], deps.versions()
+        gpu_name, versions = deps.identity().gpu, deps.versions()
     gpu = slug(gpu_name or "cpu")
     trt = slug(versions.get("tensorrt") or "none")
     return {

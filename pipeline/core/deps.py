@@ -15,8 +15,10 @@ import os
 import platform
 import shutil
 import subprocess
+from dataclasses import asdict, dataclass, replace
 
 from pipeline.core.errors import DependencyError
+from pipeline.core.json_object import JsonObject
 
 Versions = dict[str, str | None]  # distribution -> its installed version (None: not installed)
 
@@ -145,35 +147,53 @@ CPU_KEYS = ("cpu", "cpu_isa", "cores")
 GPU_KEYS = ("gpu", "compute_capability", "gpu_driver")
 
 
+@dataclass(frozen=True)
+class DeviceIdentity:
+    """What decides an engine's speed on this machine (the first GPU when there are several);
+    its dump is the `device` block of manifests, reports and cache keys, in this order."""
+
+    cpu: str
+    cpu_isa: list[str]  # the ISA_FLAGS present
+    cores: int
+    gpu: str | None  # None without a GPU, as the two below
+    compute_capability: str | None
+    gpu_driver: str | None
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
 @functools.cache
-def _device() -> dict:
+def identity() -> DeviceIdentity:
+    """This machine's DeviceIdentity; PIPELINE_DEVICE_OVERRIDE (tests) replaces some keys."""
     first = _nvidia_smi()[0] if _nvidia_smi() else (None, None, None)
-    found = {"cpu": cpu_name(), "cpu_isa": list(_cpuinfo()[1]), "cores": cores(),
-             "gpu": first[0], "compute_capability": first[1], "gpu_driver": first[2]}
+    found = DeviceIdentity(cpu=cpu_name(), cpu_isa=list(_cpuinfo()[1]), cores=cores(),
+                           gpu=first[0], compute_capability=first[1], gpu_driver=first[2])
     override = os.environ.get(DEVICE_OVERRIDE)
     if override:
         try:
             replaced = json.loads(override)
         except ValueError:
             replaced = None
-        if not isinstance(replaced, dict) or not set(replaced) <= set(found):
+        keys = found.dump()
+        if not isinstance(replaced, dict) or not set(replaced) <= set(keys):
             raise DependencyError(f"{DEVICE_OVERRIDE}={override!r}: not a JSON object of device keys",
-                                  f"use keys among {', '.join(found)}, or unset it (it is for tests)")
-        found.update(replaced)
+                                  f"use keys among {', '.join(keys)}, or unset it (it is for tests)")
+        found = replace(found, **replaced)
     return found
 
 
-def device() -> dict:
-    """The device block of manifests and reports: what decides an engine's speed here (the
-    first GPU when there are several). Keys: cpu, cpu_isa (the ISA_FLAGS present), cores,
-    gpu, compute_capability, gpu_driver (None without a GPU)."""
-    return dict(_device())
+def device() -> JsonObject:
+    """The device block of manifests and reports (identity()'s dump): cpu, cpu_isa, cores,
+    gpu, compute_capability, gpu_driver."""
+    return identity().dump()
 
 
-def device_part(keys: tuple[str, ...]) -> dict:
-    """The device keys one stage's result depends on (e.g. a TensorRT build: GPU_KEYS)."""
-    here = _device()
-    return {k: here[k] for k in keys}
+def device_part(keys: tuple[str, ...]) -> JsonObject:
+    """The device keys one stage's result depends on (e.g. a TensorRT build: GPU_KEYS), as
+    its cache key holds them."""
+    here = identity()
+    return {k: getattr(here, k) for k in keys}
 
 
 def device_line(device: dict) -> str:

@@ -35,13 +35,13 @@ def test_bandwidth_is_measured_once_per_device_identity(tmp_path, monkeypatch):
     monkeypatch.setenv("PIPELINE_DEVICE_OVERRIDE", json.dumps({"cpu": "another CPU"}))
     from pipeline.core import deps
 
-    deps._device.cache_clear()
+    deps.identity.cache_clear()
     try:
         floor.bandwidth()
         assert len(calls) == 2  # another identity: measured for it
     finally:
         monkeypatch.delenv("PIPELINE_DEVICE_OVERRIDE")
-        deps._device.cache_clear()
+        deps.identity.cache_clear()
 
 
 def test_decode_bytes_count_weights_as_stored_and_one_embedding_row(tmp_path, monkeypatch):
