@@ -133,9 +133,7 @@ def decode_profiles(onnx_paths: dict[str, Path], c, contexts: dict[str, int], th
                 **{f"past_key_values.{i}.{kv}": rng.standard_normal((1, c.num_key_value_heads, past, head_dim)).astype(np.float32)
                    for i in range(c.num_hidden_layers) for kv in ("key", "value")}}
         runs = profile.profile_sessions(onnx_paths, feed, runs=20, warmup=3, threads=threads)
-        out[point] = {name: {"total_us": p["total_us"],
-                             **{cat: v["us"] for cat, v in p["categories"].items() if v["us"] > 0}}
-                      for name, p in runs.items()}
+        out[point] = {name: p.category_times() for name, p in runs.items()}
     return out
 
 

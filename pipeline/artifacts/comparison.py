@@ -21,6 +21,13 @@ from pydantic import Field
 from pipeline.artifacts.base import Closed
 
 
+class CompareMethod(Closed):
+    """How the comparison was measured, in words."""
+
+    timing: str
+    profiles: str | None = Field(description="How the profiles were taken; None: none were.")
+
+
 class CompareBase(Closed):
     schema_: int = Field(alias="schema")
     workload: str = Field(description="The recipes' workload kind.")
@@ -28,13 +35,21 @@ class CompareBase(Closed):
     recipes: list[str]
     reference: str = Field(description="Recipe A: every other one is compared with it.")
     shared_targets: list[str] = Field(description="Target ids built by every recipe.")
-    method: dict[str, str | None]
+    method: CompareMethod
+
+
+class ModelInfo(Closed):
+    """A recipe's exported model: its size and the shape it is tuned for."""
+
+    parameters: int | None = Field(description="Initializer elements of the exported ONNX.")
+    opt_dims: dict[str, int] = Field(description="Each named dynamic dim's opt value.")
+    description: str | None
 
 
 class ForwardCompare(CompareBase):
     schema_: Literal[2] = Field(alias="schema")
     workload: Literal["forward"] = "forward"
-    models: dict[str, dict[str, Any]]
+    models: dict[str, ModelInfo]
     models_differ: dict[str, str]
     engines: list[dict[str, Any]]
     timing: dict[str, Any]

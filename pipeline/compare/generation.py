@@ -16,15 +16,19 @@ Writes engines/compare/<A>-vs-<B>/compare-generation.{json,md}.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline import backends
+from pipeline.artifacts.comparison import CompareMethod
 from pipeline.backends import engine_name
 from pipeline.compare import generation_scores
 from pipeline.core import safe_files, stats
 from pipeline.core.errors import RecipeError
+from pipeline.data.feeds import Feed
+from pipeline.explain.profile import CategoryTimes
 from pipeline.generation import figures as gm
 from pipeline.generation.decoder import eos_token, workload_requests
 from pipeline.generation.runners import OrtLoopRunner
@@ -36,6 +40,10 @@ from pipeline.store.recipe_folder import Store, now
 from pipeline.workloads.base import Compared, compare_folder, shared_targets
 
 SCHEMA = 1
+PHASES = ("task", "prefill", "decode")
+PhaseFeeds = dict[str, Feed]  # a profiled phase (prefill, decode) -> its feed
+# phase -> engine -> its profiled time by op category
+PhaseProfiles = dict[str, dict[str, CategoryTimes]]
 
 
 def check_comparable(recipes: list[Recipe]) -> None:
@@ -52,19 +60,28 @@ def check_comparable(recipes: list[Recipe]) -> None:
             raise RecipeError(f"compare: `{other.name}` has another vocabulary than `{first.name}`")
 
 
-def _phase_blocks(traces) -> dict[str, np.ndarray]:
-    return {"task": gm.total_blocks(traces),
-            "prefill": np.array([[sum(t.ttft_ns)] for t in traces], dtype=np.float64),
-            "decode": np.array([[sum(map(sum, t.step_ns))] for t in traces], dtype=np.float64)}
+@dataclass(frozen=True)
+class PhaseBlocks:
+    """Per round ns of one runner: the whole request, its prefills, its decode steps."""
+
+    task: np.ndarray
+    prefill: np.ndarray
+    decode: np.ndarray
 
 
-def _profile_feeds(recipe: Recipe, context: int) -> dict[str, dict]:
+def _phase_blocks(traces) -> PhaseBlocks:
+    return PhaseBlocks(task=gm.total_blocks(traces),
+                       prefill=np.array([[sum(t.ttft_ns)] for t in traces], dtype=np.float64),
+                       decode=np.array([[sum(map(sum, t.step_ns))] for t in traces], dtype=np.float64))
+
+
+def _profile_feeds(recipe: Recipe, context: int) -> PhaseFeeds:
     shape = decoder_shape(recipe.model)
     rng = np.random.default_rng([recipe.data.seed, 5])
     prompt = recipe.workload.task[0].prompt
     names, _ = kv_names(shape.layers)
 
-    def feed(t: int, p: int) -> dict:
+    def feed(t: int, p: int) -> Feed:
         return {"input_ids": rng.integers(0, shape.vocab - 1, size=(1, t), dtype=np.int64),
                 "attention_mask": np.ones((1, p + t), np.int64),
                 **{n: rng.standard_normal((1, shape.kv_heads, p, shape.head_dim)).astype(np.float32)
@@ -103,8 +120,8 @@ def compare(recipes: list[Recipe], reports: dict[str, dict], root: Path, progres
             for other in recipes[1:]:
                 b = f"{other.name}/{tid}"
                 versus[request.kind].append({"a": a, "b": b, **{
-                    phase: stats.compare(blocks[a][phase], blocks[b][phase], noise=noise)
-                    for phase in ("task", "prefill", "decode")}})
+                    phase: stats.compare(getattr(blocks[a], phase), getattr(blocks[b], phase), noise=noise)
+                    for phase in PHASES}})
         with progress.stage(f"compare: profiles of {tid}"):
             profiles[tid] = _profiles(first, paths)
     folder = compare_folder(root, recipes)
@@ -136,32 +153,29 @@ def _engines_of(recipes: list[Recipe], root: Path, tid: str) -> tuple[dict, dict
     return paths, runners
 
 
-def _profiles(first: Recipe, paths: dict) -> dict:
+def _profiles(first: Recipe, paths: dict[str, Path]) -> PhaseProfiles:
     """Per phase (prefill, decode) and engine, its time by op category (explain.profile)."""
     from pipeline.explain import profile
 
     feeds = _profile_feeds(first, first.workload.context_max() - 1)
-    return {phase: {name: _categories(p) for name, p in profile.profile_sessions(
+    return {phase: {name: p.category_times() for name, p in profile.profile_sessions(
         paths, feed, runs=20, warmup=3, threads=first.validate_.threads).items()}
         for phase, feed in feeds.items()}
 
 
-def _method(spec, noise: float) -> dict:
+def _method(spec, noise: float) -> CompareMethod:
     """How the timing and the profiles were measured, in words (the result's `method`)."""
-    return {"timing": f"the task ({len(spec.task)} turns)"
-                      + (f" and the long point ({spec.long.prompt}-token prompt of held-out text)"
-                         if spec.long else "")
-                      + f" on each engine through the IOBinding loop, {spec.warmup} warm-up, "
-                      f"{spec.rounds} rounds taking turns in one process; ratio = B time / A "
-                      "time: " + stats.ratio_method(noise),
-            "profiles": "ONNX Runtime profiler per node, sessions taking turns, median of 20 "
-                        "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
-                        "empty cache) and one decode feed (one token over the workload's "
-                        "longest context)"}
-
-
-def _categories(p: dict) -> dict:
-    return {"total_us": p["total_us"], **{c: v["us"] for c, v in p["categories"].items() if v["us"] > 0}}
+    return CompareMethod(
+        timing=f"the task ({len(spec.task)} turns)"
+               + (f" and the long point ({spec.long.prompt}-token prompt of held-out text)"
+                  if spec.long else "")
+               + f" on each engine through the IOBinding loop, {spec.warmup} warm-up, "
+               f"{spec.rounds} rounds taking turns in one process; ratio = B time / A "
+               "time: " + stats.ratio_method(noise),
+        profiles="ONNX Runtime profiler per node, sessions taking turns, median of 20 "
+                 "runs after 3 warm-up, on one prefill feed (the task's first prompt, "
+                 "empty cache) and one decode feed (one token over the workload's "
+                 "longest context)")
 
 
 def _words(c: dict) -> str:

@@ -10,14 +10,27 @@ tags are marked secondary: a bigger model's extra time says nothing about its pr
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.explain.profile import CATEGORY_ORDER
+from pipeline.explain.profile import CATEGORY_ORDER, Profile
 
 FUSED_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
                    "PackedMultiHeadAttention", "SparseAttention", "QAttention")
 # a category delta counts when it is at least this share of A's total time per request
 MEANINGFUL = 0.05
+
+
+@dataclass(frozen=True)
+class EffectiveBar:
+    """B's integer share of `scope` (FLOPs) against the `required` share the "float
+    fallback" tag judges it by, and which bar that is (`bar`, in words)."""
+
+    share: float | None  # None: no such FLOPs measured
+    required: float
+    scope: str
+    bar: str
+    precision: str | None  # the engine's precision, as its report says
 
 
 def op_histogram(onnx_path: Path) -> Counter:
@@ -27,18 +40,18 @@ def op_histogram(onnx_path: Path) -> Counter:
     return Counter(node.op_type for node in model.graph.node)
 
 
-def category_deltas(a: dict, b: dict) -> list[dict]:
+def category_deltas(a: Profile, b: Profile) -> list[dict]:
     """Rows per category: A and B microseconds per request, B - A, and that as % of A's total."""
-    total_a = a["total_us"] or 1.0
+    total_a = a.total_us or 1.0
     rows = []
     for cat in CATEGORY_ORDER:
-        ua, ub = a["categories"][cat]["us"], b["categories"][cat]["us"]
+        ua, ub = a.categories[cat].us, b.categories[cat].us
         rows.append({"category": cat, "a_us": ua, "b_us": ub, "delta_us": ub - ua,
                      "delta_share_of_a": (ub - ua) / total_a,
-                     "a_nodes": a["categories"][cat]["nodes"], "b_nodes": b["categories"][cat]["nodes"]})
-    rows.append({"category": "total", "a_us": a["total_us"], "b_us": b["total_us"],
-                 "delta_us": b["total_us"] - a["total_us"],
-                 "delta_share_of_a": (b["total_us"] - a["total_us"]) / total_a,
+                     "a_nodes": a.categories[cat].nodes, "b_nodes": b.categories[cat].nodes})
+    rows.append({"category": "total", "a_us": a.total_us, "b_us": b.total_us,
+                 "delta_us": b.total_us - a.total_us,
+                 "delta_share_of_a": (b.total_us - a.total_us) / total_a,
                  "a_nodes": sum(r["a_nodes"] for r in rows), "b_nodes": sum(r["b_nodes"] for r in rows)})
     return rows
 
@@ -65,7 +78,7 @@ def size_tag(models_differ: str | None) -> list[dict]:
 
 
 def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
-         effective_b: dict | None = None, nbits_b: dict | None = None,
+         effective_b: EffectiveBar | None = None, nbits_b: dict | None = None,
          models_differ: str | None = None) -> list[dict]:
     """Likely causes of B's extra time, each with its evidence (empty when B is not slower).
 
@@ -101,14 +114,11 @@ def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
                                 + evidence("attention")})
     if grew("cast/reformat"):
         out.append({"tag": "casts and reformats", "evidence": evidence("cast/reformat")})
-    if effective_b and effective_b.get("share") is not None and effective_b.get("required") is not None \
-            and effective_b["share"] < effective_b["required"]:
-        bar = effective_b.get("bar") or "the recipe's require_effective_precision"
+    if effective_b and effective_b.share is not None and effective_b.share < effective_b.required:
         out.append({"tag": "float fallback",
-                    "evidence": f"{effective_b['share']:.0%} of "
-                                f"{effective_b.get('scope', 'MatMul/Gemm FLOPs')} in integer kernels "
-                                f"(engine precision {effective_b.get('precision') or '?'}), below "
-                                f"the {effective_b['required']:.0%} bar ({bar})"})
+                    "evidence": f"{effective_b.share:.0%} of {effective_b.scope} in integer kernels "
+                                f"(engine precision {effective_b.precision or '?'}), below "
+                                f"the {effective_b.required:.0%} bar ({effective_b.bar})"})
     if grew("gather/scatter/where"):
         out.append({"tag": "sparse-attention index overhead", "evidence": evidence("gather/scatter/where")})
     if grew("matmul/conv"):

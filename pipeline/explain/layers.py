@@ -28,12 +28,51 @@ tests/explain/test_layers.py checks these points against the installed ORT.
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.json_object import JsonObject
+
 # tensor -> (position, producing node, op type, module, node inputs)
 FloatTensors = dict[str, tuple[int, str, str, str, list[str]]]
+
+
+
+@dataclass(frozen=True)
+class TensorError:
+    """One shared float intermediate: its relative error, and the largest of its inputs'."""
+
+    tensor: str
+    node: str
+    op: str
+    module: str
+    rel_error: float
+    input_error: float
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LayerErrors:
+    """Every shared float intermediate in graph order, the first jumps, how it was measured;
+    compare names the two graphs (`float_graph`, `typed_graph`)."""
+
+    tensors: list[TensorError]
+    jumps: list[TensorError]
+    method: str
+    float_graph: str | None = None
+    typed_graph: str | None = None
+
+    def dump(self) -> JsonObject:
+        out = {"tensors": [t.dump() for t in self.tensors], "jumps": [j.dump() for j in self.jumps],
+               "method": self.method}
+        if self.float_graph is not None:
+            out.update(float_graph=self.float_graph, typed_graph=self.typed_graph)
+        return out
+
 
 _FLOAT_TYPES = (1, 10, 16)  # FLOAT, FLOAT16, BFLOAT16 (onnx.TensorProto)
 
@@ -93,12 +132,12 @@ def _relative_error(ref: list[np.ndarray], act: list[np.ndarray]) -> float | Non
 
 
 def layer_errors(float_path: Path, changed_path: Path, feeds: list[dict],
-                 jump: float = 4.0, floor: float = 1e-4, top: int = 5) -> dict:
+                 jump: float = 4.0, floor: float = 1e-4, top: int = 5) -> LayerErrors:
     """Relative error of every shared float intermediate, and the first nodes where it jumps.
 
     relative error = ||changed - float|| / ||float|| over all feeds (a tensor of zeros is skipped).
     A jump: a node's output error > `jump` x the largest error of its inputs, and > `floor`.
-    Returns {"tensors": [...], "jumps": [the first `top`, in graph order], "method"}.
+    The jumps are the first `top`, in graph order.
     """
     import onnx
 
@@ -118,15 +157,12 @@ def layer_errors(float_path: Path, changed_path: Path, feeds: list[dict],
         _, node, op, module, inputs = ours[name]
         # graph inputs and initializers are identical in both graphs: error 0
         input_err = max((errors.get(i, 0.0) for i in inputs), default=0.0)
-        row = {"tensor": name, "node": node, "op": op, "module": module, "rel_error": err,
-               "input_error": input_err}
+        row = TensorError(name, node, op, module, err, input_err)
         rows.append(row)
         if err > floor and err > jump * input_err:
             jumps.append(row)
-    return {
-        "tensors": rows,
-        "jumps": jumps[:top],
-        "method": f"{len(rows)} float intermediates exposed in both graphs, run unoptimized in ONNX "
-                  f"Runtime on {len(feeds)} feeds; rel error = ||changed - float|| / ||float||; a jump "
-                  f"is a node whose output error is > {jump:g}x its inputs' and > {floor:g}",
-    }
+    return LayerErrors(
+        tensors=rows, jumps=jumps[:top],
+        method=f"{len(rows)} float intermediates exposed in both graphs, run unoptimized in ONNX "
+               f"Runtime on {len(feeds)} feeds; rel error = ||changed - float|| / ||float||; a jump "
+               f"is a node whose output error is > {jump:g}x its inputs' and > {floor:g}")

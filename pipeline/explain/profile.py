@@ -11,10 +11,12 @@ import json
 import os
 import tempfile
 from collections import defaultdict
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.json_object import JsonObject
 from pipeline.generation.genai_config import in_place_cache, present_of
 
 CATEGORIES: dict[str, set[str]] = {
@@ -52,6 +54,52 @@ CATEGORIES: dict[str, set[str]] = {
 CATEGORY_ORDER = [*CATEGORIES, "other"]
 _OP_CATEGORY = {op: cat for cat, ops in CATEGORIES.items() for op in ops}
 
+# "total_us" and each category that took time -> microseconds per request (compare's tables)
+CategoryTimes = dict[str, float]
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    """One node's kernel time per request (median over the profiled requests)."""
+
+    name: str
+    op: str
+    category: str
+    us: float
+    share: float  # of the request's total
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class CategoryTime:
+    us: float
+    share: float
+    nodes: int
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One model's profile: per request, every node (slowest first) and every category
+    (CATEGORY_ORDER), each a median over `runs` requests; how it was measured."""
+
+    runs: int
+    total_us: float
+    nodes: list[NodeTime]
+    categories: dict[str, CategoryTime]
+    method: str
+    cache_in_place: bool = False  # its KV cache written in place (GroupQueryAttention)
+
+    def category_times(self) -> CategoryTimes:
+        return {"total_us": self.total_us, **{c: v.us for c, v in self.categories.items() if v.us > 0}}
+
+
+Profiles = dict[str, Profile]  # a model's name -> its profile
+
 
 def category(op_type: str) -> str:
     return _OP_CATEGORY.get(op_type, "other")
@@ -59,16 +107,14 @@ def category(op_type: str) -> str:
 
 def profile_sessions(models: dict[str, Path], feed: dict, runs: int = 30, warmup: int = 5,
                      threads: int | None = None,
-                     session_config: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
+                     session_config: dict[str, dict[str, str]] | None = None) -> Profiles:
     """Per-node and per-category time per request of each model (run as saved, unoptimized).
 
     The sessions take turns request by request (A, B, A, B, ...), so a busy machine slows
     them alike; each figure is the median over the profiled requests, robust to the odd
     preempted one. A decoder whose KV cache stays in place (GroupQueryAttention) runs as its
     runners run it: each present written into its past's buffer (`_in_place_binding`), not
-    copied into a new one. Returns, per model: {"runs", "total_us", "nodes": [{name, op,
-    category, us, share}], "categories": {category: {"us", "share", "nodes"}}, "method",
-    "cache_in_place"}.
+    copied into a new one. Returns each model's Profile.
     """
     import onnxruntime as ort
 
@@ -94,8 +140,8 @@ def profile_sessions(models: dict[str, Path], feed: dict, runs: int = 30, warmup
                     session.run_with_iobinding(bound[name])
                 else:
                     session.run(None, feed)
-        return {name: {**summarize(json.loads(Path(session.end_profiling()).read_text()), skip_runs=warmup),
-                       "cache_in_place": name in bound}
+        return {name: replace(summarize(json.loads(Path(session.end_profiling()).read_text()),
+                                        skip_runs=warmup), cache_in_place=name in bound)
                 for name, session in sessions.items()}
 
 
@@ -121,7 +167,7 @@ def _in_place_binding(session, feed: dict):
     return binding
 
 
-def summarize(events: list[dict], skip_runs: int = 0) -> dict:
+def summarize(events: list[JsonObject], skip_runs: int = 0) -> Profile:
     """Fold ORT profile events into per-node and per-category microseconds per request:
     the median over requests (a request = one `model_run` event and the node events in it)."""
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])[skip_runs:]
@@ -141,17 +187,15 @@ def summarize(events: list[dict], skip_runs: int = 0) -> dict:
     cat_us = {c: float(np.median([sum(v for n, v in r.items() if category(op_of[n]) == c) for r in per_run]))
               for c in CATEGORY_ORDER}
     total = float(np.median([sum(r.values()) for r in per_run]))
-    nodes = sorted(({"name": n, "op": op_of[n], "category": category(op_of[n]), "us": us,
-                     "share": us / total if total else 0.0} for n, us in node_us.items()),
-                   key=lambda x: -x["us"])
+    nodes = sorted((NodeTime(n, op_of[n], category(op_of[n]), us, us / total if total else 0.0)
+                    for n, us in node_us.items()), key=lambda x: -x.us)
     counts = defaultdict(int)
     for node in nodes:
-        counts[node["category"]] += 1
-    return {
-        "runs": len(runs), "total_us": total, "nodes": nodes,
-        "categories": {c: {"us": cat_us[c], "share": cat_us[c] / total if total else 0.0,
-                           "nodes": counts[c]} for c in CATEGORY_ORDER},
-        "method": f"ONNX Runtime profiler (kernel time per node), sessions taking turns request by "
-                  f"request, median of {len(runs)} requests after {skip_runs} warm-up requests; "
-                  "no thread spinning",
-    }
+        counts[node.category] += 1
+    return Profile(
+        runs=len(runs), total_us=total, nodes=nodes,
+        categories={c: CategoryTime(cat_us[c], cat_us[c] / total if total else 0.0, counts[c])
+                    for c in CATEGORY_ORDER},
+        method=f"ONNX Runtime profiler (kernel time per node), sessions taking turns request by "
+               f"request, median of {len(runs)} requests after {skip_runs} warm-up requests; "
+               "no thread spinning")

@@ -143,7 +143,7 @@ def test_float_fallback_states_the_bar_it_used(compared, tmp_path):
     recipe = recipe_mod.load(str(proj.path / "recipes" / f"{b}.yaml"))
     assert recipe.precision.require_effective_precision is None
     fallback = compare._effective({"ort_flop_shares": eff, "precision": "int4"}, recipe)
-    assert fallback["share"] == 0.0 and fallback["required"] == compare.DEFAULT_EFFECTIVE_BAR
+    assert fallback.share == 0.0 and fallback.required == compare.DEFAULT_EFFECTIVE_BAR
     deltas = data["time_explained"]["versus"][b]["deltas"]
     ops = causes.op_histogram(tmp_path / "level0.onnx")
     tags = {t["tag"]: t["evidence"] for t in causes.tags(deltas, ops, ops, fallback)}
@@ -169,12 +169,12 @@ def test_different_models_are_said_up_front_and_ranked_first(compared):
     longer.inputs[0].shape[1] = longer.inputs[0].shape[1].model_copy(update={"opt": 128})
     recipes = [recipe_mod.load(str(proj.path / "recipes" / f"{a}.yaml"), values), longer]
     info = compare.models(recipes, proj.engines)  # parameters of the real exported graphs
-    assert info[a]["parameters"] == data["models"][a]["parameters"]
+    assert info[a].parameters == data["models"][a]["parameters"]
     (why,) = compare.model_differences(recipes, info).values()
     assert why == (f"both are timed at `{a}`'s opt shape (batch=2 sequence=64); `{b}` is tuned "
                    "for batch=2 sequence=128")
     # the tiny GLM (0.16M) against the small one (4.9M parameters, glm_config.SIZES)
-    info[b]["parameters"] = 30 * info[a]["parameters"]
+    info[b] = info[b].model_copy(update={"parameters": 30 * info[a].parameters})
     why = compare.model_differences(recipes, info)[b]
     assert why.startswith(f"`{b}`'s model has 30.0x the parameters of `{a}`'s")
     versus = dict(data["time_explained"]["versus"][b], models_differ=why)

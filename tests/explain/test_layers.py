@@ -36,10 +36,10 @@ def test_the_first_jump_is_the_node_whose_weights_changed(tmp_path):
     changed = _chain(tmp_path / "changed.onnx", W2 + 0.05 * RNG.standard_normal(W2.shape).astype(np.float32))
     feeds = [{"x": RNG.standard_normal((4, 8)).astype(np.float32)} for _ in range(2)]
     result = layers.layer_errors(float_path, changed, feeds)
-    errors = {r["tensor"]: r["rel_error"] for r in result["tensors"]}
+    errors = {r.tensor: r.rel_error for r in result.tensors}
     assert errors["a"] == errors["ra"] == 0.0  # before the change: identical
     assert errors["b"] > 1e-3 and errors["y"] > 1e-3
-    assert [j["node"] for j in result["jumps"]] == ["mm2"]  # later nodes only carry it on
+    assert [j.node for j in result.jumps] == ["mm2"]  # later nodes only carry it on
 
 
 def test_relative_error_skips_mask_sentinels_where_ort_sqnr_is_nan():

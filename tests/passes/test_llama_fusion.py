@@ -158,7 +158,7 @@ def test_profile_runs_an_in_place_graph_as_its_runners_do(optimized):
     before = {k: v.copy() for k, v in feed.items()}
     runs = profile.profile_sessions({"fused": folder / "optimized.onnx", "exported": folder / "model.onnx"},
                                     feed, runs=3, warmup=1, threads=1)
-    assert runs["fused"]["cache_in_place"] and not runs["exported"]["cache_in_place"]
-    ops = {n["op"] for n in runs["fused"]["nodes"]}
+    assert runs["fused"].cache_in_place and not runs["exported"].cache_in_place
+    ops = {n.op for n in runs["fused"].nodes}
     assert "GroupQueryAttention" in ops and "Concat" not in ops
     assert all((feed[k] == before[k]).all() for k in feed)  # the caller's arrays are not written
