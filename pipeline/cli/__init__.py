@@ -19,6 +19,7 @@ from pipeline.cli import (
     deploy,
     fleet,
     generate,
+    hw,
     inspect,
     keygen,
     load,
@@ -52,7 +53,8 @@ def cli():
 
 # Each command in its own module, named for it; click lists them sorted, whatever the order here.
 for _command in (*run.COMMANDS, bench.bench_command, compare.compare_command,
-                 deploy.deploy_command, fleet.fleet, generate.generate_command, inspect.inspect_command,
+                 deploy.deploy_command, fleet.fleet, generate.generate_command, hw.hw_command,
+                 inspect.inspect_command,
                  keygen.keygen_command, load.load_command, recipes.recipes_command,
                  schema.schema_command, serve.serve_command, sign.sign_command, tune.tune_command,
                  verify.verify_command):

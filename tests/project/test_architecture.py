@@ -20,6 +20,7 @@ LAYERS = [
     "artifacts",  # the typed file contract
     "recipe", "store",
     "model", "data", "metrics", "precision",
+    "hardware",  # the hardware feature database: measured here (cached), specified elsewhere
     "bench", "backends",  # the timing core (takes openers, imports no backend); engines
     "generation", "explain",  # decoders: export, runners, figures; profiles, causes
     "workloads", "render",  # what one request is; report.md and the table
