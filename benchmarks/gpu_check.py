@@ -36,7 +36,6 @@ import numpy as np
 from pipeline import backends
 from pipeline import recipe as recipe_mod
 from pipeline.artifacts import dump
-from pipeline.artifacts.report import OutputAccuracy
 from pipeline.backends import engine_name
 from pipeline.bench import timing
 from pipeline.core import deps, stats
@@ -93,9 +92,8 @@ def shape_study(recipe, engine_path: Path | None, aoti_target, *, device: str = 
             r.activate()
         try:
             # one OutputAccuracy per output, the type the validate stage's gates read
-            accuracy = {r.name: {name: OutputAccuracy.model_validate(m) for name, m in compare(
-                            [reference], [to_host(r.infer(feed, check_inputs=False))],
-                            recipe.outputs).items()}
+            accuracy = {r.name: compare([reference], [to_host(r.infer(feed, check_inputs=False))],
+                                        recipe.outputs)
                         for r in runners}
             blocks = timing.time_interleaved(runners, feed, protocol).blocks
         finally:

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.artifacts.report import OutputAccuracy
 from pipeline.data.feeds import Feed
 
+OutputAccuracies = dict[str, OutputAccuracy]  # an output's name -> its accuracy
 
-def compare(reference: list[Feed], actual: list[Feed], top1_outputs: list[str]) -> dict[str, dict]:
+
+def compare(reference: list[Feed], actual: list[Feed], top1_outputs: list[str]) -> OutputAccuracies:
+    """Each output of `actual` against `reference`'s, worst over the feeds."""
     if len(reference) != len(actual):
         raise ValueError(f"{len(actual)} output sets for {len(reference)} references")
     result = {}
@@ -46,15 +50,10 @@ def compare(reference: list[Feed], actual: list[Feed], top1_outputs: list[str]) 
             if name in top1_outputs and ref.ndim >= 1 and ref.shape[-1] > 1:
                 agree += int((ref.argmax(-1) == act.argmax(-1)).sum())
                 positions += ref[..., 0].size
-        result[name] = {
-            "max_abs": max_abs,
-            "mean_abs": abs_sum / max(count, 1),
-            "max_rel": max_rel,
-            "cosine": min(cosines),
-            "cosine_worst_sample": min(row_cosines) if row_cosines else None,
-            "top1_agreement": agree / positions if positions else None,
-            "nonfinite": nonfinite,
-        }
+        result[name] = OutputAccuracy(
+            max_abs=max_abs, mean_abs=abs_sum / max(count, 1), max_rel=max_rel, cosine=min(cosines),
+            cosine_worst_sample=min(row_cosines) if row_cosines else None,
+            top1_agreement=agree / positions if positions else None, nonfinite=nonfinite)
     return result
 
 

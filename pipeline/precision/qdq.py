@@ -14,11 +14,13 @@ analysis and report below. Weights use 7 bits where the CPU needs it (isa.py).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import onnx
 
 from pipeline.core.errors import StageFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.precision import (
     calibrate,
     cpu_pairs,
@@ -118,17 +120,19 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         if spec.sensitivity.enabled:
             report = _sensitivity(recipe, quantize, pre, feeds,
                                   [c for c in candidates if c not in excluded], excluded)
-            excluded = excluded + report["auto_excluded"]
+            excluded = excluded + report.auto_excluded
         out = quantize(excluded, out=workdir / "typed.onnx") if report else first
         if out != workdir / "typed.onnx":
             out = out.rename(workdir / "typed.onnx")
-        if report and report["auto_excluded"]:
-            report["speed_cost"] = sensitivity.speed_cost(out, feeds[0], report["auto_excluded"], workdir)
+        if report and report.auto_excluded:
+            report = report.with_speed_cost(sensitivity.speed_cost(out, feeds[0], report.auto_excluded,
+                                                                   workdir))
     skipped = dynamic.unquantized(out, [c for c in candidates if c not in excluded]) if dynamic_scheme else []
     counts, blockwise = _typed_graph_facts(out)
     return out, {
         "scheme": spec.scheme if spec.mode == "int8" else "static",
-        "calibration": _calibration(recipe, feeds, calibration_seconds) if spec.needs_calibration else None,
+        "calibration": _calibration(recipe, feeds, calibration_seconds).dump()
+                       if spec.needs_calibration else None,
         "symmetric": not dynamic_scheme,
         "per_channel": spec.per_channel and spec.mode != "fp8",
         "weight_range": {"setting": spec.weight_range,
@@ -142,7 +146,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "fallback": spec.fallback,
         "excluded": _exclusions(excluded, by_recipe, small, blockwise, skipped),
         "qdq_nodes": counts,
-        "sensitivity": report,
+        "sensitivity": report.dump() if report else None,
     }
 
 
@@ -160,7 +164,7 @@ def _candidates(model: onnx.ModelProto, spec, split: list[str]) -> list[str]:
 
 
 def _sensitivity(recipe, quantize, pre: Path, feeds: list[dict], quantized: list[str],
-                 excluded: list[str]) -> dict:
+                 excluded: list[str]) -> sensitivity.SensitivityReport:
     """sensitivity.analyse's report: each quantized node scored against the float graph `pre`
     on the first sensitivity.samples feeds."""
     spec = recipe.precision
@@ -168,7 +172,7 @@ def _sensitivity(recipe, quantize, pre: Path, feeds: list[dict], quantized: list
     sens_feeds = feeds[: spec.sensitivity.samples]
     reference = evaluate.run(pre, sens_feeds, recipe.outputs)
 
-    def score(path: Path) -> dict:
+    def score(path: Path) -> evaluate.Parity:
         return evaluate.compare(reference, evaluate.run(path, sens_feeds, recipe.outputs, fp8),
                                 recipe.top1_outputs())
 
@@ -186,10 +190,21 @@ def _typed_graph_facts(out: Path) -> tuple[dict[str, int], set[str]]:
     return counts, blockwise
 
 
-def _calibration(recipe, feeds: list[dict], seconds: float) -> dict:
-    spec = recipe.precision
-    return {"method": spec.method, "samples": len(feeds),
-            "source": _source(recipe), "seconds": round(seconds, 3)}
+@dataclass(frozen=True)
+class Calibration:
+    """How the Q/DQ scales were calibrated: method, samples, their source, seconds taken."""
+
+    method: str
+    samples: int
+    source: str
+    seconds: float
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+def _calibration(recipe, feeds: list[dict], seconds: float) -> Calibration:
+    return Calibration(recipe.precision.method, len(feeds), _source(recipe), round(seconds, 3))
 
 
 def _exclusions(excluded: list[str], by_recipe: list[str], small: list[str],

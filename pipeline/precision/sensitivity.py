@@ -12,29 +12,74 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pipeline.core.json_object import JsonObject
 from pipeline.precision import evaluate
+from pipeline.precision.evaluate import Parity
 
 Quantize = Callable[..., Path]
-Score = Callable[[Path], dict]
+Score = Callable[[Path], Parity]
+
+
+@dataclass(frozen=True)
+class SpeedCost:
+    """What the nodes kept in float cost in time (rows: node, op, kept_ms,
+    integer_ms_estimate, cost_ms), their total, the feed's shapes, how it was measured."""
+
+    nodes: list[JsonObject]
+    total_ms: float
+    feed_shapes: dict[str, list[int]]
+    method: str
+
+    def dump(self) -> JsonObject:
+        return {"nodes": self.nodes, "total_ms": self.total_ms, "feed_shapes": self.feed_shapes,
+                "method": self.method}
+
+
+@dataclass(frozen=True)
+class SensitivityReport:
+    """Each candidate quantized alone (ranking, most harmful first), the fully quantized graph,
+    the nodes auto_exclude kept in float, what that reached and whether it meets the budget."""
+
+    measured_on: str
+    budget: JsonObject
+    ranking: list[JsonObject]
+    fully_quantized: Parity
+    auto_excluded: list[str]
+    reached: Parity
+    met: bool
+    trials: int
+    speed_cost: SpeedCost | None = None
+
+    def dump(self) -> JsonObject:
+        out = {"measured_on": self.measured_on, "budget": self.budget, "ranking": self.ranking,
+               "fully_quantized": self.fully_quantized.dump(), "auto_excluded": self.auto_excluded,
+               "reached": self.reached.dump(), "met": self.met, "trials": self.trials}
+        if self.speed_cost is not None:
+            out["speed_cost"] = self.speed_cost.dump()
+        return out
+
+    def with_speed_cost(self, cost: SpeedCost) -> SensitivityReport:
+        return replace(self, speed_cost=cost)
 
 
 def analyse(quantize: Quantize, candidates: list[str], excluded: list[str], score: Score,
-            spec) -> dict:
+            spec) -> SensitivityReport:
     ranking = []
     for name in candidates:
         result = score(quantize(excluded, only=[name]))
-        ranking.append({"node": name, "cosine": result["cosine"],
-                        "top1_agreement": result["top1_agreement"]})
+        ranking.append({"node": name, "cosine": result.cosine,
+                        "top1_agreement": result.top1_agreement})
     # Most harmful first: lowest cosine, then lowest top-1 agreement.
     ranking.sort(key=lambda r: (r["cosine"], r["top1_agreement"] if r["top1_agreement"] is not None else 1.0))
     budget = spec.budget
     order = [r["node"] for r in ranking]
 
-    trials: dict[int, dict] = {}
+    trials: dict[int, Parity] = {}
 
-    def trial(k: int) -> dict:
+    def trial(k: int) -> Parity:
         if k not in trials:
             trials[k] = score(quantize(excluded + order[:k]))
         return trials[k]
@@ -51,19 +96,14 @@ def analyse(quantize: Quantize, candidates: list[str], excluded: list[str], scor
                 lo = mid
         k = hi
     reached = trial(k)
-    return {
-        "measured_on": "calibration feeds, against the FP32 graph",
-        "budget": budget.model_dump(),
-        "ranking": ranking,
-        "fully_quantized": full,
-        "auto_excluded": order[:k],
-        "reached": reached,
-        "met": evaluate.meets(reached, budget.cosine_min, budget.top1_min),
-        "trials": len(trials) + len(ranking),
-    }
+    return SensitivityReport(
+        measured_on="calibration feeds, against the FP32 graph", budget=budget.model_dump(),
+        ranking=ranking, fully_quantized=full, auto_excluded=order[:k], reached=reached,
+        met=evaluate.meets(reached, budget.cosine_min, budget.top1_min),
+        trials=len(trials) + len(ranking))
 
 
-def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
+def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> SpeedCost:
     """What each node kept out of the integer kernels costs in time, from one profiled request
     of the typed graph as ONNX Runtime optimizes it: the node's kernel time as it runs (float,
     or MatMulNBits under `fallback: blockwise`), against the same FLOPs at the rate this very
@@ -110,6 +150,7 @@ def speed_cost(typed: Path, feed: dict, kept: list[str], workdir: Path) -> dict:
                      "kept_ms": round(kept_ms, 4),
                      "integer_ms_estimate": None if int_ms is None else round(int_ms, 4),
                      "cost_ms": None if cost is None else round(cost, 4)})
-    return {"nodes": rows, "total_ms": round(total, 4), "feed_shapes": {k: list(v.shape) for k, v in feed.items()},
-            "method": "one profiled request (ORT's optimization, the second of two): each kept "
-                      "node's kernel time minus its FLOPs at this run's integer-kernel rate"}
+    return SpeedCost(nodes=rows, total_ms=round(total, 4),
+                     feed_shapes={k: list(v.shape) for k, v in feed.items()},
+                     method="one profiled request (ORT's optimization, the second of two): each "
+                            "kept node's kernel time minus its FLOPs at this run's integer-kernel rate")

@@ -275,11 +275,11 @@ def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:
     result = metrics.compare(torch_out, onnx_out, top1_outputs=[])
     spec = recipe.export.parity
     for name, m in result.items():
-        if not (m["max_abs"] <= spec.max_abs and m["cosine"] >= spec.cosine_min):
+        if not (m.max_abs <= spec.max_abs and m.cosine >= spec.cosine_min):
             raise StageFailed(
-                f"export parity: output `{name}` differs from PyTorch: max_abs {m['max_abs']:.3g} "
-                f"(allowed {spec.max_abs:g}), cosine {m['cosine']:.6f} (allowed >= {spec.cosine_min:g})",
+                f"export parity: output `{name}` differs from PyTorch: max_abs {m.max_abs:.3g} "
+                f"(allowed {spec.max_abs:g}), cosine {m.cosine:.6f} (allowed >= {spec.cosine_min:g})",
                 "the exporter changed the model's numerics; try export.exporter: "
                 + ("dynamo" if recipe.export.exporter == "torchscript" else "torchscript"),
             )
-    return {name: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for name, m in result.items()}
+    return {name: {"max_abs": m.max_abs, "cosine": m.cosine} for name, m in result.items()}

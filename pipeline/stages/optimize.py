@@ -159,7 +159,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "bytes_before": exported.ByteSize(), "bytes_after": current.ByteSize(),
         "tolerance": spec.tolerance.model_dump(),
         "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in named.items()},
-        "drift_vs_export": {k: {"max_abs": m["max_abs"], "cosine": m["cosine"]} for k, m in drift.items()},
+        "drift_vs_export": {k: {"max_abs": m.max_abs, "cosine": m.cosine} for k, m in drift.items()},
         "latency": _latency(recipe, exported, current) if accepted else None,
     })
 

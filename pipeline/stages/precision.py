@@ -77,11 +77,12 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     except Exception as e:  # e.g. no CPU kernel for bf16
         parity = {"error": first_line(e, with_type=True)}
     else:
-        parity = evaluate.compare(reference, typed, recipe.top1_outputs())
-        if parity["nonfinite"]:
+        measured = evaluate.compare(reference, typed, recipe.top1_outputs())
+        if measured.nonfinite:
             raise StageFailed(
-                f"precision {recipe.precision.mode}: the typed graph produces {parity['nonfinite']} "
+                f"precision {recipe.precision.mode}: the typed graph produces {measured.nonfinite} "
                 "NaN/Inf values", "keep more op types in FP32 (precision.block_list / exclude)")
+        parity = measured.dump()
         if recipe.workload.kv_cache:  # the feeds' caches are drawn, not computed
             parity["caveat"] = ("KV-cache inputs of these feeds are random N(0,1) values, not caches a "
                                 "prompt produces: a low figure here says little; the validate stage's "

@@ -17,6 +17,7 @@ from pipeline.generation import chat, runners, score
 from pipeline.generation.decoder import (
     eos_token,
 )
+from pipeline.metrics.accuracy import OutputAccuracies
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 
@@ -104,7 +105,7 @@ def engine_rows(recipe: Recipe, engine_path: Path, in_place: bool) -> tuple[list
         runner.close()
 
 
-def split_cache_outputs(accuracy: dict[str, dict]) -> tuple[dict[str, dict], KvCacheAccuracy | None]:
+def split_cache_outputs(accuracy: OutputAccuracies) -> tuple[OutputAccuracies, KvCacheAccuracy | None]:
     """(the gated outputs: logits; one summary of the KV-cache outputs). A cache's error shows
     in the logits of the next step, which are gated; 60 cache rows at the logits threshold
     would bury the one figure that matters."""
@@ -112,12 +113,12 @@ def split_cache_outputs(accuracy: dict[str, dict]) -> tuple[dict[str, dict], KvC
     gated = {k: v for k, v in accuracy.items() if k not in caches}
     if not caches:
         return gated, None
-    worst = min(caches, key=lambda k: caches[k]["cosine"])
+    worst = min(caches, key=lambda k: caches[k].cosine)
     return gated, KvCacheAccuracy(
-        outputs=len(caches), worst=worst, worst_cosine=caches[worst]["cosine"],
-        mean_cosine=float(np.mean([m["cosine"] for m in caches.values()])),
-        max_abs=max(m["max_abs"] for m in caches.values()),
-        nonfinite=sum(m["nonfinite"] for m in caches.values()), gated=False)
+        outputs=len(caches), worst=worst, worst_cosine=caches[worst].cosine,
+        mean_cosine=float(np.mean([m.cosine for m in caches.values()])),
+        max_abs=max(m.max_abs for m in caches.values()),
+        nonfinite=sum(m.nonfinite for m in caches.values()), gated=False)
 
 
 def run_feed(session, feed: data.Feed, names: list[str]) -> Outputs:
