@@ -23,6 +23,7 @@ LAYERS = [
     "hardware",  # the hardware feature database: measured here (cached), specified elsewhere
     "bench", "backends",  # the timing core (takes openers, imports no backend); engines
     "generation", "explain",  # decoders: export, runners, figures; profiles, causes
+    "roofline",  # the performance model: per-node cost at a shape, floors on a hardware entry
     "workloads", "render",  # what one request is; report.md and the table
     "stages", "run",  # the cached stages; the orchestration over them
     "compare",  # the workloads' comparers (read built folders)
