@@ -21,8 +21,8 @@ backend: no stage, nor deploy, compares `kind` against a name.
                   meta["files"] = {name: path}: extra files committed beside the engine
     open(engine_path, target, recipe, *, threads, spin) -> Runner (Polygraphy BaseRunner)
 optionally:
-    validation_extras(engine_path, target, recipe, runner) -> dict
-                  keys merged into validate-<target>.json; its "gates" join the engine's gates
+    validation_extras(engine_path, target, recipe, runner) -> ValidationExtras
+                  fields merged into validate-<target>.json; its "gates" join the engine's gates
 
 This module imports nothing heavy: deploy and the registry read the constants without
 loading onnxruntime, TensorRT or torch.
@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.core.errors import DependencyError
+
+# What a backend's validation_extras adds to its engine's EngineResult: field name -> value
+# (e.g. `runtime`, `tensorrt_layer_shares`), and "gates" -> its list of Gate records.
+ValidationExtras = dict[str, Any]
 
 
 @dataclass(frozen=True)

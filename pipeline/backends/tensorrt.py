@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.backends import tensorrt_layers
-from pipeline.backends.base import TritonModel
+from pipeline.backends.base import TritonModel, ValidationExtras
 from pipeline.core import deps, env
 from pipeline.core.errors import InputError, StageFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.model import onnx_info
 from pipeline.recipe import Dim, Recipe, TensorRTTarget
 
@@ -202,16 +203,29 @@ def trtexec_command(p: BuildPlan, inspector_json: Path | None = None) -> list[st
     return cmd + ([f"--exportLayerInfo={inspector_json}"] if inspector_json else [])
 
 
-def command_lines(p: BuildPlan, inspector_name: str) -> dict[str, str]:
-    """Both rebuild commands, with paths relative to the recipe's engines folder (run there)."""
+@dataclass(frozen=True)
+class RebuildCommands:
+    """Both rebuild commands, with paths relative to `cwd` (the recipe's engines folder)."""
+
+    cwd: str
+    trtexec: str
+    polygraphy: str
+
+    def dump(self) -> JsonObject:
+        return {"cwd": self.cwd, "trtexec": self.trtexec, "polygraphy": self.polygraphy}
+
+
+def command_lines(p: BuildPlan, inspector_name: str) -> RebuildCommands:
     local = BuildPlan(**{**p.__dict__, "onnx": Path(p.onnx.name), "engine": Path(p.engine.name)})
-    return {"cwd": "engines/<recipe>/",
-            "trtexec": shlex.join(trtexec_command(local, Path(inspector_name))),
-            "polygraphy": shlex.join(polygraphy_command(local))}
+    return RebuildCommands(cwd="engines/<recipe>/",
+                           trtexec=shlex.join(trtexec_command(local, Path(inspector_name))),
+                           polygraphy=shlex.join(polygraphy_command(local)))
 
 
 # ----------------------------------------------------------------------------- compatibility
-def here() -> dict:
+def here() -> JsonObject:
+    """This machine's `built_with` block (TensorRT version, GPU, compute capability), as the
+    build record writes it and open() compares it with the engine's (check_compatible)."""
     gpu, cc = deps.gpus()[0] if deps.gpus() else (None, None)
     return {"tensorrt": deps.version("tensorrt"), "gpu": gpu, "compute_capability": cc}
 
@@ -253,7 +267,7 @@ def sidecars(engine: Path) -> tuple[Path, Path]:
     return stem.with_name(stem.name + ".inspector.json"), stem.with_name(stem.name + ".build.json")
 
 
-def _build_info(info_path: Path, key: str) -> dict:
+def _build_info(info_path: Path, key: str) -> JsonObject:
     """One section of <id>.build.json, read bounded (a planted file is refused in one line)."""
     from pipeline.artifacts import json_file
     from pipeline.core.errors import IntegrityError
@@ -291,15 +305,16 @@ def check_parseable(onnx_path: Path) -> None:
 
 
 def build_meta(p: BuildPlan, target: TensorRTTarget, built_with: dict, seconds: float,
-               inspector_name: str) -> dict:
-    """What the build records: every setting read from the plan that built the engine."""
+               inspector_name: str) -> JsonObject:
+    """What the build records (its stage meta and <id>.build.json): every setting read from
+    the plan that built the engine."""
     return {
         "built_with": built_with, "hardware_compatibility": target.hardware_compatibility,
         "build_seconds": seconds, "strongly_typed": p.strongly_typed,
         "profiles": [{n: [list(s) for s in mm] for n, mm in prof.items()} for prof in p.profiles],
         "optimization_level": p.optimization_level, "memory_pools": p.pools,
         "timing_cache": str(p.timing_cache) if p.timing_cache else None,
-        "commands": command_lines(p, inspector_name),
+        "commands": command_lines(p, inspector_name).dump(),
     }
 
 
@@ -347,7 +362,8 @@ def open(engine_path: Path, target: TensorRTTarget, recipe: Recipe | None = None
     return TensorRTRunner(engine_path, cuda_graphs=target.cuda_graphs, name=target.id)
 
 
-def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe, runner) -> dict:
+def validation_extras(engine_path: Path, target: TensorRTTarget, recipe: Recipe,
+                      runner) -> ValidationExtras:
     """What validate adds for this engine: CUDA Graph status, effective precision, its gate."""
     _, info_path = sidecars(Path(engine_path))
     summary = _build_info(info_path, "tensorrt_layer_shares") if info_path.is_file() else None

@@ -13,13 +13,17 @@ from rich.table import Table
 
 from pipeline import backends
 from pipeline.backends import openers
+from pipeline.bench.protocol import Opener
 from pipeline.core.text import time_ratio_speedup
 from pipeline.recipe import Recipe
 from pipeline.store.folder_names import folder_name
 
+EnginePaths = dict[str, Path]  # a target id -> its verified engine file
+Openers = dict[str, Opener]  # a target id -> the opener of its engine
+
 
 def built_engines(recipe: Recipe, root: Path, force: bool, progress, verbose: bool,
-                  only: tuple[str, ...] = ()) -> dict[str, Path]:
+                  only: tuple[str, ...] = ()) -> EnginePaths:
     """Build (or find cached) every target of `recipe` that can be built here (or those
     named in `only`); target id -> engine file."""
     from pipeline.backends import engine_name
@@ -49,7 +53,7 @@ def bench(recipe: Recipe, other: Recipe | None, root: Path, force: bool, progres
     return result, path
 
 
-def _open(recipe: Recipe, engines: dict[str, Path]) -> dict:
+def _open(recipe: Recipe, engines: EnginePaths) -> Openers:
     targets = {t.id: t for t in recipe.targets}
     return {tid: openers.engine_opener(recipe, targets[tid], path) for tid, path in engines.items()}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import recipe as recipe_mod
@@ -31,7 +32,21 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-") or "none"
 
 
-def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> dict[str, str]:
+@dataclass(frozen=True)
+class CiNames:
+    """The step outputs above, in that order."""
+
+    gpu: str
+    tensorrt: str
+    kinds: str
+    artifact: str
+    cache_key: str
+
+    def lines(self) -> list[str]:
+        return [f"{k}={v}" for k, v in vars(self).items()]
+
+
+def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> CiNames:
     recipe = recipe_mod.load(recipe_ref)
     manifest_path = engines_dir / recipe.name / MANIFEST
     if manifest_path.is_file():  # read through its model: a bad one is IntegrityError (exit 5)
@@ -42,13 +57,8 @@ def names(recipe_ref: str, engines_dir: Path = Path("engines")) -> dict[str, str
         gpu_name, versions = deps.identity().gpu, deps.versions()
     gpu = slug(gpu_name or "cpu")
     trt = slug(versions.get("tensorrt") or "none")
-    return {
-        "gpu": gpu,
-        "tensorrt": trt,
-        "kinds": ",".join(sorted({t.kind for t in recipe.targets})),
-        "artifact": f"engines-{recipe.name}-{gpu}-trt{trt}",
-        "cache_key": f"trt-timing-{gpu}-{trt}",
-    }
+    return CiNames(gpu=gpu, tensorrt=trt, kinds=",".join(sorted({t.kind for t in recipe.targets})),
+                   artifact=f"engines-{recipe.name}-{gpu}-trt{trt}", cache_key=f"trt-timing-{gpu}-{trt}")
 
 
 def main(argv: list[str]) -> int:
@@ -62,7 +72,7 @@ def main(argv: list[str]) -> int:
     except PipelineError as e:
         print(f"Error: {e}", file=sys.stderr)
         return e.exit_code
-    print("\n".join(f"{k}={v}" for k, v in values.items()))
+    print("\n".join(values.lines()))
     return 0
 
 

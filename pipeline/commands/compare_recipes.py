@@ -15,7 +15,10 @@ from pathlib import Path
 from pipeline import workloads
 from pipeline.core import safe_files
 from pipeline.core.errors import RecipeError
+from pipeline.core.json_object import JsonObject
 from pipeline.recipe import Recipe
+
+Reports = dict[str, JsonObject]  # a recipe's name -> its report.json, as the comparers read it
 
 
 def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> workloads.Compared:
@@ -38,7 +41,7 @@ def compare(recipes: list[Recipe], root: Path, force: bool, progress, verbose: b
     return comparer.compare(recipes, run_all(recipes, root, force, progress, verbose), root, progress)
 
 
-def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> dict[str, dict]:
+def run_all(recipes: list[Recipe], root: Path, force: bool, progress, verbose: bool) -> Reports:
     """Each recipe run up to its report: {recipe name: report.json's content}."""
     from pipeline.artifacts import dump
     from pipeline.run.execute import Run

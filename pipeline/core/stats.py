@@ -199,7 +199,7 @@ def time_ratio(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> T
                      noise_threshold=noise, blocks=int(np.asarray(a_blocks).shape[0]))
 
 
-def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> dict:
+def compare(a_blocks: np.ndarray, b_blocks: np.ndarray, *, noise: float) -> JsonObject:
     """`time_ratio` as its JSON object, for the callers that still extend or splice it as a
     dict (commands/tune.py, compare/generation.py); new code takes the TimeRatio."""
     return time_ratio(a_blocks, b_blocks, noise=noise).dump()

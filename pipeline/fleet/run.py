@@ -10,16 +10,19 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from pipeline.artifacts.report import Report
 from pipeline.core.errors import DependencyError, IntegrityError
 from pipeline.fleet import jobs, kinds
 from pipeline.fleet.summary import FILE, FleetRun, engine_lines, table
 
 # Never shipped with --ship: outputs, environments, history (gitignore-style patterns).
 SHIP_EXCLUDES = ["engines/", ".venv/", ".git/", "__pycache__/", "*.pyc", ".pytest_cache/"]
+RecipeRefs = dict[str, str]  # an engines folder's name -> the recipe as `pipeline run` takes it
+KindReports = dict[str, Report]  # a device kind -> the report the fleet accepted for it
 _STATE_STYLE = {"queued": "dim", "running": "yellow", "done": "green", "failed": "red"}
 
 
-def _recipes(names: list[str], everything: bool, overrides: tuple[str, ...]) -> dict[str, str]:
+def _recipes(names: list[str], everything: bool, overrides: tuple[str, ...]) -> RecipeRefs:
     """{engines folder name: how to name the recipe to `pipeline run`}, each loaded (and so
     checked) here with the --set values; the folder is <recipe>[@<digest of the values>]."""
     from pipeline.recipe.loader import list_recipes
@@ -146,7 +149,7 @@ def read(path: Path) -> FleetRun:
     return FleetRun.model_validate(json.loads(path.read_text()))
 
 
-def reports(engines_dir: Path, recipe: str) -> dict:
+def reports(engines_dir: Path, recipe: str) -> KindReports:
     """{kind: Report} of every kind the fleet accepted `recipe` for (each verified)."""
     from pipeline.artifacts import recorded
     from pipeline.core.errors import InputError

@@ -105,8 +105,11 @@ def generate(runner, request: Request) -> Trace:
     return Trace(ttft, steps, np.stack(tokens, axis=1), clock() - start)
 
 
+Traces = dict[str, list[Trace]]  # a runner's name -> its traces, one per round
+
+
 def measure(runners: dict[str, object], request: Request, spec: WorkloadSpec,
-            rounds: int | None = None) -> dict[str, list[Trace]]:
+            rounds: int | None = None) -> Traces:
     """Warm-up, then `rounds` (default `spec.rounds`) rounds of one request per runner, interleaved."""
     names = list(runners)
     for name in names:

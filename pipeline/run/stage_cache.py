@@ -36,7 +36,7 @@ from pipeline.recipe import Recipe
 from pipeline.run import code_digest, records
 from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
-from pipeline.store.recipe_folder import Artifact, Artifacts, Interrupted, Store
+from pipeline.store.recipe_folder import Artifact, Artifacts, Interrupted, Store, WorkFiles
 
 Produce = Callable[[Path], Produced]
 
@@ -248,7 +248,7 @@ def twin_folders(folder: Path, recipe_name: str) -> list[Path]:
     return sorted(others, key=lambda p: (p.name.partition("@")[0] != recipe_name, p.name))
 
 
-def _dumped(records: dict[str, Any], workdir: Path) -> dict[str, Path]:
+def _dumped(records: dict[str, Any], workdir: Path) -> WorkFiles:
     """Each record (a pydantic model) written as its JSON file, the only place a stage's
     typed result becomes a file."""
     from pipeline.artifacts import dump

@@ -46,15 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts import json_file, recorded
-from pipeline.artifacts.manifest import SCHEMA as MANIFEST_SCHEMA
-from pipeline.artifacts.manifest import FileEntry, Manifest, StageRecord
+from pipeline.artifacts.manifest import SCHEMA, FileEntry, Manifest, StageRecord
 from pipeline.core import deps, paths, safe_files
 from pipeline.core.errors import InputError, IntegrityError, LockError
 from pipeline.core.json_object import JsonObject
 
 MANIFEST = "manifest.json"
 ASIDE = ".unreadable-"  # --force keeps a bad manifest as manifest.json.unreadable-<time>
-SCHEMA = MANIFEST_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -68,6 +66,7 @@ class Artifact:
 
 
 Artifacts = dict[str, Artifact]  # a stage's committed files: name in the store -> its Artifact
+WorkFiles = dict[str, Path]  # a stage's files before commit: name in the store -> its work path
 
 
 def _empty_manifest() -> Manifest:  # a folder's manifest before its first commit

@@ -124,9 +124,9 @@ def test_trtexec_command(trt_plan):
         "--profilingVerbosity=detailed",
     ]
     lines = trt_backend.command_lines(trt_plan, "tensorrt.inspector.json")
-    assert "--onnx=model.onnx --saveEngine=tensorrt.plan" in lines["trtexec"]
-    assert lines["trtexec"].endswith("--exportLayerInfo=tensorrt.inspector.json")
-    assert lines["polygraphy"].startswith("polygraphy convert model.onnx --convert-to trt -o tensorrt.plan")
+    assert "--onnx=model.onnx --saveEngine=tensorrt.plan" in lines.trtexec
+    assert lines.trtexec.endswith("--exportLayerInfo=tensorrt.inspector.json")
+    assert lines.polygraphy.startswith("polygraphy convert model.onnx --convert-to trt -o tensorrt.plan")
 
 
 def test_build_records_strong_typing_from_the_plan_that_builds(trt_plan):
