@@ -140,6 +140,7 @@ def decode_profiles(onnx_paths: dict[str, Path], c, contexts: dict[str, int], th
 def chat_answers(args, onnx_paths: dict[str, Path], hf) -> dict:
     """Every runner (and PyTorch) answers the same chat scripts, untimed; scored as the
     pipeline scores an engine: accuracy and answers identical to PyTorch's (paired intervals)."""
+    from pipeline.artifacts import dump
     from pipeline.generation import chat, runners, score
     from pipeline.generation.llama_cache import StaticCacheLlama
     from pipeline.recipe import load
@@ -164,8 +165,8 @@ def chat_answers(args, onnx_paths: dict[str, Path], hf) -> dict:
     for name, runner in ask.items():
         rows = score.answer(runner, tok, scripts, stop, spec.answer_tokens, spec.max_context)
         compared = score.answer_scores(base, rows)
-        out[name] = {"answer_accuracy": compared["answer_accuracy"],
-                     "identical_answers": compared["identical_answers"],
+        out[name] = {"answer_accuracy": dump(compared.answer_accuracy),
+                     "identical_answers": dump(compared.identical_answers),
                      "replies": [r["reply"] for r in rows[:3]]}
     return out
 

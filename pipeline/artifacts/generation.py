@@ -15,7 +15,7 @@ values report.json and validate-<target>.json have always had.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -137,14 +137,56 @@ class Answer(Closed):
     correct: bool
 
 
+class AnswerAccuracy(Closed):
+    """Share of questions answered right, engine against PyTorch on the same questions."""
+
+    metric: Literal["answer_accuracy"]
+    baseline: float
+    engine: float
+    delta: float
+    ci95: list[float] = Field(description="Paired-bootstrap interval of the delta.")
+    engine_ci95: list[float]
+    baseline_ci95: list[float]
+    correct: Count
+    baseline_correct: Count
+    questions: Count
+
+
+class IdenticalAnswers(Closed):
+    """Answers identical to PyTorch's token for token."""
+
+    share: float | None
+    count: Count
+    of: Count
+
+
+class PerplexityScore(Closed):
+    """Held-out perplexity, engine against PyTorch on the same tokens."""
+
+    metric: Literal["perplexity"]
+    baseline: float
+    engine: float
+    delta: float
+    ci95: list[float]
+    ratio: float = Field(description="Engine's perplexity over PyTorch's.")
+    ratio_ci95: list[float]
+    tokens: Count
+    blocks: Count
+
+
+class SecondsPerAnswer(Closed):
+    engine: float
+    baseline: float
+
+
 class EngineScore(Open):
     """The chat task: the engine's answers and perplexity against PyTorch's
-    (generation/score.py compare; its figures kept as written there)."""
+    (generation/score.py compare)."""
 
-    answer_accuracy: dict[str, Any]
-    identical_answers: dict[str, Any]
-    perplexity: dict[str, Any]
-    seconds_per_answer: dict[str, float]
+    answer_accuracy: AnswerAccuracy
+    identical_answers: IdenticalAnswers
+    perplexity: PerplexityScore
+    seconds_per_answer: SecondsPerAnswer
     answers: list[Answer]
 
 

@@ -11,9 +11,19 @@ share of answers identical to PyTorch's token for token.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.artifacts.generation import (
+    Answer,
+    AnswerAccuracy,
+    BaselineScore,
+    EngineScore,
+    IdenticalAnswers,
+    PerplexityScore,
+    SecondsPerAnswer,
+)
 from pipeline.data.tokenizer import Tokenizer
 from pipeline.generation.chat import Question, correct
 from pipeline.metrics import task as task_metrics
@@ -71,7 +81,13 @@ def token_losses(logits_of, ids: np.ndarray, window: int) -> np.ndarray:
     return np.concatenate(out)
 
 
-def answer_scores(base: list[dict], mine: list[dict]) -> dict:
+@dataclass(frozen=True)
+class AnswerScores:
+    answer_accuracy: AnswerAccuracy
+    identical_answers: IdenticalAnswers
+
+
+def answer_scores(base: list[dict], mine: list[dict]) -> AnswerScores:
     """Answer accuracy against PyTorch's on the same questions (paired-bootstrap interval of
     the delta), and the answers identical to PyTorch's token for token."""
     b = np.array([r["correct"] for r in base], float)
@@ -79,20 +95,19 @@ def answer_scores(base: list[dict], mine: list[dict]) -> dict:
     same = [r["tokens"] == s["tokens"] for r, s in zip(base, mine)]
     acc = lambda idx: (float(b[idx].mean()), float(e[idx].mean()))  # noqa: E731
     acc_base, acc_eng = acc(np.arange(b.size))
-    return {
-        "answer_accuracy": {"metric": "answer_accuracy", "baseline": acc_base, "engine": acc_eng,
-                            "delta": acc_eng - acc_base,
-                            "ci95": list(task_metrics.paired_bootstrap(acc, b.size)),
-                            "engine_ci95": _interval(e), "baseline_ci95": _interval(b),
-                            "correct": int(e.sum()), "baseline_correct": int(b.sum()),
-                            "questions": int(b.size)},
-        "identical_answers": {"share": float(np.mean(same)) if same else None,
-                              "count": int(sum(same)), "of": len(same)},
-    }
+    return AnswerScores(
+        AnswerAccuracy(metric="answer_accuracy", baseline=acc_base, engine=acc_eng,
+                       delta=acc_eng - acc_base, ci95=list(task_metrics.paired_bootstrap(acc, b.size)),
+                       engine_ci95=_interval(e), baseline_ci95=_interval(b), correct=int(e.sum()),
+                       baseline_correct=int(b.sum()), questions=int(b.size)),
+        IdenticalAnswers(share=float(np.mean(same)) if same else None, count=int(sum(same)),
+                         of=len(same)))
 
 
-def compare(base: list[dict], mine: list[dict], base_nll: np.ndarray, my_nll: np.ndarray) -> dict:
-    """The engine's score against PyTorch's, on the same questions and tokens."""
+def compare(base: list[dict], mine: list[dict], base_nll: np.ndarray, my_nll: np.ndarray,
+            answers: list[Answer] | None = None) -> EngineScore:
+    """The engine's score against PyTorch's, on the same questions and tokens; `answers`:
+    the engine's own, as the result lists them."""
     blocks = max(1, base_nll.size // BLOCK)
     bb = base_nll[:blocks * BLOCK].reshape(blocks, -1).sum(1)
     eb = my_nll[:blocks * BLOCK].reshape(blocks, -1).sum(1)
@@ -101,26 +116,28 @@ def compare(base: list[dict], mine: list[dict], base_nll: np.ndarray, my_nll: np
                        float(np.exp(eb[idx].sum() / (per * idx.size))))
     ppl_base, ppl_eng = ppl(np.arange(blocks))
     ratio = lambda idx: (1.0, (lambda p: p[1] / p[0])(ppl(idx)))  # noqa: E731
-    return {
-        **answer_scores(base, mine),
-        "perplexity": {"metric": "perplexity", "baseline": ppl_base, "engine": ppl_eng,
-                       "delta": ppl_eng - ppl_base,
-                       "ci95": list(task_metrics.paired_bootstrap(ppl, blocks)),
-                       "ratio": ppl_eng / ppl_base,
-                       "ratio_ci95": [1 + d for d in task_metrics.paired_bootstrap(ratio, blocks)],
-                       "tokens": int(blocks * per), "blocks": int(blocks)},
-        "seconds_per_answer": {"engine": float(np.median([r["seconds"] for r in mine])),
-                               "baseline": float(np.median([r["seconds"] for r in base]))},
-    }
+    answered = answer_scores(base, mine)
+    return EngineScore(
+        answer_accuracy=answered.answer_accuracy, identical_answers=answered.identical_answers,
+        perplexity=PerplexityScore(
+            metric="perplexity", baseline=ppl_base, engine=ppl_eng, delta=ppl_eng - ppl_base,
+            ci95=list(task_metrics.paired_bootstrap(ppl, blocks)), ratio=ppl_eng / ppl_base,
+            ratio_ci95=[1 + d for d in task_metrics.paired_bootstrap(ratio, blocks)],
+            tokens=int(blocks * per), blocks=int(blocks)),
+        seconds_per_answer=SecondsPerAnswer(engine=float(np.median([r["seconds"] for r in mine])),
+                                            baseline=float(np.median([r["seconds"] for r in base]))),
+        answers=answers or [])
 
 
-def summary(rows: list[dict], nll: np.ndarray) -> dict:
-    """One runner's own score (the baseline's entry): accuracy with its interval, perplexity."""
+def summary(rows: list[dict], nll: np.ndarray, answers: list[Answer] | None = None) -> BaselineScore:
+    """One runner's own score (the baseline's entry): accuracy with its interval, perplexity;
+    `answers`: its own, as the result lists them."""
     ok = np.array([r["correct"] for r in rows], float)
-    return {"answer_accuracy": float(ok.mean()), "answer_accuracy_ci95": _interval(ok),
-            "correct": int(ok.sum()), "questions": int(ok.size),
-            "perplexity": float(np.exp(nll.mean())), "perplexity_tokens": int(nll.size),
-            "seconds_per_answer": float(np.median([r["seconds"] for r in rows]))}
+    return BaselineScore(answer_accuracy=float(ok.mean()), answer_accuracy_ci95=_interval(ok),
+                         correct=int(ok.sum()), questions=int(ok.size),
+                         perplexity=float(np.exp(nll.mean())), perplexity_tokens=int(nll.size),
+                         seconds_per_answer=float(np.median([r["seconds"] for r in rows])),
+                         answers=answers or [])
 
 
 def _interval(ok: np.ndarray, rounds: int = task_metrics.ROUNDS) -> list[float]:

@@ -8,6 +8,7 @@ accuracy gates, so `run.execute.check_gates` exits 3 on any of them.
 from __future__ import annotations
 
 from pipeline.artifacts import EngineResult, Gate
+from pipeline.artifacts.generation import EngineScore
 from pipeline.artifacts.report import TaskMetric
 from pipeline.core.text import speedup, time_ratio_speedup
 from pipeline.recipe import Recipe
@@ -46,7 +47,7 @@ def expect(recipe: Recipe, engine: EngineResult) -> list[Gate]:
     if want.max_task_loss is not None:
         out.append(task_gate(recipe, engine.task))
     score = engine.generation.score if engine.generation is not None else None
-    out += score_gates(recipe, score.model_dump() if score is not None else None)  # score.compare's keys
+    out += score_gates(recipe, score)
     versus = {v.other: v for v in engine.versus}
     for ref in want.faster_than:
         v = versus.get(ref)
@@ -65,31 +66,31 @@ def expect(recipe: Recipe, engine: EngineResult) -> list[Gate]:
     return out
 
 
-def score_gates(recipe: Recipe, score: dict | None) -> list[Gate]:
+def score_gates(recipe: Recipe, score: EngineScore | None) -> list[Gate]:
     """expect.max_answer_accuracy_loss / max_perplexity_ratio on a generation engine's task
     score (pipeline/generation/score.py): a variant that answers worse fails like a slow one."""
     want, out = recipe.expect, []
     if want.max_answer_accuracy_loss is not None:
-        a = (score or {}).get("answer_accuracy")
+        a = score.answer_accuracy if score is not None else None
         if a is None:
             out.append(_gate("expect.max_answer_accuracy_loss", False, "no answers were scored"))
         else:
-            lo, hi = a["ci95"]
+            lo, hi = a.ci95
             out.append(_gate(
-                "expect.max_answer_accuracy_loss", -a["delta"] <= want.max_answer_accuracy_loss,
-                f"answered right: PyTorch {a['baseline_correct']}/{a['questions']}, engine "
-                f"{a['correct']}/{a['questions']} (delta {a['delta']:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]); "
+                "expect.max_answer_accuracy_loss", -a.delta <= want.max_answer_accuracy_loss,
+                f"answered right: PyTorch {a.baseline_correct}/{a.questions}, engine "
+                f"{a.correct}/{a.questions} (delta {a.delta:+.3f}, 95% CI [{lo:+.3f}, {hi:+.3f}]); "
                 f"loss needs <= {want.max_answer_accuracy_loss:g}"))
     if want.max_perplexity_ratio is not None:
-        p = (score or {}).get("perplexity")
+        p = score.perplexity if score is not None else None
         if p is None:
             out.append(_gate("expect.max_perplexity_ratio", False, "no perplexity was measured"))
         else:
-            lo, hi = p["ratio_ci95"]
+            lo, hi = p.ratio_ci95
             out.append(_gate(
-                "expect.max_perplexity_ratio", p["ratio"] <= want.max_perplexity_ratio,
-                f"perplexity PyTorch {p['baseline']:.3f}, engine {p['engine']:.3f} on {p['tokens']} "
-                f"held-out tokens: ratio {p['ratio']:.4f} (95% CI [{lo:.4f}, {hi:.4f}]); needs <= "
+                "expect.max_perplexity_ratio", p.ratio <= want.max_perplexity_ratio,
+                f"perplexity PyTorch {p.baseline:.3f}, engine {p.engine:.3f} on {p.tokens} "
+                f"held-out tokens: ratio {p.ratio:.4f} (95% CI [{lo:.4f}, {hi:.4f}]); needs <= "
                 f"{want.max_perplexity_ratio:g}"))
     return out
 

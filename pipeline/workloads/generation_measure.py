@@ -21,7 +21,6 @@ from pipeline.artifacts.generation import (
     Agreement,
     Answer,
     BaselineGeneration,
-    BaselineScore,
     BaselineSide,
     DecodeFloor,
     EngineScore,
@@ -85,7 +84,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
         tokens["answer_correct"] = np.array([r["correct"] for r in rows])
         tokens["answer_seconds"] = np.array([r["seconds"] for r in rows])
         tokens["nll"] = nll
-        own = {"score": BaselineScore(**score.summary(rows, nll), answers=_answers(rows))}
+        own = {"score": score.summary(rows, nll, _answers(rows))}
     path = workdir / "baseline.npz"
     data.save_feeds(path, feeds, outputs, tokens=tokens)
     generation = BaselineGeneration(workload=spec.model_dump(mode="json"), points=figures, **own)
@@ -174,7 +173,7 @@ def _engine_score(recipe: Recipe, engine: Path, in_place: bool, base_tokens: dic
     rows, nll = generation_accuracy.engine_rows(recipe, engine, in_place)
     base_rows = [{"tokens": base_tokens[f"answer/{i}"].tolist(), "correct": bool(c), "seconds": float(t)}
                  for i, (c, t) in enumerate(zip(base_tokens["answer_correct"], base_tokens["answer_seconds"]))]
-    return EngineScore(**score.compare(base_rows, rows, base_tokens["nll"], nll), answers=_answers(rows))
+    return score.compare(base_rows, rows, base_tokens["nll"], nll, _answers(rows))
 
 
 def _token_agreement(recipe: Recipe, agreement: dict[str, Agreement]) -> TokenAgreement:

@@ -118,11 +118,11 @@ def test_score_compares_answers_and_perplexity_with_intervals():
              for i in range(40)]
     nll = rng.uniform(1, 3, 640)
     s = score.compare(base, worse, nll, nll * 1.2)
-    a, p = s["answer_accuracy"], s["perplexity"]
-    assert (a["baseline"], a["engine"]) == (0.5, 0.25) and a["ci95"][0] < -0.25 < a["ci95"][1] < 0
-    assert s["identical_answers"] == {"share": 0.75, "count": 30, "of": 40}
-    assert p["ratio"] == pytest.approx(math.exp(0.2 * nll.mean()), rel=1e-6)
-    assert p["ratio_ci95"][0] <= p["ratio"] <= p["ratio_ci95"][1]
+    a, p = s.answer_accuracy, s.perplexity
+    assert (a.baseline, a.engine) == (0.5, 0.25) and a.ci95[0] < -0.25 < a.ci95[1] < 0
+    assert (s.identical_answers.share, s.identical_answers.count, s.identical_answers.of) == (0.75, 30, 40)
+    assert p.ratio == pytest.approx(math.exp(0.2 * nll.mean()), rel=1e-6)
+    assert p.ratio_ci95[0] <= p.ratio <= p.ratio_ci95[1]
     recipe = load("smollm2-fp32")  # expect: 0.03 points, perplexity x1.01
     assert [g.passed for g in score_gates(recipe, s)] == [False, False]
     assert [g.passed for g in score_gates(recipe, score.compare(base, base, nll, nll))] == [True, True]
