@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core import safe_files
+from pipeline.core.json_object import JsonObject
 from pipeline.metrics import budget as tune_metrics
 
 FP32 = "fp32"
@@ -35,7 +36,8 @@ EXTEND = 3  # an indistinguishable pair is timed again with this many times the 
 class Candidate:
     name: str
     precision: dict  # the recipe's precision section for this candidate (fp32: {})
-    result: dict = field(default_factory=dict)
+    result: dict = field(default_factory=dict)  # its entry in tune.json
+    scores: tune_metrics.Scores | None = None  # its accuracy on the held-out feeds (result's `accuracy`)
 
 
 def space(schemes=("dynamic", "static"), per_channel=(True, False), methods=("minmax", "percentile"),
@@ -131,7 +133,8 @@ class Search:
         meta = outcome.graph_meta.get("precision", {})
         with backends.get(target.kind).open(engine, target, recipe) as runner:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
-        c.result = {"accuracy": tune_metrics.measure(self.reference, actual, self.feeds, self.task),
+        c.scores = tune_metrics.measure(self.reference, actual, self.feeds, self.task)
+        c.result = {"accuracy": c.scores.dump(),
                     "excluded": [e["node"] for e in meta.get("excluded", [])],
                     "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
                     "quantized_nodes": meta.get("quantized_nodes"),
@@ -139,7 +142,9 @@ class Search:
         return engine
 
     # ---------------------------------------------------------------- the search
-    def time_pair(self, best_engine: Path, engine: Path, feed: dict) -> dict:
+    def time_pair(self, best_engine: Path, engine: Path, feed: dict) -> JsonObject:
+        """The candidate against the best so far, interleaved: tune.json's `ab` (the
+        TimeRatio's JSON, `extended` when a tie got its longer look)."""
         import numpy as np
 
         from pipeline import backends
@@ -165,7 +170,8 @@ class Search:
                 result["extended"] = True
         return result
 
-    def run(self, candidates: list[Candidate], timing_feed: dict, exclusions: bool = True) -> dict:
+    def run(self, candidates: list[Candidate], timing_feed: dict, exclusions: bool = True) -> JsonObject:
+        """The search; its result is what tune.json holds (budget, chosen, candidates, ...)."""
         self.prepare()
         fp32 = Candidate(FP32, {})
         best, best_engine = fp32, self.build(fp32)
@@ -173,14 +179,14 @@ class Search:
             bound, relative = self.task_bound
             baseline = fp32.result["accuracy"]["task"]["baseline"]
             self.budget.task_loss = bound * abs(baseline) if relative else bound
-        fp32.result.update(vs=None, chained=1.0, within=tune_metrics.within(fp32.result["accuracy"], self.budget))
+        fp32.result.update(vs=None, chained=1.0, within=tune_metrics.within(fp32.scores, self.budget).dump())
         done = [fp32]
         queue = list(candidates)
         while queue:
             c = queue.pop(0)
             with self.progress.stage(f"tune: {c.name} ({len(done)}/{len(done) + len(queue)})"):
                 engine = self.build(c)
-                c.result["within"] = tune_metrics.within(c.result["accuracy"], self.budget)
+                c.result["within"] = tune_metrics.within(c.scores, self.budget).dump()
                 if c.result["within"]["ok"] or self.time_all:
                     ab = self.time_pair(best_engine, engine, timing_feed)
                     c.result.update(vs=best.name, ab=ab, chained=best.result["chained"] * ab["time_ratio"])

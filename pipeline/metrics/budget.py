@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.artifacts import dump
+from pipeline.artifacts.report import TaskMetric
+from pipeline.core.json_object import JsonObject
+
 Bounds = dict[str, tuple[str, float]]  # metric -> (its kind in KINDS, the bound)
+BoundsTable = dict[str, JsonObject]  # metric -> {"bound", "kind"}, as tune.json writes the budget
 
 
 def row_cosines(reference: list[dict], actual: list[dict]) -> np.ndarray:
@@ -55,12 +60,23 @@ class Task:
     labels: np.ndarray | None
     masks: list[np.ndarray] | None
 
-    def score(self, feeds: list[dict], reference: list[dict], actual: list[dict]) -> dict:
-        """{metric, baseline, engine, delta, ci95, loss}: the engine vs PyTorch on the task."""
+    def score(self, feeds: list[dict], reference: list[dict], actual: list[dict]) -> TaskScore:
+        """The engine vs PyTorch on the task, and its loss."""
         from pipeline.metrics import task as task_metrics
 
         out = task_metrics.score(self.metric, feeds, reference, actual, self.output, self.labels, self.masks)
-        return {**out, "loss": task_metrics.loss(out)}
+        return TaskScore(out, task_metrics.loss(out))
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    """The task metric (engine vs PyTorch) and its loss (task_metrics.loss: > 0 is worse)."""
+
+    metric: TaskMetric
+    loss: float
+
+    def dump(self) -> JsonObject:
+        return {**dump(self.metric), "loss": self.loss}
 
 
 @dataclass
@@ -77,27 +93,57 @@ class Budget:
             b["task_loss"] = self.task_loss
         return {k: (KINDS[k], v) for k, v in b.items()}
 
-    def describe(self) -> dict:
+    def describe(self) -> BoundsTable:
         return {k: {"bound": v, "kind": kind} for k, (kind, v) in self.bounds.items()}
 
 
-def measure(reference: list[dict], actual: list[dict], feeds: list[dict], task: Task | None = None) -> dict:
-    """Every registered metric; with a task, its score (`task`) and its loss (`task_loss`)."""
+@dataclass(frozen=True)
+class Scores:
+    """A candidate's accuracy on the held-out feeds: every registered metric (name -> value)
+    and, with a task, its score."""
+
+    values: dict[str, float]
+    task: TaskScore | None = None
+
+    def value(self, name: str) -> float | None:
+        """A metric's value; `task_loss` is the task's loss."""
+        if name == "task_loss":
+            return self.task.loss if self.task is not None else None
+        return self.values.get(name)
+
+    def dump(self) -> JsonObject:
+        """As tune.json holds it: each metric, then `task` and `task_loss` when scored."""
+        out: JsonObject = dict(self.values)
+        if self.task is not None:
+            out.update(task=self.task.dump(), task_loss=self.task.loss)
+        return out
+
+
+def measure(reference: list[dict], actual: list[dict], feeds: list[dict], task: Task | None = None) -> Scores:
+    """Every registered metric; with a task, its score and loss."""
     values = {name: fn(reference, actual, feeds) for name, (fn, _) in METRICS.items()}
-    if task is not None:
-        scored = task.score(feeds, reference, actual)
-        values.update(task=scored, task_loss=scored["loss"])
-    return values
+    return Scores(values, task.score(feeds, reference, actual) if task is not None else None)
 
 
-def within(values: dict, budget: Budget) -> dict:
+@dataclass(frozen=True)
+class Within:
+    """Whether a candidate is within the budget, and each bound it misses, in words."""
+
+    ok: bool
+    misses: list[str]
+
+    def dump(self) -> JsonObject:
+        return {"ok": self.ok, "misses": self.misses}
+
+
+def within(scores: Scores, budget: Budget) -> Within:
     misses = []
     for name, (kind, bound) in budget.bounds.items():
-        v = values.get(name)
+        v = scores.value(name)
         ok = v is not None and np.isfinite(v) and (v >= bound if kind == "min" else v <= bound)
         if not ok:
             misses.append(f"{name} {v if v is None else round(v, 5)} {'<' if kind == 'min' else '>'} {bound:g}")
-    return {"ok": not misses, "misses": misses}
+    return Within(not misses, misses)
 
 
 def digest(feeds: list[dict]) -> str:

@@ -95,7 +95,7 @@ def score_gates(recipe: Recipe, score: EngineScore | None) -> list[Gate]:
     return out
 
 
-def task_gate(recipe: Recipe, task: TaskMetric | dict | None) -> Gate:
+def task_gate(recipe: Recipe, task: TaskMetric | None) -> Gate:
     """expect.max_task_loss on the engine's task metric (validate.task), point estimate
     against the bound; relative bounds are shares of the PyTorch baseline's figure."""
     from pipeline.metrics.task import loss
@@ -104,13 +104,11 @@ def task_gate(recipe: Recipe, task: TaskMetric | dict | None) -> Gate:
     bound, relative = parse_task_loss(recipe.expect.max_task_loss)
     if not task:
         return _gate("expect.max_task_loss", False, "no task metric was measured")
-    if isinstance(task, TaskMetric):
-        task = task.model_dump()
     lost = loss(task)
-    allowed = bound * abs(task["baseline"]) if relative else bound
-    lo, hi = task["ci95"]
+    allowed = bound * abs(task.baseline) if relative else bound
+    lo, hi = task.ci95
     return _gate(
         "expect.max_task_loss", lost <= allowed,
-        f"{task['metric']} PyTorch {task['baseline']:.4f}, engine {task['engine']:.4f}, delta "
-        f"{task['delta']:+.4f} (95% CI [{lo:+.4f}, {hi:+.4f}]); loss {lost:.4f} needs <= "
+        f"{task.metric} PyTorch {task.baseline:.4f}, engine {task.engine:.4f}, delta "
+        f"{task.delta:+.4f} (95% CI [{lo:+.4f}, {hi:+.4f}]); loss {lost:.4f} needs <= "
         f"{allowed:.4f}" + (f" ({bound:.2%} of the baseline)" if relative else ""))

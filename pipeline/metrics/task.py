@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pipeline.artifacts.report import TaskMetric
 from pipeline.data.feeds import Feed
 
 HIGHER_IS_BETTER = {"perplexity": False, "accuracy": True, "embedding_similarity": True}
@@ -101,8 +102,9 @@ def rows(outputs: list[Feed], name: str) -> np.ndarray:
 
 
 def score(metric: str, feeds: list[Feed], reference: list[Feed], actual: list[Feed],
-          output: str, labels: np.ndarray | None, masks: list[np.ndarray] | None) -> dict:
-    """{metric, baseline, engine, delta, ci95} (+ retrieval_top1_agreement for embeddings)."""
+          output: str, labels: np.ndarray | None, masks: list[np.ndarray] | None) -> TaskMetric:
+    """The engine against PyTorch on the task: baseline, engine, delta and its paired-bootstrap
+    ci95 (+ retrieval_top1_agreement for embeddings)."""
     if metric == "perplexity":
         def parts(outs):
             pieces = [token_nll(o[output], f["input_ids"], m if m is not None else np.ones_like(f["input_ids"]))
@@ -129,14 +131,13 @@ def score(metric: str, feeds: list[Feed], reference: list[Feed], actual: list[Fe
     else:
         raise ValueError(f"unknown task metric {metric}")
     baseline, engine = fn(np.arange(n))
-    result = {"metric": metric, "baseline": baseline, "engine": engine, "delta": engine - baseline,
-              "ci95": list(paired_bootstrap(fn, n))}
-    if metric == "embedding_similarity":
-        result["retrieval_top1_agreement"] = retrieval_agreement(be, ee)
-    return result
+    extra = ({"retrieval_top1_agreement": retrieval_agreement(be, ee)}
+             if metric == "embedding_similarity" else {})
+    return TaskMetric(metric=metric, baseline=baseline, engine=engine, delta=engine - baseline,
+                      ci95=list(paired_bootstrap(fn, n)), **extra)
 
 
-def loss(task: dict) -> float:
+def loss(task: TaskMetric) -> float:
     """How much worse the engine is than PyTorch (positive = worse), in the metric's units."""
-    sign = -1.0 if HIGHER_IS_BETTER[task["metric"]] else 1.0
-    return sign * task["delta"]
+    sign = -1.0 if HIGHER_IS_BETTER[task.metric] else 1.0
+    return sign * task.delta

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from pipeline import backends, data
 from pipeline.artifacts.latency import ColdStart, LatencySummary
 from pipeline.artifacts.recorded import dump
-from pipeline.artifacts.report import CudaGraphSpeedup, Resources, SweepPoint
+from pipeline.artifacts.report import CudaGraphSpeedup, Resources, SweepPoint, TaskMetric
 from pipeline.backends.openers import baseline_device, baseline_runner, timing_feed
 from pipeline.core.errors import StageFailed
 from pipeline.recipe import Recipe
@@ -176,7 +176,7 @@ def threads_used(threads: int | None) -> str:
             "ONNX Runtime one per physical core)")
 
 
-def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> dict | None:
+def _task(recipe: Recipe, feeds, references, outputs, labels, masks) -> TaskMetric | None:
     """validate.task: PyTorch and the engine scored on the same validation samples."""
     if recipe.validate_.task is None:
         return None

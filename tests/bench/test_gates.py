@@ -6,9 +6,10 @@ from pipeline.recipe import Recipe
 
 
 def test_perplexity_loss_is_the_rise_and_relative_bounds_scale_with_the_baseline():
+    from pipeline.artifacts.report import TaskMetric
     from pipeline.metrics.gates import task_gate
 
-    task = {"metric": "perplexity", "baseline": 10.0, "engine": 10.5, "delta": 0.5, "ci95": [0.3, 0.7]}
+    task = TaskMetric(metric="perplexity", baseline=10.0, engine=10.5, delta=0.5, ci95=[0.3, 0.7])
     base = {"model": {"zoo": "glm"}, "inputs": [{"name": "input_ids", "dtype": "int64", "shape": [1, 4],
                                                  "range": [0, 256]}],
             "outputs": ["logits"], "targets": [{"kind": "onnxruntime"}],

@@ -34,8 +34,8 @@ def test_scores_of_identical_outputs_have_zero_delta_and_interval():
     labels = np.concatenate([o["y"].argmax(-1) for o in outs])
     labels[:2] = (labels[:2] + 1) % 3  # two wrong: accuracy 10/12
     task = tm.score("accuracy", [{}] * 3, outs, outs, "y", labels, None)
-    assert task["baseline"] == task["engine"] == pytest.approx(10 / 12)
-    assert task["delta"] == 0 and task["ci95"] == [0.0, 0.0] and tm.loss(task) == 0
+    assert task.baseline == task.engine == pytest.approx(10 / 12)
+    assert task.delta == 0 and task.ci95 == [0.0, 0.0] and tm.loss(task) == 0
 
 
 def test_embedding_similarity_ranks_pairs_and_sees_a_worse_engine():
@@ -48,8 +48,8 @@ def test_embedding_similarity_ranks_pairs_and_sees_a_worse_engine():
     ref[0::2], ref[1::2] = a, b
     worse = ref + rng.standard_normal(ref.shape) * 2.0
     task = tm.score("embedding_similarity", [{}], [{"e": ref}], [{"e": worse}], "e", gold, None)
-    assert task["baseline"] > 0.8 and task["delta"] < 0 and task["ci95"][1] < 0
-    assert tm.loss(task) > 0 and 0 <= task["retrieval_top1_agreement"] < 1
+    assert task.baseline > 0.8 and task.delta < 0 and task.ci95[1] < 0
+    assert tm.loss(task) > 0 and 0 <= task.retrieval_top1_agreement < 1
 
 
 # ------------------------------------------------------------------ the LM family, end to end
