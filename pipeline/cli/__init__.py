@@ -23,6 +23,7 @@ from pipeline.cli import (
     inspect,
     keygen,
     load,
+    predict,
     recipes,
     run,
     schema,
@@ -55,7 +56,7 @@ def cli():
 for _command in (*run.COMMANDS, bench.bench_command, compare.compare_command,
                  deploy.deploy_command, fleet.fleet, generate.generate_command, hw.hw_command,
                  inspect.inspect_command,
-                 keygen.keygen_command, load.load_command, recipes.recipes_command,
+                 keygen.keygen_command, load.load_command, predict.predict_command, recipes.recipes_command,
                  schema.schema_command, serve.serve_command, sign.sign_command, tune.tune_command,
                  verify.verify_command):
     cli.add_command(_command)

@@ -49,6 +49,10 @@ def _cpu(name: str, title: str, source: Source, cores: int, base_ghz: float, cha
 
 
 def entries() -> list[HardwareEntry]:
+    return [*_gpus(), *_cpus()]
+
+
+def _gpus() -> list[HardwareEntry]:
     return [
         _gpu("a100", "NVIDIA A100 SXM4 80GB", Source(
             document="NVIDIA A100 Tensor Core GPU datasheet (1758950-r4)",
@@ -93,6 +97,11 @@ def entries() -> list[HardwareEntry]:
             sms=128, memory_gb=24, bandwidth_gb_s=1008, memory_kind="GDDR6X",
             tflops={"fp32": 82.6, "tf32": 82.6, "bf16": 165.2, "fp16": 165.2, "fp8": 330.3, "int8": 660.6},
             tensor="Tensor Cores (4th gen, Ada)"),
+    ]
+
+
+def _cpus() -> list[HardwareEntry]:
+    return [
         _cpu("xeon-8480", "Intel Xeon Platinum 8480+ (Sapphire Rapids, 1 socket)", Source(
             document="Intel ARK: Xeon Platinum 8480+ specifications; Intel 64 and IA-32 Architectures "
                      "Optimization Reference Manual (AMX: 1024 BF16 / 2048 INT8 operations per cycle per core)",

@@ -198,6 +198,24 @@ def _attention(n: _Node) -> tuple[float, str]:
     return projection + 2.0 * x[0] * pairs * (sizes[0] + sizes[2]), "QKV projection + 2*B*pairs*(Dq+Dv)"
 
 
+def _onnx_attention(n: _Node) -> tuple[float, str]:
+    """ONNX's Attention (opset 23): Q [B, heads, S, hd] or [B, S, heads*hd], K [B, kv, L, hd]
+    or [B, L, kv*hd], past_key [B, kv, P, hd]; QK^T over hd and PV over V's head size per
+    pair; causal when `is_causal`."""
+    q, k, v = n.dims(0), n.dims(1), n.dims(2)
+    if not q or not k or not v:
+        return 0.0, "unknown shape"
+    past = n.dims(4) if len(n.node.input) > 4 and n.node.input[4] else None
+    if len(q) == 4:
+        batch, heads, new, hd, keys, v_hd = q[0], q[1], q[2], q[3], k[2], v[3]
+    else:
+        heads, kv = int(n.attrs["q_num_heads"]), int(n.attrs["kv_num_heads"])
+        batch, new, hd, keys, v_hd = q[0], q[1], q[2] // heads, k[1], v[2] // kv
+    prior = past[2] if past and len(past) == 4 else 0
+    pairs = _pairs(new, prior + keys - new, bool(n.attrs.get("is_causal", 0)))
+    return 2.0 * batch * heads * pairs * (hd + v_hd), "2*B*heads*pairs*(hd + v_hd) (QK^T, PV)"
+
+
 def _partial_read(n: _Node) -> int:
     """Gather*/Slice: the output's bytes from the data input (the rows it takes) plus the
     index inputs whole."""
@@ -219,8 +237,8 @@ def node_cost(node: onnx.NodeProto, table: dict[str, Value], used: set[str] | No
         flops, formula, read, written = _gqa(n)
     elif op == "MultiHeadAttention":
         flops, formula = _mha(n)
-    elif op == "Attention" and node.domain == "com.microsoft":
-        flops, formula = _attention(n)
+    elif op == "Attention":
+        flops, formula = _attention(n) if node.domain == "com.microsoft" else _onnx_attention(n)
     elif op.startswith("Gather") or op == "Slice":
         read = _partial_read(n)
     elif op in VIEWS or op in NO_DATA:

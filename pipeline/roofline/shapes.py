@@ -108,10 +108,12 @@ def _bound(skel: Skeleton, dims: dict[str, int]) -> onnx.ModelProto:
 
 def _infer(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """(the model with value_info filled, the method that did it)."""
-    try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from pipeline.roofline import inference
 
-        return SymbolicShapeInference.infer_shapes(model, auto_merge=True), "ONNX Runtime symbolic shape inference"
+    del model.graph.value_info[:]  # the export's own, with unbound symbolic dims: inferred anew
+    try:
+        inferred, complete = inference.infer(model)
+        return inferred, "ONNX Runtime symbolic shape inference" + ("" if complete else " (incomplete)")
     except Exception as e:  # noqa: BLE001 -- its failures are many kinds; ONNX's own inference is the fallback
         from pipeline.core.text import first_line
 

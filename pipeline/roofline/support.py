@@ -76,29 +76,44 @@ def _ops(skel: Skeleton) -> Counter:
 
 
 @functools.cache
-def _cpu_kernels() -> dict[tuple[str, str], set[str]]:
-    """(domain, op) -> every type any of its CPU kernels' constraints allow."""
+def _cpu_kernels() -> dict[tuple[str, str], dict[str, set[str]]]:
+    """(domain, op) -> type constraint name -> the types its CPU kernels take (any version)."""
     from onnxruntime.capi import onnxruntime_pybind11_state as C
 
-    kernels: dict[tuple[str, str], set[str]] = {}
+    kernels: dict[tuple[str, str], dict[str, set[str]]] = {}
     for k in C.get_all_opkernel_def():
         if k.provider != "CPUExecutionProvider":
             continue
-        allowed = kernels.setdefault((k.domain or "ai.onnx", k.op_name), set())
-        for types in k.type_constraints.values():
-            allowed.update(t.removeprefix("tensor(").removesuffix(")") for t in types)
+        constraints = kernels.setdefault((k.domain or "ai.onnx", k.op_name), {})
+        for name, types in k.type_constraints.items():
+            constraints.setdefault(name, set()).update(t.removeprefix("tensor(").removesuffix(")") for t in types)
     return kernels
+
+
+@functools.cache
+def _first_input_type_param() -> dict[tuple[str, str], str]:
+    """(domain, op) -> the type parameter of its first input (e.g. `T`), from the schemas
+    onnxruntime knows (ONNX's and its contrib ops')."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as C
+
+    params = {}
+    for schema in C.get_all_operator_schema():
+        if schema.inputs:
+            params[(schema.domain or "ai.onnx", schema.name)] = schema.inputs[0].typeStr
+    return params
 
 
 def cpu_support(skel: Skeleton) -> Support:
     import onnxruntime as ort
 
-    kernels, missing = _cpu_kernels(), []
+    kernels, params, missing = _cpu_kernels(), _first_input_type_param(), []
     for (domain, op, dtype), count in sorted(_ops(skel).items(), key=str):
-        allowed = kernels.get((domain, op))
-        if allowed is None:
+        constraints = kernels.get((domain, op))
+        if constraints is None:
             missing.append(Unsupported(f"{domain}.{op}", count, "CPUExecutionProvider", "no CPU kernel"))
-        elif dtype and allowed and dtype not in allowed:
+            continue
+        allowed = constraints.get(params.get((domain, op), ""))  # None: a fixed type, or not a constraint
+        if dtype and allowed and dtype not in allowed:
             missing.append(Unsupported(f"{domain}.{op}", count, "CPUExecutionProvider",
                                        f"no CPU kernel for {dtype} inputs"))
     return Support("CPUExecutionProvider", missing,

@@ -82,3 +82,19 @@ def test_ops_a_runtime_lacks_are_named_with_how_we_know():
     trt = {u.op for u in support.tensorrt_support(skel).unsupported}
     assert trt == {"com.microsoft.MatMulIntegerToFloat", "ai.onnx.SimplifiedLayerNormalization", "com.microsoft.NoSuchOp"}
     assert "does not run on a CPU" in support.engine_kind_note("tensorrt", _entry("cpu"))
+
+
+def test_a_float32_group_query_attention_has_no_cuda_kernel():
+    """ORT's CUDA GroupQueryAttention takes fp16/bf16 only: SmolLM2's fp32 engine would run it
+    on the CPU EP."""
+    from pipeline.roofline import shapes, support
+    from tests.roofline.test_costs import F32
+
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "pk", "pv", "seqlens", "total"],
+                            ["out", "present_k", "present_v"], domain="com.microsoft", num_heads=2, kv_num_heads=1)
+    inputs = [_vi("q", [1, 3, 16]), _vi("k", [1, 3, 8]), _vi("v", [1, 3, 8]), _vi("pk", [1, 1, 5, 8]),
+              _vi("pv", [1, 1, 5, 8]), _vi("seqlens", [1], TensorProto.INT32), _vi("total", [], TensorProto.INT32)]
+    skel = shapes.skeleton(_model([node], inputs, [_vi("out", [1, 3, 16], F32)]))
+    (gqa,) = support.cuda_support(skel).unsupported
+    assert gqa.op == "com.microsoft.GroupQueryAttention" and "bfloat16/float16 only" in gqa.why
+    assert support.cpu_support(skel).unsupported == []
