@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.explain.profile import CATEGORY_ORDER, Profile
+from pipeline.precision.effective import NbitsSummary
 
 FUSED_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
                    "PackedMultiHeadAttention", "SparseAttention", "QAttention")
@@ -56,9 +57,9 @@ def category_deltas(a: Profile, b: Profile) -> list[dict]:
     return rows
 
 
-def _nbits_words(nbits: dict | None) -> str:
+def _nbits_words(nbits: NbitsSummary | None) -> str:
     """What B's MatMulNBits compute, from their accuracy_level (read from the engine graph)."""
-    levels = {int(k) for k in (nbits or {}).get("accuracy_levels", {})}
+    levels = {int(k) for k in (nbits.accuracy_levels if nbits else {})}
     if not levels:
         return "low-bit weights dequantized inside every matrix multiply"
     if min(levels) >= 4:
@@ -67,7 +68,7 @@ def _nbits_words(nbits: dict | None) -> str:
     if max(levels) < 4:
         return ("low-bit weights dequantized inside every matrix multiply, products in float, "
                 f"accuracy_level {'/'.join(str(x) for x in sorted(levels))}")
-    return f"mixed accuracy levels: {nbits['compute']}"
+    return f"mixed accuracy levels: {nbits.compute}"
 
 
 def size_tag(models_differ: str | None) -> list[dict]:
@@ -78,7 +79,7 @@ def size_tag(models_differ: str | None) -> list[dict]:
 
 
 def tags(deltas: list[dict], ops_a: Counter, ops_b: Counter,
-         effective_b: EffectiveBar | None = None, nbits_b: dict | None = None,
+         effective_b: EffectiveBar | None = None, nbits_b: NbitsSummary | None = None,
          models_differ: str | None = None) -> list[dict]:
     """Likely causes of B's extra time, each with its evidence (empty when B is not slower).
 

@@ -33,9 +33,11 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.artifacts.report import Gate
+from pipeline.core.json_object import JsonObject
 
 AccuracyLevels = dict[str, int]  # MatMulNBits node -> its accuracy_level
 ConvParams = dict[str, tuple[int, int, int]]  # Conv-family node -> (group, prod(kernel), weight dim 1)
@@ -74,7 +76,46 @@ def nbits_levels(graph) -> AccuracyLevels:
     return {n.name: int(_attr(n, "accuracy_level", 0)) for n in graph.node if n.op_type == NBITS}
 
 
-def nbits_summary(levels: AccuracyLevels) -> dict | None:
+@dataclass(frozen=True)
+class NbitsSummary:
+    """What an engine's MatMulNBits nodes compute in: how many there are, how many at each
+    accuracy_level (str(level) -> count), the activation types, in words."""
+
+    nodes: int
+    accuracy_levels: dict[str, int]
+    activations: list[str]
+    compute: str
+
+    def dump(self) -> JsonObject:
+        return {"nodes": self.nodes, "accuracy_levels": self.accuracy_levels,
+                "activations": self.activations, "compute": self.compute}
+
+
+@dataclass(frozen=True)
+class FlopShares:
+    """One request's matrix-multiply FLOPs by kind (MFLOP: integer, fake_quantized, float,
+    attention) and by op, the integer share, the largest non-integer kernels, how measured."""
+
+    integer_share: float
+    scope: str
+    mflops: dict[str, float]
+    by_op_mflops: dict[str, float]
+    largest_non_integer: list[JsonObject]  # {node, op, kind, mflops}, largest first
+    non_integer_nodes: int
+    matmulnbits: NbitsSummary | None
+    feed_shapes: dict[str, list[int]]
+    method: str
+
+    def dump(self) -> JsonObject:
+        """The engine entry's `ort_flop_shares`."""
+        return {"integer_share": self.integer_share, "scope": self.scope, "mflops": self.mflops,
+                "by_op_mflops": self.by_op_mflops, "largest_non_integer": self.largest_non_integer,
+                "non_integer_nodes": self.non_integer_nodes,
+                "matmulnbits": self.matmulnbits.dump() if self.matmulnbits else None,
+                "feed_shapes": self.feed_shapes, "method": self.method}
+
+
+def nbits_summary(levels: AccuracyLevels) -> NbitsSummary | None:
     """What the engine's MatMulNBits nodes compute in, from their accuracy_level."""
     if not levels:
         return None
@@ -85,12 +126,13 @@ def nbits_summary(levels: AccuracyLevels) -> dict | None:
         parts.append(f"{n} at accuracy_level {level}: "
                      + ("activations quantized to int8 per block at run time, integer products"
                         if level >= INT8_LEVEL else f"weights dequantized, products in {a}"))
-    return {"nodes": len(levels), "accuracy_levels": {str(k): v for k, v in sorted(counts.items())},
-            "activations": sorted({ACCURACY_LEVELS.get(k, f"level {k}") for k in counts}),
-            "compute": "; ".join(parts)}
+    return NbitsSummary(nodes=len(levels),
+                        accuracy_levels={str(k): v for k, v in sorted(counts.items())},
+                        activations=sorted({ACCURACY_LEVELS.get(k, f"level {k}") for k in counts}),
+                        compute="; ".join(parts))
 
 
-def accuracy_levels(onnx_path: Path) -> dict | None:
+def accuracy_levels(onnx_path: Path) -> NbitsSummary | None:
     """nbits_summary of one ONNX file (None when it has no MatMulNBits)."""
     import onnx
 
@@ -156,7 +198,7 @@ def node_flops(args: dict, conv: tuple[int, int, int] | None = None) -> list[tup
                          _shapes(args.get("output_type_shape", [])), conv)
 
 
-def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
+def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> FlopShares:
     import onnx
     import onnxruntime as ort
 
@@ -182,7 +224,7 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> dict:
 
 
 def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, int],
-              feed_shapes: dict, convs: dict | None = None) -> dict:
+              feed_shapes: dict, convs: dict | None = None) -> FlopShares:
     """Fold one request's profile events into FLOPs by kind (measure(), without a session)."""
     flops = dict.fromkeys(KINDS, 0.0)
     by_op: dict[str, float] = {}
@@ -216,31 +258,27 @@ def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, 
                 float_nodes.append({"node": name, "op": label, "kind": kind, "mflops": round(f / 1e6, 3)})
     total = sum(flops.values())
     float_nodes.sort(key=lambda n: -n["mflops"])
-    return {
-        "integer_share": flops["integer"] / total if total else 0.0,
-        "scope": SCOPE,
-        "mflops": {k: round(v / 1e6, 3) for k, v in flops.items()},
-        "by_op_mflops": {k: round(v / 1e6, 3) for k, v in sorted(by_op.items())},
-        "largest_non_integer": float_nodes[:5],
-        "non_integer_nodes": len(float_nodes),
-        "matmulnbits": nbits_summary(levels),
-        "feed_shapes": feed_shapes,
-        "method": "ORT profiler on the engine (session-optimized graph), one request at the opt "
-                  "shape; FLOPs from the shapes each kernel ran with: MatMul family 2*M*N*K, "
-                  "fused attention 4*numel(output)*key length (QK^T and PV, dense, float); "
-                  "MatMulNBits counts as integer only at accuracy_level 4 (int8 activations)",
-    }
+    return FlopShares(
+        integer_share=flops["integer"] / total if total else 0.0, scope=SCOPE,
+        mflops={k: round(v / 1e6, 3) for k, v in flops.items()},
+        by_op_mflops={k: round(v / 1e6, 3) for k, v in sorted(by_op.items())},
+        largest_non_integer=float_nodes[:5], non_integer_nodes=len(float_nodes),
+        matmulnbits=nbits_summary(levels), feed_shapes=feed_shapes,
+        method="ORT profiler on the engine (session-optimized graph), one request at the opt "
+               "shape; FLOPs from the shapes each kernel ran with: MatMul family 2*M*N*K, "
+               "fused attention 4*numel(output)*key length (QK^T and PV, dense, float); "
+               "MatMulNBits counts as integer only at accuracy_level 4 (int8 activations)")
 
 
-def gate(result: dict, required: float) -> Gate:
-    share = result["integer_share"]
+def gate(result: FlopShares, required: float) -> Gate:
+    share = result.integer_share
     scope = "matrix-multiply FLOPs (convolutions and attention products included)"
     detail = f"{share:.3f} of {scope} in integer kernels >= {required:g}"
     if share < required:
         worst = ", ".join(f"{n['node']} ({n['op']}, {n['kind'].replace('_', '-')}, {n['mflops']:g} MFLOP)"
-                          for n in result["largest_non_integer"][:3])
+                          for n in result.largest_non_integer[:3])
         detail = (f"only {share:.3f} of {scope} run in integer kernels (< {required:g}); "
-                  f"{result['non_integer_nodes']} kernels run in float, largest: {worst}. "
+                  f"{result.non_integer_nodes} kernels run in float, largest: {worst}. "
                   "fake-quantized = Q/DQ around a float kernel (ORT found no integer kernel for "
                   "the group); float = excluded, not quantized, or MatMulNBits below "
                   "accuracy_level 4; attention = QK^T and PV inside fused attention")

@@ -19,6 +19,7 @@ from pipeline.backends.openers import timing_feed
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
 from pipeline.store.recipe_folder import Artifact
+from pipeline.workloads.base import FieldValues
 
 
 def baseline(recipe: Recipe, workdir: Path) -> Produced:
@@ -69,7 +70,7 @@ def gates(recipe: Recipe, accuracy: dict[str, OutputAccuracy]) -> list[Gate]:
 
 
 def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
-                     gate_list: list[Gate]) -> dict:
+                     gate_list: list[Gate]) -> FieldValues:
     """Effective precision of a quantized engine that is an ONNX graph (ENGINE_IS_ONNX: ONNX
     Runtime's profiler times its kernels) and its gate; CPU caveats."""
     from pipeline.precision import EMULATED_ON_CPU
@@ -81,7 +82,7 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
         from pipeline.precision import effective
 
         result = effective.measure(engine.path, timing_feed(recipe), workdir, fp8=spec.mode == "fp8")
-        extra["ort_flop_shares"] = result
+        extra["ort_flop_shares"] = result.dump()
         if spec.require_effective_precision is not None:
             gate_list.append(effective.gate(result, spec.require_effective_precision))
     return extra

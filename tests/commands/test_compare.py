@@ -139,7 +139,7 @@ def test_float_fallback_states_the_bar_it_used(compared, tmp_path):
                 attr.i = 0
     onnx.save(model, str(tmp_path / "level0.onnx"))
     feed = {"input_ids": np.arange(128, dtype=np.int64).reshape(2, 64) % 512}
-    eff = effective.measure(tmp_path / "level0.onnx", feed, tmp_path)
+    eff = effective.measure(tmp_path / "level0.onnx", feed, tmp_path).dump()
     recipe = recipe_mod.load(str(proj.path / "recipes" / f"{b}.yaml"))
     assert recipe.precision.require_effective_precision is None
     fallback = compare._effective({"ort_flop_shares": eff, "precision": "int4"}, recipe)

@@ -99,7 +99,7 @@ def test_a_float_conv_between_qdq_fails_the_effective_precision_gate(int8_projec
     ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     feed = {"input": np.random.default_rng(0).random((2, 3, 16, 16), np.float32)}
     eff = effective.measure(tmp_path / "engine.onnx", feed, tmp_path)
-    kinds = {n["op"]: n["kind"] for n in eff["largest_non_integer"]}
+    kinds = {n["op"]: n["kind"] for n in eff.largest_non_integer}
     assert "fake_quantized" in kinds.values() and any("Conv" in op for op in kinds), kinds
     gate = effective.gate(eff, 0.9)
     assert not gate.passed and "Conv" in gate.detail, gate

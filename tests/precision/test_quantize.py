@@ -214,7 +214,7 @@ def test_int4_is_blockwise_dq_that_ort_runs_as_matmulnbits(int4_engine, tmp_path
     for dq in dqs:
         assert inits[dq.input[0]].data_type == onnx.TensorProto.INT4
         assert {a.name: a.i for a in dq.attribute}["block_size"] == 32
-    eff = effective.measure(engine, INT4_FEED, tmp_path)
+    eff = effective.measure(engine, INT4_FEED, tmp_path).dump()  # as the engine entry holds it
     # ORT's DQ -> MatMulNBits fusion writes accuracy_level 4: int8 activations, integer products
     nbits = eff["matmulnbits"]
     assert nbits["accuracy_levels"] == {"4": len(dqs)} and nbits["activations"] == ["int8"]
@@ -238,12 +238,13 @@ def test_int4_at_accuracy_level_0_counts_as_float_and_fails_the_gate(int4_engine
     from pipeline.precision.report import effective_markdown
 
     level0 = _nbits_at(int4_engine[2], 0, tmp_path / "level0.onnx")
-    eff = effective.measure(level0, INT4_FEED, tmp_path)
+    shares = effective.measure(level0, INT4_FEED, tmp_path)
+    eff = shares.dump()  # as the engine entry holds it
     assert eff["matmulnbits"]["accuracy_levels"] == {"0": eff["matmulnbits"]["nodes"]}
     assert eff["mflops"]["integer"] == 0 and eff["integer_share"] == 0.0
     assert eff["mflops"]["float"] > 0 and "MatMulNBits (accuracy_level 0)" in eff["by_op_mflops"]
     assert {n["kind"] for n in eff["largest_non_integer"] if n["op"].startswith("MatMulNBits")} == {"float"}
-    gate = effective.gate(eff, 0.5)
+    gate = effective.gate(shares, 0.5)
     assert not gate.passed and "MatMulNBits below accuracy_level 4" in gate.detail
     assert "accuracy_level 0: weights dequantized, products in fp32" in "\n".join(effective_markdown(eff))
 
