@@ -17,9 +17,10 @@ samples} into the report.
 from __future__ import annotations
 
 import dataclasses
-import types
 from typing import Literal
 
+from pipeline.artifacts.report import DataProvenance
+from pipeline.artifacts.report import Split as SplitProvenance
 from pipeline.core.errors import InputError
 from pipeline.core.json_object import JsonObject
 from pipeline.data.checks import check_feeds
@@ -57,11 +58,10 @@ def split(recipe: Recipe, name: str) -> SplitData | None:
     cache_key = (recipe.digest, str(recipe.source), name, str(key(recipe, "validation", "calibration")))
     if cache_key not in _LOADED:
         loaded = _load(recipe, name)
-        _LOADED[cache_key] = dataclasses.replace(
-            loaded, feeds=tuple(loaded.feeds), masks=None if loaded.masks is None else tuple(loaded.masks),
-            provenance=types.MappingProxyType(dict(loaded.provenance)))
+        _LOADED[cache_key] = dataclasses.replace(  # the provenance is frozen already
+            loaded, feeds=tuple(loaded.feeds), masks=None if loaded.masks is None else tuple(loaded.masks))
     frozen = _LOADED[cache_key]
-    return dataclasses.replace(frozen, feeds=list(frozen.feeds), provenance=dict(frozen.provenance),
+    return dataclasses.replace(frozen, feeds=list(frozen.feeds),
                                masks=None if frozen.masks is None else list(frozen.masks))
 
 
@@ -88,13 +88,13 @@ def _held_out(recipe: Recipe, source: DataSource, validation: SplitData) -> None
     taken = {fingerprint(f) for f in calibration.feeds}
     if not isinstance(source, RandomSource):
         same = [i for i, f in enumerate(validation.feeds) if fingerprint(f) in taken]
-        if validation.provenance["sha256"] == calibration.provenance["sha256"]:
+        if validation.provenance.sha256 == calibration.provenance.sha256:
             what = "is the calibration data"
         elif same:
             what = f"feeds {same[:5]} are also calibration feeds"
         else:
             return
-        raise InputError(f"data.validation {validation.provenance['source']}: {what}",
+        raise InputError(f"data.validation {validation.provenance.source}: {what}",
                          "validate on held-out data: give the splits disjoint files")
     _, rng = random_feeds(recipe, "validation", len(validation.feeds), source.spec.shapes)
     points = source.spec.shapes
@@ -117,13 +117,15 @@ def calibration_feeds(recipe: Recipe) -> list[Feed]:
     return found.feeds if found else []
 
 
-def provenance(recipe: Recipe) -> dict:
-    """report.json `data`: {validation: {source, sha256, samples}, calibration: ... or None}."""
+def provenance(recipe: Recipe) -> DataProvenance:
+    """report.json `data`: where the validation and calibration feeds came from (None: no
+    calibration data)."""
     out = {}
     for name in ("validation", "calibration"):
         found = split(recipe, name)
-        out[name] = dict(found.provenance) if found else None
-    return out
+        p = found.provenance if found else None
+        out[name] = SplitProvenance(source=p.source, sha256=p.sha256, samples=p.samples) if p else None
+    return DataProvenance(**out)
 
 
 def key(recipe: Recipe, *names: str) -> DataKeys:
@@ -145,5 +147,5 @@ def preflight(recipe: Recipe) -> None:
     validation = split(recipe, "validation")
     task = recipe.validate_.task
     if task is not None and validation.kind not in TASK_ROWS[task]:
-        raise InputError(f"data.validation {validation.provenance['source']}: validate.task "
+        raise InputError(f"data.validation {validation.provenance.source}: validate.task "
                          f"{task} needs {TASK_HINT[task]}")

@@ -20,12 +20,22 @@ TokensByLabel = dict[str, np.ndarray]  # request label -> the tokens generated f
 Feed = dict[str, np.ndarray]
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """Where a split's feeds came from (report.json `data`): the source in words, the
+    sha256 of its file or feeds, how many samples."""
+
+    source: str
+    sha256: str | None
+    samples: int
+
+
 @dataclass
 class SplitData:
     """One split as a data source produced it.
 
     feeds       what the model is run on, in order
-    provenance  {source, sha256, samples}: where the feeds came from (report.json `data`)
+    provenance  where the feeds came from (report.json `data`)
     labels      [samples]: class ids (accuracy) or gold similarity scores of pairs
     masks       per feed [B, T], 1 = real token (text sources); None for other sources
     kind        what a row is: "feed", "text", "pair" (rows a0 b0 a1 b1 ...), "labeled"
@@ -34,7 +44,7 @@ class SplitData:
     """
 
     feeds: list[Feed]
-    provenance: dict
+    provenance: Provenance
     labels: np.ndarray | None = None
     masks: list[np.ndarray] | None = None
     kind: str = "feed"

@@ -18,7 +18,7 @@ import pipeline.data.tokenize as tokenize
 from pipeline.core.errors import InputError, RecipeError
 from pipeline.core.json_object import JsonObject
 from pipeline.core.text import display_path, first_line
-from pipeline.data.feeds import Feed, SplitData, feeds_sha256
+from pipeline.data.feeds import Feed, Provenance, SplitData, feeds_sha256
 from pipeline.data.random_source import random_feeds
 from pipeline.recipe import Recipe
 
@@ -41,8 +41,8 @@ class DataSource:
 class RandomSource(DataSource):
     def load(self) -> SplitData:
         feeds, _ = random_feeds(self.recipe, self.split, self.spec.samples, self.spec.shapes)
-        return SplitData(feeds, {"source": f"random (seed {self.recipe.data.seed})",
-                                 "sha256": feeds_sha256(feeds), "samples": len(feeds)})
+        return SplitData(feeds, Provenance(f"random (seed {self.recipe.data.seed})",
+                                           feeds_sha256(feeds), len(feeds)))
 
 
 class _FileSource(DataSource):
@@ -60,9 +60,8 @@ class _FileSource(DataSource):
         # a FIFO or device in its place is refused here, at once (files._open)
         return {"sha256": files.sha256(self.path, self.where)} if self.path.exists() else {}
 
-    def provenance(self, samples: int) -> dict:
-        return {"source": display_path(self.path), "sha256": files.sha256(self.path, self.where),
-                "samples": samples}
+    def provenance(self, samples: int) -> Provenance:
+        return Provenance(display_path(self.path), files.sha256(self.path, self.where), samples)
 
 
 class NpzSource(_FileSource):
@@ -121,8 +120,7 @@ class LoaderSource(DataSource):
         if not result or not all(isinstance(f, dict) for f in result):
             raise InputError(f"{where}: must return a non-empty list of dicts input name -> array")
         feeds = [{k: np.asarray(v) for k, v in f.items()} for f in result]
-        return SplitData(feeds, {"source": f"loader {ref}", "sha256": feeds_sha256(feeds),
-                                 "samples": len(feeds)})
+        return SplitData(feeds, Provenance(f"loader {ref}", feeds_sha256(feeds), len(feeds)))
 
 
 class TextSource(_FileSource):

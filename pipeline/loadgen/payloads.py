@@ -37,7 +37,7 @@ def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:
         masks = None
     else:
         feeds, masks = split.feeds, split.masks
-        source = f"validation split: {split.provenance.get('source')}"
+        source = f"validation split: {split.provenance.source}"
     per_row = bool(recipe.inputs[0].shape) and not isinstance(recipe.inputs[0].shape[0], int)
     rows = []
     for f, feed in enumerate(feeds):

@@ -54,7 +54,7 @@ def baseline(recipe: Recipe, workdir: Path) -> tuple[dict[str, Path], dict]:
     path = workdir / "baseline.npz"
     data.save_feeds(path, validation.feeds, outputs, validation.labels, validation.masks)
     return {"baseline.npz": path}, {
-        "data": data.provenance(recipe),
+        "data": dump(data.provenance(recipe)),
         "runner": BASELINE,
         "precision": "fp32",
         "device": device,

@@ -11,6 +11,7 @@ import pytest
 
 from pipeline import data
 from pipeline.core.errors import InputError
+from pipeline.data.feeds import Provenance
 from pipeline.recipe import Recipe
 from tests.conftest import ROOT
 
@@ -42,7 +43,7 @@ def test_padded_real_batches_calibrate_although_range_says_all_ones(tmp_path):
     (feed,) = data.calibration_feeds(r)
     assert (feed["attention_mask"] == 0).any()
     prov = data.split(r, "calibration").provenance
-    assert prov["source"] == "loader my_batches:load" and prov["samples"] == 1 and len(prov["sha256"]) == 64
+    assert prov.source == "loader my_batches:load" and prov.samples == 1 and len(prov.sha256) == 64
     # random validation feeds keep the declared range: masks all ones
     assert all((f["attention_mask"] == 1).all() for f in data.feeds(r, "validation"))
 
@@ -66,8 +67,7 @@ def test_text_with_bytes_tokenizer_pads_right_truncates_and_names_its_file(tmp_p
     assert first["input_ids"].shape == (2, 16)  # the longest row, truncated to the max
     assert list(first["input_ids"][0, :3]) == [97, 98, 0] and list(first["attention_mask"][0, :3]) == [1, 1, 0]
     assert split.feeds[1]["input_ids"].shape == (1, 3)
-    assert split.provenance == {"source": str(text), "sha256": hashlib.sha256(text.read_bytes()).hexdigest(),
-                                "samples": 3}
+    assert split.provenance == Provenance(str(text), hashlib.sha256(text.read_bytes()).hexdigest(), 3)
 
 
 def test_histogram_calibration_takes_text_batches_of_different_lengths(tmp_path):
@@ -138,7 +138,7 @@ def test_arrays_with_labels_batch_images(tmp_path):
                  "calibration": {"arrays": str(ROOT / "data/digits/calibration.npz")}}})
     split = data.split(r, "validation")
     assert [f["pixels"].shape for f in split.feeds] == [(4, 64)] * 3 and split.labels.shape == (12,)
-    assert split.provenance["samples"] == 12 and data.provenance(r)["calibration"]["samples"] == 128
+    assert split.provenance.samples == 12 and data.provenance(r).calibration.samples == 128
 
 
 def test_validation_that_is_the_calibration_data_is_refused(tmp_path):

@@ -3,6 +3,7 @@ builder, and no state a second run in the same process could see (data cache, --
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from pathlib import Path
 
@@ -66,9 +67,10 @@ def test_the_data_cache_hands_each_caller_its_own_split():
     first = data.split(recipe, "validation")
     count = len(first.feeds)
     first.feeds.clear()
-    first.provenance["source"] = "changed by a caller"
+    with pytest.raises(dataclasses.FrozenInstanceError):  # no caller can change it for the next
+        first.provenance.source = "changed by a caller"
     second = data.split(recipe, "validation")
-    assert len(second.feeds) == count and second.provenance["source"] != "changed by a caller"
+    assert len(second.feeds) == count and second.provenance == first.provenance
 
 
 def test_debug_in_one_invocation_is_not_seen_by_the_next(capsys, tmp_path, monkeypatch):
