@@ -111,7 +111,7 @@ def decode_floors(onnx_paths: dict[str, Path], gguf: Path, c, contexts: dict[str
     # llama.cpp: every tensor of the GGUF as stored (the tied LM head reads all of token_embd),
     # and its KV cache in f16 (its default): half the fp32 cache's bytes per token
     weights = sum(int(t.n_bytes) for t in GGUFReader(str(gguf)).tensors)
-    rate = floor.bandwidth()["bytes_per_s"]
+    rate = floor.bandwidth().bytes_per_s
     out["llama.cpp"] = {"bandwidth_gb_s": rate / 1e9, "weights_bytes": weights, "kv_bytes_per_token": kv // 2,
                         "points": {k: dump(p) for k, p in floor.floor_points(
                             weights, kv // 2, contexts, rate, tpot_ms.get("llama.cpp")).items()}}

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.artifacts.generation import DecodeFloor, FloorPoint
 from pipeline.core import deps, env
+from pipeline.core.json_object import JsonObject
 
 FloorPoints = dict[str, FloorPoint]  # workload point label -> its decode floor
 
@@ -50,34 +52,56 @@ def measure_bandwidth(megabytes: int = COPY_MB, repeats: int = REPEATS) -> float
     return 2 * src.nbytes / best
 
 
-def bandwidth() -> dict:
-    """{bytes_per_s, method, measured, device}: cached per device identity (one measurement)."""
+@dataclass(frozen=True)
+class Bandwidth:
+    """This machine's memory bandwidth: bytes/s, how and when it was measured."""
+
+    bytes_per_s: float
+    method: str
+    measured: str
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+def bandwidth() -> Bandwidth:
+    """Cached per device identity (one measurement)."""
     identity = json.dumps(deps.device(), sort_keys=True)
     path = _cache_file()
     try:
         cached = json.loads(path.read_text())
         if isinstance(cached, dict) and identity in cached and cached[identity]["bytes_per_s"] > 0:
-            return cached[identity]
+            return Bandwidth(**cached[identity])
     except (OSError, ValueError, KeyError, TypeError):
         cached = {}
-    entry = {"bytes_per_s": measure_bandwidth(),
-             "method": f"numpy streaming copy of {COPY_MB} MiB, best of {REPEATS}, read + write bytes",
-             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    entry = Bandwidth(bytes_per_s=measure_bandwidth(),
+                      method=f"numpy streaming copy of {COPY_MB} MiB, best of {REPEATS}, read + write bytes",
+                      measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     try:
         from pipeline.core import safe_files
 
         path.parent.mkdir(parents=True, exist_ok=True)
         # an exclusive temp under a random name, renamed into place: no fixed name to plant
         safe_files.write_atomic(path, json.dumps({**(cached if isinstance(cached, dict) else {}),
-                                                  identity: entry}))
+                                                  identity: entry.dump()}))
     except OSError:
         pass  # a read-only home: measured again next time
     return entry
 
 
-def weight_bytes(onnx_path: Path) -> dict:
-    """{total, gathered_only, by_dtype}: initializer bytes a decode step reads. A table only a
-    Gather reads (the embedding) counts one row (the token's), not its whole size."""
+@dataclass(frozen=True)
+class WeightBytes:
+    """Initializer bytes a decode step reads (`total`), the Gather-only tables' whole size,
+    and the total by dtype."""
+
+    total: int
+    gather_tables: int
+    by_dtype: dict[str, int]
+
+
+def weight_bytes(onnx_path: Path) -> WeightBytes:
+    """A table only a Gather reads (the embedding) counts one row (the token's), not its
+    whole size."""
     import numpy as np
     import onnx
     from onnx import helper
@@ -101,7 +125,7 @@ def weight_bytes(onnx_path: Path) -> dict:
         total += size
         name = helper.tensor_dtype_to_string(init.data_type).removeprefix("TensorProto.").lower()
         by_dtype[name] = by_dtype.get(name, 0) + size
-    return {"total": total, "gather_tables": gathered, "by_dtype": by_dtype}
+    return WeightBytes(total=total, gather_tables=gathered, by_dtype=by_dtype)
 
 
 def decode_floor(onnx_path: Path, kv_bytes_per_token: int, contexts: dict[str, int],
@@ -111,11 +135,11 @@ def decode_floor(onnx_path: Path, kv_bytes_per_token: int, contexts: dict[str, i
     bw = bandwidth()
     weights = weight_bytes(onnx_path)
     return DecodeFloor(
-        bandwidth_gb_s=bw["bytes_per_s"] / 1e9, bandwidth_method=bw["method"],
-        bandwidth_measured=bw["measured"],
-        weights_bytes=weights["total"], weights_by_dtype=weights["by_dtype"],
-        gather_table_bytes=weights["gather_tables"], kv_bytes_per_token=kv_bytes_per_token,
-        points=floor_points(weights["total"], kv_bytes_per_token, contexts, bw["bytes_per_s"], tpot_ms))
+        bandwidth_gb_s=bw.bytes_per_s / 1e9, bandwidth_method=bw.method,
+        bandwidth_measured=bw.measured,
+        weights_bytes=weights.total, weights_by_dtype=weights.by_dtype,
+        gather_table_bytes=weights.gather_tables, kv_bytes_per_token=kv_bytes_per_token,
+        points=floor_points(weights.total, kv_bytes_per_token, contexts, bw.bytes_per_s, tpot_ms))
 
 
 def floor_points(weights: int, kv_bytes_per_token: int, contexts: dict[str, int], rate: float,

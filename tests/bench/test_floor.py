@@ -27,7 +27,7 @@ def test_bandwidth_is_measured_once_per_device_identity(tmp_path, monkeypatch):
     real = floor.measure_bandwidth
     monkeypatch.setattr(floor, "measure_bandwidth", lambda: calls.append(1) or real(megabytes=8, repeats=2))
     first = floor.bandwidth()
-    assert first["bytes_per_s"] > 1e8 and len(calls) == 1  # a real copy: over 0.1 GB/s anywhere
+    assert first.bytes_per_s > 1e8 and len(calls) == 1  # a real copy: over 0.1 GB/s anywhere
     assert floor.bandwidth() == first and len(calls) == 1  # cached: not measured again
     cached = json.loads((tmp_path / "bandwidth.json").read_text())
     (identity,) = cached
@@ -48,7 +48,7 @@ def test_decode_bytes_count_weights_as_stored_and_one_embedding_row(tmp_path, mo
     from pipeline.bench import floor
 
     monkeypatch.setenv("PIPELINE_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(floor, "bandwidth", lambda: {"bytes_per_s": 1e9, "method": "test", "measured": "now"})
+    monkeypatch.setattr(floor, "bandwidth", lambda: floor.Bandwidth(bytes_per_s=1e9, method="test", measured="now"))
     _graph(tmp_path / "g.onnx", np.zeros((16, 8), np.float32), np.zeros((100, 16), np.float32))
     out = floor.decode_floor(tmp_path / "g.onnx", kv_bytes_per_token=64, contexts={"b1-p32": 40},
                              tpot_ms={"b1-p32": 0.01})
