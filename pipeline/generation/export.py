@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import io
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.errors import StageFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.core.logs import quiet_torch_onnx
 from pipeline.core.text import first_line
 from pipeline.model import sources as models
@@ -99,12 +101,27 @@ def run(recipe: Recipe, workdir: Path, verbose: bool = False) -> tuple[dict[str,
         "nodes": len(proto.graph.node), "export_seconds": seconds,
         "kv_cache": {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
                      "inputs": [i.name for i in proto.graph.input]},
-        "parity": parity,
+        "parity": parity.dump(),
     }
 
 
+@dataclass(frozen=True)
+class CacheParity:
+    """The cached graph's logits, prefill then decode, against the full-sequence forward."""
+
+    max_abs: float
+    cosine: float
+    prefill: int  # tokens prefilled
+    decode: int  # tokens decoded one by one
+
+    def dump(self) -> JsonObject:
+        """The export meta's `parity`: its one output, logits."""
+        return {"logits": {"max_abs": self.max_abs, "cosine": self.cosine, "prefill": self.prefill,
+                           "decode": self.decode}}
+
+
 def check_parity(recipe: Recipe, full, onnx_path: Path, vocab: int, n_past: int,
-                 kv_heads: int, head_dim: int) -> dict:
+                 kv_heads: int, head_dim: int) -> CacheParity:
     """Prefill (empty past) + decode through the graph vs the full-sequence forward."""
     import numpy as np
     import onnxruntime as ort
@@ -134,4 +151,4 @@ def check_parity(recipe: Recipe, full, onnx_path: Path, vocab: int, n_past: int,
         raise StageFailed(f"KV-cache export parity: prefill + decode logits differ from the full-sequence "
                           f"forward: max_abs {diff:.3g} (allowed {spec.max_abs:g}), cosine {cos:.6f}",
                           "the cached graph does not compute the model; check the cache wrapper")
-    return {"logits": {"max_abs": diff, "cosine": cos, "prefill": PREFILL, "decode": DECODE}}
+    return CacheParity(diff, cos, PREFILL, DECODE)

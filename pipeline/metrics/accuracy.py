@@ -15,12 +15,34 @@ Per output, over all validation feeds:
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import numpy as np
 
 from pipeline.artifacts.report import OutputAccuracy
+from pipeline.core.json_object import JsonObject
 from pipeline.data.feeds import Feed
 
 OutputAccuracies = dict[str, OutputAccuracy]  # an output's name -> its accuracy
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How far one output of a graph moved from its reference's: the two figures a graph
+    check holds it to (export parity, an optimize pass, the optimized graph vs the export)."""
+
+    max_abs: float
+    cosine: float
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+Drifts = dict[str, Drift]  # an output's name -> its drift
+
+
+def drifts(accuracies: OutputAccuracies) -> Drifts:
+    return {name: Drift(m.max_abs, m.cosine) for name, m in accuracies.items()}
 
 
 def compare(reference: list[Feed], actual: list[Feed], top1_outputs: list[str]) -> OutputAccuracies:

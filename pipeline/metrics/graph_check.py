@@ -61,7 +61,7 @@ def judge(model, feeds: list[Feed], output_names: list[str], reference: list[Fee
     except Exception as e:  # session creation or a kernel refusing the graph
         return Verdict(False, f"invalid model: {_ort_message(e)}", {}, None)
     result = metrics.compare(reference, outputs, top1_outputs=[])
-    accuracy = {k: {"max_abs": m.max_abs, "cosine": m.cosine} for k, m in result.items()}
+    accuracy = {k: d.dump() for k, d in metrics.drifts(result).items()}
     for name, m in result.items():
         if m.nonfinite or not (m.max_abs <= max_abs and m.cosine >= cosine_min):
             reason = (f"output `{name}` moved: max |diff| {m.max_abs:.3g} (allowed {max_abs:g}), "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline import data
 from pipeline.core.errors import PipelineError, RecipeError, StageFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.core.logs import quiet_torch_onnx
 from pipeline.core.text import first_line
 from pipeline.metrics import accuracy as metrics
@@ -34,7 +35,7 @@ NAME = "export"
 SECTIONS = ("model", "inputs", "outputs", "export")
 
 
-def spec(recipe: Recipe) -> dict:
+def spec(recipe: Recipe) -> JsonObject:
     """The cache key's recipe part: of the data section only the seed (the example and parity
     feeds are random), so recipes that differ in their validation or calibration data share
     one export (the stage cache copies it from a folder that recorded the same key)."""
@@ -74,7 +75,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "opset": next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None),
         "nodes": len(proto.graph.node),
         "export_seconds": seconds,
-        "parity": parity,
+        "parity": {name: d.dump() for name, d in parity.items()},
     })
 
 
@@ -151,7 +152,7 @@ def _load_checked(recipe: Recipe, out_path: Path):
     return proto
 
 
-def _parity(recipe: Recipe, out_path: Path) -> dict:
+def _parity(recipe: Recipe, out_path: Path) -> metrics.Drifts:
     """check_parity against a fresh PyTorch model; a failure to run the graph as StageFailed."""
     try:
         # A fresh instance: tracing changes a transformers 5 model's later eager outputs
@@ -260,7 +261,7 @@ def _check_outputs(recipe: Recipe, model, args: tuple) -> None:
                           "give one name per output, in order")
 
 
-def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:
+def check_parity(recipe: Recipe, model, onnx_path: Path) -> metrics.Drifts:
     """Exported graph vs PyTorch at the opt and max profile points; StageFailed if off."""
     import numpy as np
 
@@ -282,4 +283,4 @@ def check_parity(recipe: Recipe, model, onnx_path: Path) -> dict:
                 "the exporter changed the model's numerics; try export.exporter: "
                 + ("dynamo" if recipe.export.exporter == "torchscript" else "torchscript"),
             )
-    return {name: {"max_abs": m.max_abs, "cosine": m.cosine} for name, m in result.items()}
+    return metrics.drifts(result)

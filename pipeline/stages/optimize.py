@@ -11,6 +11,7 @@ Finally the optimized graph and the exported one are timed interleaved in one pr
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import data, passes
@@ -159,27 +160,40 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "bytes_before": exported.ByteSize(), "bytes_after": current.ByteSize(),
         "tolerance": spec.tolerance.model_dump(),
         "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in named.items()},
-        "drift_vs_export": {k: {"max_abs": m.max_abs, "cosine": m.cosine} for k, m in drift.items()},
-        "latency": _latency(recipe, exported, current) if accepted else None,
+        "drift_vs_export": {k: d.dump() for k, d in metrics.drifts(drift).items()},
+        "latency": _latency(recipe, exported, current).dump() if accepted else None,
     })
 
 
-def _latency(recipe: Recipe, exported, optimized) -> dict:
+@dataclass(frozen=True)
+class GraphLatency:
+    """The exported and the optimized graph timed interleaved: each one's latency, the
+    optimized one's speed-up, how it was measured."""
+
+    exported_ms: stats.Summary
+    optimized_ms: stats.Summary
+    speedup: stats.SpeedupEstimate
+    method: str
+
+    def dump(self) -> JsonObject:
+        return {"exported_ms": self.exported_ms.dump(), "optimized_ms": self.optimized_ms.dump(),
+                "speedup": self.speedup.dump(), "method": self.method}
+
+
+def _latency(recipe: Recipe, exported, optimized) -> GraphLatency:
     """Exported vs optimized graph, interleaved in one process (ORT CPU, its own optimizer on)."""
     spec = recipe.optimize.latency or DEFAULT_LATENCY
     feed = data.feeds(recipe, "export")[0]  # the opt point, as validation times engines
     runners = [graph_check.Timed(m.SerializeToString(), recipe.outputs, None, spec.spin)
                for m in (exported, optimized)]
     base_blocks, opt_blocks = timing.time_interleaved(runners, feed, spec)
-    return {
-        "exported_ms": stats.summary(base_blocks).dump(),
-        "optimized_ms": stats.summary(opt_blocks).dump(),
-        "speedup": stats.speedup(base_blocks, opt_blocks, noise=spec.noise_threshold).dump(),
-        "method": f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
-                  f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
-                  f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "
-                  f"requests each; speedup: {stats.ratio_method(spec.noise_threshold)}",
-    }
+    return GraphLatency(
+        exported_ms=stats.summary(base_blocks), optimized_ms=stats.summary(opt_blocks),
+        speedup=stats.speedup(base_blocks, opt_blocks, noise=spec.noise_threshold),
+        method=f"ONNX Runtime CPU sessions (graph optimization `extended`, as the default "
+               f"engine build) on the opt-shape feed; {spec.warmup} warm-up requests, then "
+               f"blocks of {spec.block} interleaved in one process, >= {spec.iterations} "
+               f"requests each; speedup: {stats.ratio_method(spec.noise_threshold)}")
 
 
 def summary(meta: dict) -> str:
