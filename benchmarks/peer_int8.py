@@ -188,7 +188,7 @@ def main() -> None:
             result["shapes"][shape] = {"accuracy": accuracy, "rounds": rounds,
                                        "timing_feed": {k: list(v.shape) for k, v in feeds[0].items()}}
     result["machine"] = {"cpu": deps.cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-                         **isa.describe(), "load_average_before": load_before,
+                         **isa.describe().dump(), "load_average_before": load_before,
                          "load_average_after": os.getloadavg()}
     result["versions"] = deps.versions()
     result["protocol"] = (f"one process, every runner interleaved in blocks of {spec.block} (order "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 
 from pipeline.artifacts.report import Gate
+from pipeline.core.json_object import JsonObject
 
 # Precision categories, narrowest first; `other` is index/shape/bool work.
 CATEGORIES = ("fp4", "int4", "int8", "fp8", "fp16", "bf16", "fp32", "other")
@@ -78,10 +79,11 @@ def layer_precision(layer: dict) -> str:
     return min(floats, key=_BITS.__getitem__) if floats else "other"
 
 
-def effective_precision(inspector: dict, layer_ms: dict[str, float] | None = None) -> dict:
-    """Shares of layers (and of time, when timed) per precision, and the reformat count.
-
-    Returns {"detailed": bool, "layers": n, "reformat_layers": n,
+def effective_precision(inspector: JsonObject, layer_ms: dict[str, float] | None = None) -> JsonObject:
+    """Shares of layers (and of time, when timed) per precision, and the reformat count, as
+    <id>.build.json and the engine entry's `tensorrt_layer_shares` hold them (validate reads
+    them back from that file):
+    {"detailed": bool, "layers": n, "reformat_layers": n,
              "layer_share": {cat: f}, "time_share": {cat: f} | None, "time_ms": {cat: f} | None,
              "untimed_layers": [names], "per_layer": [{name, type, precision, ms}]}
     """

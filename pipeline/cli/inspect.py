@@ -23,7 +23,7 @@ def inspect_command(onnx_file, as_json):
 
     info = onnx_info.describe(onnx_file)
     if as_json:
-        click.echo(json.dumps(info, indent=2))
+        click.echo(json.dumps(info.dump(), indent=2))
         return
     for part in onnx_info.render(info):
         out.print(part)

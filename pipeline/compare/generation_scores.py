@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.core.json_object import JsonObject
 from pipeline.metrics import task as task_metrics
 
 
@@ -22,8 +23,9 @@ def _verdict(lo: float, hi: float, higher_is_better: bool) -> str:
     return "indistinguishable"
 
 
-def scores(names: list[str], reports: dict[str, dict], targets: list[str]) -> dict:
-    """{recipe: {"baseline": {...}, target: {...}}} from the reports, and B-vs-A verdicts."""
+def scores(names: list[str], reports: dict[str, JsonObject], targets: list[str]) -> JsonObject:
+    """compare-generation.json's `scores` (JSON built from the reports' JSON): {"recipes":
+    {recipe: {"baseline": {...}, target: {...}}}, "versus": [B-vs-A answer verdicts]}."""
     table, correct = {}, {}
     for name in names:
         report = reports[name]

@@ -111,7 +111,7 @@ def models(recipes: list[Recipe], root: Path) -> ModelsInfo:
         export = store.stage_record("export")
         params = None
         if export:
-            params = onnx_info.describe(store.dir / export.outputs[0])["parameters"]
+            params = onnx_info.describe(store.dir / export.outputs[0]).parameters
         out[r.name] = ModelInfo(parameters=params, opt_dims=sweep.opt_dims(r),
                                 description=r.description)
     return out

@@ -34,7 +34,7 @@ class _Job:
     failed_nodes: set[str] = field(default_factory=set)
     ref: object = None
     started: dict | None = None  # the tracker's event for the attempt now running
-    result: dict | None = None
+    result: worker.PairResult | None = None  # the accepted attempt's
 
     @property
     def pair(self) -> str:
@@ -103,7 +103,7 @@ class Fleet:
         return ray.put(packed)
 
     # ------------------------------------------------------------------ outcomes
-    def receive(self, job: _Job, result: dict) -> dict:
+    def receive(self, job: _Job, result: worker.PairResult) -> worker.PairResult:
         """What came back from a job, as the driver sees it (tests corrupt it here)."""
         return result
 
@@ -126,14 +126,14 @@ class Fleet:
         except ray.exceptions.RayError as e:  # worker killed, node lost, object lost
             self._attempt(job, "lost", exit_code=LOST, reason=first_line(e, with_type=True))
         else:
-            job.started = job.started or {k: result.get(k) for k in ("node_id", "node_ip")}
-            fields = {"kind_found": result.get("kind_found"), "exit_code": result["exit_code"],
-                      "seconds": result.get("seconds")}
-            if result["status"] != "built":
-                self._attempt(job, "failed", reason=result["reason"], **fields)
+            job.started = job.started or {"node_id": result.node_id, "node_ip": result.node_ip}
+            fields = {"kind_found": result.kind_found, "exit_code": result.exit_code,
+                      "seconds": result.seconds}
+            if result.status != "built":
+                self._attempt(job, "failed", reason=result.reason, **fields)
             else:
                 try:
-                    transfer.accept(result["packed"], destination(self.engines_dir, job.kind,
+                    transfer.accept(result.packed, destination(self.engines_dir, job.kind,
                                     job.recipe), f"{job.pair} from {job.started.get('node_ip')}")
                 except (IntegrityError, OSError) as e:
                     self._attempt(job, "refused", reason=first_line(e), **{**fields, "exit_code":
@@ -189,7 +189,7 @@ class Fleet:
 
 def to_pair(job: _Job, engines_dir: Path, lines) -> Pair:
     """A finished job as fleet.json's Pair (`lines`: the accepted report's engine lines)."""
-    result = job.result or {}
+    result = job.result
     last = job.attempts[-1] if job.attempts else None
     folder = destination(engines_dir, job.kind, job.recipe)
     done = job.state == "done"
@@ -198,4 +198,4 @@ def to_pair(job: _Job, engines_dir: Path, lines) -> Pair:
                 exit_code=code if done or code else StageFailed.exit_code,
                 folder=str(folder) if done else None, reason=None if done else (last and last.reason),
                 attempts=job.attempts, engines=lines if done else [],
-                reused=result.get("reused", []), built=result.get("built", []))
+                reused=result.reused if result else [], built=result.built if result else [])

@@ -22,10 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.core import deps
 from pipeline.core.errors import DependencyError, GateFailed
+from pipeline.core.json_object import JsonObject
 from pipeline.fleet import kinds, transfer
 
 FINISHED = (0, GateFailed.exit_code)  # a run whose folder is a result (gates are verdicts)
@@ -59,12 +61,35 @@ def _sweep_orphans() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _where() -> dict:
+@dataclass(frozen=True)
+class PairResult:
+    """What one attempt at a pair sends back to the driver: where it ran (node, pid, the
+    kind the node really is, its device block), how it ended (`built` or `failed`, the run's
+    exit code, why), the packed folder when built, the stages reused from the seed and those
+    built, the tail of the run's output."""
+
+    node_id: str
+    node_ip: str
+    pid: int
+    kind_found: str
+    device: JsonObject
+    status: str = "failed"
+    exit_code: int | None = None
+    reason: str | None = None
+    packed: transfer.Packed | None = None
+    reused: list[str] = field(default_factory=list)
+    built: list[str] = field(default_factory=list)
+    log_tail: str = ""
+    seconds: float | None = None
+
+
+def _where() -> PairResult:
+    """This node, before the attempt has done anything."""
     import ray
 
-    return {"node_id": ray.get_runtime_context().get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-            "kind_found": kinds.here(), "device": deps.device()}
+    return PairResult(node_id=ray.get_runtime_context().get_node_id(),
+                      node_ip=ray.util.get_node_ip_address(), pid=os.getpid(),
+                      kind_found=kinds.here(), device=deps.device())
 
 
 def _tail(path: Path, chars: int = 3000) -> str:
@@ -79,19 +104,17 @@ def _stage_stamps(packed: transfer.Packed | None) -> dict[str, tuple[str, str | 
     return {sid: (rec.get("key"), rec.get("finished")) for sid, rec in stages.items()}
 
 
-def build_pair(job: dict, seed: transfer.Packed | None, tracker) -> dict:
+def build_pair(job: dict, seed: transfer.Packed | None, tracker) -> PairResult:
     """Run one pair on this node. `job`: recipe (the engines folder's name), ref (the recipe
     as `pipeline run` takes it), overrides (--set values), kind, attempt, pair, project (the
     folder to run in; None: the task's working directory), timeout_s."""
-    where = _where()
+    result = _where()
     tracker.started.remote({"pair": job["pair"], "attempt": job["attempt"], "time": time.time(),
-                            **{k: where[k] for k in ("node_id", "node_ip", "pid")}})
-    result = {**where, "status": "failed", "exit_code": None, "reason": None, "packed": None,
-              "reused": [], "built": [], "log_tail": ""}
-    if where["kind_found"] != job["kind"]:
-        return {**result, "exit_code": DependencyError.exit_code,
-                "reason": f"node {where['node_ip']} advertises {kinds.resource(job['kind'])} but its "
-                          f"device is {where['kind_found']} ({deps.device_line(where['device'])})"}
+                            "node_id": result.node_id, "node_ip": result.node_ip, "pid": result.pid})
+    if result.kind_found != job["kind"]:
+        return replace(result, exit_code=DependencyError.exit_code,
+                       reason=f"node {result.node_ip} advertises {kinds.resource(job['kind'])} but "
+                              f"its device is {result.kind_found} ({deps.device_line(result.device)})")
     t0 = time.perf_counter()
     _sweep_orphans()
     with tempfile.TemporaryDirectory(prefix=f"pipeline-fleet-{os.getpid()}-") as tmp:
@@ -111,15 +134,15 @@ def build_pair(job: dict, seed: transfer.Packed | None, tracker) -> dict:
                                       stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       preexec_fn=_die_with_parent, timeout=job["timeout_s"]).returncode
         except subprocess.TimeoutExpired:
-            return {**result, "exit_code": 4, "log_tail": _tail(log),
-                    "reason": f"`pipeline run {job['recipe']}` ran past {job['timeout_s']} s"}
-        result.update(exit_code=code, log_tail=_tail(log), seconds=time.perf_counter() - t0)
+            return replace(result, exit_code=4, log_tail=_tail(log),
+                           reason=f"`pipeline run {job['recipe']}` ran past {job['timeout_s']} s")
+        result = replace(result, exit_code=code, log_tail=_tail(log), seconds=time.perf_counter() - t0)
         if code not in FINISHED:
-            last = [line for line in result["log_tail"].splitlines() if line.strip()]
-            return {**result, "reason": f"`pipeline run {job['recipe']}` exited {code}: "
-                                        f"{last[-1] if last else 'no output'}"}
+            last = [line for line in result.log_tail.splitlines() if line.strip()]
+            return replace(result, reason=f"`pipeline run {job['recipe']}` exited {code}: "
+                                          f"{last[-1] if last else 'no output'}")
         packed = transfer.pack(folder)
     before, after = _stage_stamps(seed), _stage_stamps(packed)
     reused = sorted(sid for sid, stamp in after.items() if before.get(sid) == stamp)
-    return {**result, "status": "built", "packed": packed, "reused": reused,
-            "built": sorted(set(after) - set(reused))}
+    return replace(result, status="built", packed=packed, reused=reused,
+                   built=sorted(set(after) - set(reused)))

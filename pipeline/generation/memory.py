@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -53,18 +54,32 @@ def first_token(vocab: int) -> Request:
     return Request("load", "point", 1, ((np.zeros((1, 1), np.int64) + min(1, vocab - 1), 2),))
 
 
-def _in_child(make, args: tuple, first: Request, request: Request) -> dict:
+@dataclass(frozen=True)
+class RunnerMemory:
+    """One runner in a process of its own (bytes of RSS): before it was made, what making it
+    and its first token added, the peak while it generated the request, its growth then."""
+
+    before_runner_bytes: int
+    load_rss_bytes: int
+    peak_rss_bytes: int
+    growth_bytes: int
+
+
+def _in_child(make, args: tuple, first: Request, request: Request) -> RunnerMemory:
     before = rss()
     runner = make(*args)
     generate(runner, first)
     loaded = rss()
     with Sampler() as s:
         generate(runner, request)
-    return {"before_runner_bytes": before, "load_rss_bytes": max(0, loaded - before),
-            "peak_rss_bytes": s.peak, "growth_bytes": max(0, s.peak - s.start)}
+    return RunnerMemory(before_runner_bytes=before, load_rss_bytes=max(0, loaded - before),
+                        peak_rss_bytes=s.peak, growth_bytes=max(0, s.peak - s.start))
 
 
-def isolated(makers: dict[str, tuple], first: Request, request: Request) -> dict[str, dict]:
+RunnersMemory = dict[str, RunnerMemory]  # a runner's name -> its memory
+
+
+def isolated(makers: dict[str, tuple], first: Request, request: Request) -> RunnersMemory:
     """{name: (make, args)}: each runner `make(*args)` (picklable: module-level callables) made
     in a spawned process of its own, its first token generated, then `request` generated alone
     under the sampler. Per runner: RSS before it, its load, its peak and its growth."""

@@ -10,9 +10,11 @@ look, `polygraphy inspect model FILE.onnx --show layers` works on every graph th
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline.core.errors import InputError
+from pipeline.core.json_object import JsonObject
 
 OpCounts = dict[str, int]  # op ("domain.op" outside the ONNX domains) -> how many nodes
 
@@ -25,7 +27,29 @@ def _shape(value) -> list:
     return [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
 
 
-def describe(path: Path) -> dict:
+@dataclass(frozen=True)
+class OnnxFacts:
+    """What `pipeline inspect` tells of one ONNX file: its size, producer, opsets (domain ->
+    version), node count and op histogram, inputs and outputs ({name, dtype, shape}),
+    initializers and their elements (parameters), what onnx.checker says."""
+
+    path: str
+    bytes: int
+    producer: str
+    opsets: dict[str, int]
+    nodes: int
+    ops: dict[str, int]
+    inputs: list[JsonObject]
+    outputs: list[JsonObject]
+    initializers: int
+    parameters: int
+    checker: str
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+def describe(path: Path) -> OnnxFacts:
     """Facts about one ONNX file; InputError (exit 2) when it is missing or not a valid model."""
     import onnx
 
@@ -54,20 +78,14 @@ def describe(path: Path) -> dict:
                 for v in values if v.name not in initializers]
 
     params = sum(int(_numel(i.dims)) for i in graph.initializer)
-    return {
-        "path": str(path),
-        "bytes": path.stat().st_size,
-        "producer": f"{model.producer_name} {model.producer_version}".strip(),
-        "opsets": {o.domain or "ai.onnx": o.version for o in model.opset_import},
-        "nodes": len(graph.node),
-        "ops": dict(Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
-                            for n in graph.node).most_common()),
-        "inputs": io(graph.input),
-        "outputs": io(graph.output),
-        "initializers": len(graph.initializer),
-        "parameters": params,
-        "checker": checker,
-    }
+    return OnnxFacts(
+        path=str(path), bytes=path.stat().st_size,
+        producer=f"{model.producer_name} {model.producer_version}".strip(),
+        opsets={o.domain or "ai.onnx": o.version for o in model.opset_import}, nodes=len(graph.node),
+        ops=dict(Counter(f"{n.domain}.{n.op_type}" if n.domain not in ("", "ai.onnx") else n.op_type
+                         for n in graph.node).most_common()),
+        inputs=io(graph.input), outputs=io(graph.output), initializers=len(graph.initializer),
+        parameters=params, checker=checker)
 
 
 # ONNX Runtime contrib ops its fusions write in the *default* domain, where ONNX has no such
@@ -108,26 +126,26 @@ def _numel(dims) -> int:
     return n
 
 
-def render(info: dict):
+def render(info: OnnxFacts):
     """Rich renderables: a header line, inputs/outputs, the op histogram."""
     from rich.table import Table
 
     from pipeline.core.text import escape  # markup and control characters
 
-    head = (f"{info['path']}: {info['bytes']:,} bytes, {info['nodes']} nodes, "
-            f"{info['parameters']:,} parameters in {info['initializers']} initializers; "
-            f"producer {info['producer'] or '?'}; opsets "
-            + ", ".join(f"{d} {v}" for d, v in info["opsets"].items())
-            + f"; onnx.checker: {info['checker']}")
+    head = (f"{info.path}: {info.bytes:,} bytes, {info.nodes} nodes, "
+            f"{info.parameters:,} parameters in {info.initializers} initializers; "
+            f"producer {info.producer or '?'}; opsets "
+            + ", ".join(f"{d} {v}" for d, v in info.opsets.items())
+            + f"; onnx.checker: {info.checker}")
     io = Table(title="inputs and outputs")
     for col in ("", "name", "dtype", "shape"):
         io.add_column(col)
-    for kind in ("inputs", "outputs"):
-        for v in info[kind]:
+    for kind, values in (("inputs", info.inputs), ("outputs", info.outputs)):
+        for v in values:
             io.add_row(kind[:-1], v["name"], v["dtype"], escape(str(v["shape"]).replace("'", "")))
     ops = Table(title="ops")
     ops.add_column("op")
     ops.add_column("count", justify="right")
-    for op, n in info["ops"].items():
+    for op, n in info.ops.items():
         ops.add_row(op, str(n))
     return [escape(head), io, ops]

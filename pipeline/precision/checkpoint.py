@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.json_object import JsonObject
+
 Ranks = dict[str, int]  # tensor -> its rank, where ONNX shape inference knows it
 
 BLOCK = 32
@@ -177,8 +179,9 @@ def _ranks(model) -> Ranks:
             if v.type.tensor_type.HasField("shape")}
 
 
-def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> dict:
-    """Rewrite `model` (onnx.ModelProto, FP32) in place; returns the precision meta's part."""
+def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> JsonObject:
+    """Rewrite `model` (onnx.ModelProto, FP32) in place; returns the part of the precision
+    stage's meta (JSON) that says what came from the checkpoint."""
     from onnx import helper, numpy_helper
 
     rows = CheckpointRows(gguf_path)

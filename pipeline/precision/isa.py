@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import functools
 import platform
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from pipeline.core.json_object import JsonObject
 
 VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
 
@@ -46,8 +49,20 @@ def reduce_range(weight_range: str) -> bool:
     return weight_range == "reduced" or (weight_range == "auto" and needs_reduced_range())
 
 
-def describe() -> dict:
+@dataclass(frozen=True)
+class Int8Cpu:
+    """What this CPU offers int8 kernels: its machine, the int8-relevant flags, VNNI or not."""
+
+    machine: str
+    int8_flags: list[str]
+    vnni: bool
+
+    def dump(self) -> JsonObject:
+        return asdict(self)
+
+
+def describe() -> Int8Cpu:
     flags = cpu_flags()
-    return {"machine": platform.machine(),
-            "int8_flags": sorted(f for f in flags if f in VNNI_FLAGS + ("avx2", "avx512f", "avx512bw")),
-            "vnni": has_vnni()}
+    return Int8Cpu(machine=platform.machine(),
+                   int8_flags=sorted(f for f in flags if f in VNNI_FLAGS + ("avx2", "avx512f", "avx512bw")),
+                   vnni=has_vnni())

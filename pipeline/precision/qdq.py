@@ -136,7 +136,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "symmetric": not dynamic_scheme,
         "per_channel": spec.per_channel and spec.mode != "fp8",
         "weight_range": {"setting": spec.weight_range,
-                         "bits": 7 if reduce_range else 8, "cpu": isa.describe()},
+                         "bits": 7 if reduce_range else 8, "cpu": isa.describe().dump()},
         "smoothing": smoothing,
         "attention_key_mask": len(key_masked),
         "attention_split": len(split),

@@ -134,6 +134,7 @@ class Run:
 
     def _baseline(self) -> Result:  # the workload (and its chat files) decide what is generated
         from pipeline import data
+        from pipeline.generation.chat import files_key
         from pipeline.stages import validate
 
         # the data files' contents, not only their names (validation feeds are drawn
@@ -141,7 +142,7 @@ class Run:
         return self.cache.stage(
             "baseline", {**self.recipe.section("model", "inputs", "outputs", "data", "validate", "workload"),
                          "data_files": data.key(self.recipe, "validation", "calibration"),
-                         "chat_files": chat_files(self.recipe)}, [],
+                         "chat_files": files_key(self.recipe.workload.chat)}, [],
             lambda wd: validate.baseline(self.recipe, wd),
         )
 
@@ -160,6 +161,7 @@ class Run:
         ).outputs[backends.engine_name(target)]
 
     def _validate(self, target, engine: Artifact, base: Result) -> EngineResult:
+        from pipeline.generation.chat import files_key  # workload.chat's files, in the key
         from pipeline.stages import validate
 
         # The file timed must be the file built: check its sha256 right before opening it.
@@ -168,7 +170,7 @@ class Run:
             f"validate:{target.id}",
             {"target": target.model_dump(mode="json"),
              **self.recipe.section("model", "outputs", "validate", "precision", "workload"),
-             "chat_files": chat_files(self.recipe)},
+             "chat_files": files_key(self.recipe.workload.chat)},
             [engine, base.one()],
             lambda wd: validate.validate(self.recipe, target, engine, base.one(), wd),
         )
@@ -240,10 +242,3 @@ def check_gates(report: Report) -> None:
 
 __all__ = ["Run", "Outcome", "ORDER", "check_gates", "failed_gates", "IntegrityError"]
 
-
-def chat_files(recipe: Recipe) -> dict | None:
-    """The contents of workload.chat's files (questions, scripts, text), for the keys of the
-    stages that ask and score them; None without workload.chat."""
-    from pipeline.generation.chat import files_key
-
-    return files_key(recipe.workload.chat)

@@ -303,10 +303,10 @@ def _memory(recipe: Recipe, makers: dict, shape) -> Memory:
     per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
     figures = memory.isolated(makers, memory.first_token(shape.vocab), longest)
     return Memory(
-        peak={name: PeakMemory(peak_rss_bytes=f["peak_rss_bytes"], growth_bytes=f["growth_bytes"])
+        peak={name: PeakMemory(peak_rss_bytes=f.peak_rss_bytes, growth_bytes=f.growth_bytes)
               for name, f in figures.items()},
-        load_rss_bytes={name: f["load_rss_bytes"] for name, f in figures.items()},
-        before_runner_bytes={name: f["before_runner_bytes"] for name, f in figures.items()},
+        load_rss_bytes={name: f.load_rss_bytes for name, f in figures.items()},
+        before_runner_bytes={name: f.before_runner_bytes for name, f in figures.items()},
         request=longest.label,
         method="each runner made in a fresh process of its own (spawned; it holds nothing "
                "else): loading = RSS growth from before the runner is made to after its "

@@ -186,11 +186,11 @@ def test_a_tampered_transfer_is_refused_then_retried(first, proj, cluster):
         tampered = 0
 
         def receive(self, job, result):
-            if result.get("packed") is not None and not Tampering.tampered:
+            if result.packed is not None and not Tampering.tampered:
                 Tampering.tampered += 1
-                data = bytearray(result["packed"].files["model.onnx"])
+                data = bytearray(result.packed.files["model.onnx"])
                 data[len(data) // 2] ^= 0xFF
-                result["packed"].files["model.onnx"] = bytes(data)
+                result.packed.files["model.onnx"] = bytes(data)
             return result
 
     outcome = _build(proj, cluster, [KIND_A], fleet_cls=Tampering)

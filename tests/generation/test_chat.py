@@ -100,12 +100,12 @@ def test_memory_is_measured_per_runner():
                               memory.first_token(100), request)
     small, big = figures["small"], figures["big"]
     # the first token touched the runner's buffer: that is its load
-    assert 12 << 20 <= small["load_rss_bytes"] < 48 << 20
-    assert big["load_rss_bytes"] >= 90 << 20
+    assert 12 << 20 <= small.load_rss_bytes < 48 << 20
+    assert big.load_rss_bytes >= 90 << 20
     # in one process the second runner's peak would include the first's; apart they differ
     # by what each holds (96 - 16 MB), and each began from a bare interpreter, not the other
-    assert big["peak_rss_bytes"] - small["peak_rss_bytes"] >= 70 << 20
-    assert small["peak_rss_bytes"] < big["before_runner_bytes"] + (48 << 20)
+    assert big.peak_rss_bytes - small.peak_rss_bytes >= 70 << 20
+    assert small.peak_rss_bytes < big.before_runner_bytes + (48 << 20)
 
 
 def test_score_compares_answers_and_perplexity_with_intervals():
