@@ -7,7 +7,8 @@ comes out of rank unknown and the next Add stops the whole inference (the tiny G
 position graph does exactly this). Here the reductions read their constant axes themselves
 (empty axes: all of them, unless `noop_with_empty_axes`); a GroupQueryAttention without a past
 gets its present's shape; ONNX's own Attention (opset 23), which the library mistakes for
-com.microsoft's, gets its outputs' shapes. And where inference is incomplete
+com.microsoft's, gets its outputs' shapes, as do the int8 products with a float result
+(MatMulIntegerToFloat, DynamicQuantizeMatMul), which it does not know. And where inference is incomplete
 it returns what it found (the library's own entry point would raise after writing
 sym_shape_infer_temp.onnx into the working directory).
 """
@@ -29,6 +30,13 @@ class _Inference(ssi.SymbolicShapeInference):
             self.dispatcher_[op] = self._reduce
         self.dispatcher_["GroupQueryAttention"] = self._group_query_attention
         self.dispatcher_["Attention"] = self._attention
+        for op in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul"):  # int8 products with a float result
+            self.dispatcher_[op] = self._float_matmul
+
+    def _float_matmul(self, node: onnx.NodeProto) -> None:
+        """MatMulIntegerToFloat / DynamicQuantizeMatMul: MatMul's shape, the scales' float type."""
+        scale = node.input[2] if len(node.input) > 2 and node.input[2] else node.input[0]
+        self._compute_matmul_shape(node, self.known_vi_[scale].type.tensor_type.elem_type)
 
     def _attention(self, node: onnx.NodeProto) -> None:
         """com.microsoft Attention: the library's. ONNX's own Attention (opset 23), which the

@@ -105,3 +105,29 @@ def test_causal_multi_head_attention_and_the_ops_that_move_part_or_nothing():
 def test_unbound_dims_are_named():
     with pytest.raises(ValueError, match="past_sequence"):
         _cost(_model([helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["past_sequence"])], [_vi("y", ["past_sequence"])]))
+
+
+def test_shapes_flow_through_the_ops_ort_inference_misses():
+    """A ReduceMax whose axes are an input (opset 18), then an Add: ORT's inference alone
+    stops there; and MatMulIntegerToFloat, which it does not know."""
+    axes = numpy_helper.from_array(np.array([-1], np.int64), "axes")
+    nodes = [helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=0), helper.make_node("Add", ["m", "m"], ["y"])]
+    model = _model(nodes, [_vi("x", ["batch", 3, 4])], [_vi("y", ["batch", 3])], [axes], ms_opset=False)
+    model.opset_import[0].version = 18
+    reduce_max, add = _cost(model, batch=2).nodes
+    assert reduce_max.unknown == 0 and add.bytes == 3 * 2 * 3 * 4  # two [2, 3] float reads, one write
+    inits = [numpy_helper.from_array(np.ones((4, 3), np.int8), "b"), numpy_helper.from_array(np.ones(1, np.float32), "sa"),
+             numpy_helper.from_array(np.ones(1, np.float32), "sb")]
+    node = helper.make_node("MatMulIntegerToFloat", ["a", "b", "sa", "sb"], ["y"], domain="com.microsoft")
+    (c,) = _cost(_model([node], [_vi("a", ["rows", 4], TensorProto.UINT8)], [_vi("y", ["rows", 3])], inits),
+                 rows=2).nodes
+    assert c.flops == 2 * 2 * 4 * 3 and c.dtype == "int8" and c.bytes_written == 2 * 3 * 4 and c.unknown == 0
+
+
+def test_onnx_attention_opset_23_counts_causal_pairs():
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y"], is_causal=1)
+    inputs = [_vi(n, [1, 2, "sequence", 8]) for n in "qkv"]
+    model = _model([node], inputs, [_vi("y", [1, 2, "sequence", 8])], ms_opset=False)
+    model.opset_import[0].version = 23
+    (c,) = _cost(model, sequence=4).nodes
+    assert c.flops == 2 * 2 * (4 * 5 // 2) * (8 + 8) and c.category == "attention"  # 2 heads, 10 pairs
