@@ -40,10 +40,13 @@ def test_generation_points_follow_the_workload():
     recipe = load("standard-gen", ["workload.prompt_lengths=[8]", "workload.new_tokens=4",
                                    "workload.task=[{prompt: 6, new_tokens: 3}, {prompt: 4, new_tokens: 3}]"])
     found = points.generation_points(recipe)
-    assert [p.label for p in found[:2]] == ["prefill 8", "decode @10"]  # the middle of its 4 new tokens
+    # each prompt's prefill and a step in the middle of its 4 new tokens; the long point's
+    # (standard-gen: 32 + 224 new tokens); the decode curve at the first prompt's context
+    assert [p.label for p in found[:4]] == ["prefill 8", "decode @10", "prefill 32", "decode @144"]
     assert found[0].dims == {"batch": 1, "sequence": 8, "past_sequence": 0, "total_sequence": 8}
     assert found[1].dims == {"batch": 1, "sequence": 1, "past_sequence": 10, "total_sequence": 11}
-    assert [p.batch for p in found[2:]] == [4, 16, 64]
+    assert [(p.batch, p.dims["past_sequence"]) for p in found[4:]] == [(4, 10), (16, 10), (64, 10)]
+    assert [p.label for p in points.generation_points(recipe, context=100)][1] == "decode @100"
     first, second = points.task_turns(recipe)
     assert first.prefill.dims["past_sequence"] == 0 and first.steps == 2 and first.decode.dims["past_sequence"] == 6
     assert second.prefill.dims == {"batch": 1, "sequence": 4, "past_sequence": 9, "total_sequence": 13}
