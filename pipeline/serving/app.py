@@ -24,6 +24,12 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.core.json_object import JsonObject
+
+if TYPE_CHECKING:
+    from pipeline.serving.replica import InferAnswer
 
 APP = "pipeline"  # the Ray Serve application name (one per Ray cluster)
 STARTS = 3  # tries to start a local Ray (see local_ray)
@@ -116,7 +122,7 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
             http_api.routes(api, lambda: self.replica, recipe.name)
             return api
 
-        async def infer_arrays(self, inputs: dict) -> dict:
+        async def infer_arrays(self, inputs: dict) -> InferAnswer:
             """The in-process handle's call: arrays in, the same answer as HTTP's."""
             return await self.replica.infer(inputs)
 
@@ -129,7 +135,7 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
             async for item in self.replica.generate(prompt_ids, params):
                 yield item
 
-        async def replica_stats(self) -> dict:
+        async def replica_stats(self) -> JsonObject:
             return self.replica.stats()
 
         def __del__(self):
@@ -146,10 +152,10 @@ class Handle:
     def __init__(self, handle):
         self._handle = handle
 
-    def infer(self, inputs: dict, timeout_s: float = 120) -> dict:
+    def infer(self, inputs: dict, timeout_s: float = 120) -> InferAnswer:
         return self._handle.infer_arrays.remote(inputs).result(timeout_s=timeout_s)
 
-    async def infer_async(self, inputs: dict) -> dict:
+    async def infer_async(self, inputs: dict) -> InferAnswer:
         return await self._handle.infer_arrays.remote(inputs)
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, params=None):
@@ -157,7 +163,7 @@ class Handle:
         SamplingParams), exactly max_new_tokens greedy tokens (EOS ignored)."""
         return self._handle.options(stream=True).generate_tokens.remote(prompt_ids, max_new_tokens, params)
 
-    def stats(self, timeout_s: float = 60) -> dict:
+    def stats(self, timeout_s: float = 60) -> JsonObject:
         return self._handle.replica_stats.remote().result(timeout_s=timeout_s)
 
 

@@ -17,12 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import StageFailed
+from pipeline.core.json_object import JsonObject
 
 TOLERANCE = 1e-4  # max |HTTP - in process|, relative to the output's largest magnitude
 PROBE_TOKENS = 4
 
 
-def probe(recipe) -> dict:
+def probe(recipe) -> JsonObject:
     """The first request's body: one sample, as the HTTP API takes it."""
     if recipe.workload.served_as == "generate":
         high = int(recipe.inputs[0].range[1]) if recipe.inputs[0].range else 256

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import SamplingParams, next_token
 from pipeline.serving.scheduler import Limits, Scheduler, Sequence
 
@@ -81,7 +82,7 @@ class GenerationLoop:
                 self._finished(stream)
         yield self._summary(stream)
 
-    def _summary(self, stream: _Stream) -> dict:
+    def _summary(self, stream: _Stream) -> JsonObject:
         seq, ms = stream.seq, 1e3
         n, first, end = len(seq.tokens), stream.first, stream.end
         return {"done": True, "tokens": n, "finish_reason": seq.finish_reason,
@@ -198,7 +199,7 @@ class GenerationLoop:
             s = self.scheduler
             self.metrics.gen_state(len(s.running), len(s.waiting), s.kv_reserved, s.limits.kv_tokens)
 
-    def stats(self) -> dict:
+    def stats(self) -> JsonObject:
         s = self.scheduler
         return {"running": len(s.running), "waiting": len(s.waiting),
                 "max_running_sequences": s.limits.max_running, "one_at_a_time": self.one_at_a_time,

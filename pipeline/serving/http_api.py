@@ -29,6 +29,7 @@ import json
 
 import numpy as np
 
+from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import InvalidSampling, SamplingParams
 from pipeline.serving import kserve
 from pipeline.serving.batcher import QueueFull
@@ -123,11 +124,11 @@ async def _infer(get_replica, request):
     except QueueFull:
         get_replica().metrics.tensor_failure()  # Triton counts a rejection as a failure
         return _error(503, "queue full")
-    timings = {k: answer[k] for k in ("queue_ms", "compute_ms", "batch_size")}
+    timings = answer.timings()
     if NPZ in request.headers.get("accept", ""):
         headers = {f"x-{k.replace('_', '-')}": str(v) for k, v in timings.items()}
-        return Response(to_npz(answer["outputs"]), media_type=NPZ, headers=headers)
-    return JSONResponse({"outputs": {k: v.tolist() for k, v in answer["outputs"].items()}, **timings})
+        return Response(to_npz(answer.outputs), media_type=NPZ, headers=headers)
+    return JSONResponse({"outputs": {k: v.tolist() for k, v in answer.outputs.items()}, **timings})
 
 
 async def _generate(get_replica, request):
@@ -156,7 +157,7 @@ async def _generate(get_replica, request):
     return JSONResponse({"token_ids": [i["token"] for i in items if "token" in i], **items[-1]})
 
 
-def _json(body: bytes) -> dict:
+def _json(body: bytes) -> JsonObject:
     try:
         data = json.loads(body or b"null")
     except ValueError as e:

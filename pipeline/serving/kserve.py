@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.deps import version as installed_version
+from pipeline.core.json_object import JsonObject
 from pipeline.serving.batcher import QueueFull
 from pipeline.serving.collate import BadRequest
 
@@ -68,12 +69,12 @@ def kserve_datatype(dtype) -> str:
 
 
 # ----------------------------------------------------------------------------- metadata
-def server_metadata() -> dict:
+def server_metadata() -> JsonObject:
     return {"name": "pipeline", "version": installed_version("pipeline") or "unknown",
             "extensions": ["binary_tensor_data"]}
 
 
-def model_metadata(replica) -> dict:
+def model_metadata(replica) -> JsonObject:
     """Inputs from the recipe, outputs from the ONNX graph the engine was built from."""
     sig = replica.signature
     inputs = [{"name": s.name, "datatype": DATATYPES[s.dtype], "shape": _input_shape(s.shape, sig.batched)}
@@ -253,12 +254,12 @@ async def infer(replica, request: InferRequest) -> tuple[dict[str, np.ndarray], 
         if isinstance(failed[0], QueueFull):  # another request took the places meanwhile
             raise V2Error(503, "queue full", len(failed))
         raise failed[0]
-    names = request.outputs or list(answers[0]["outputs"])
-    outputs = {n: (np.concatenate([a["outputs"][n] for a in answers]) if sig.batched
-                   else answers[0]["outputs"][n]) for n in names}
-    timings = {"queue_ms": max(a["queue_ms"] for a in answers),
-               "compute_ms": max(a["compute_ms"] for a in answers),
-               "batch_size": max(a["batch_size"] for a in answers)}
+    names = request.outputs or list(answers[0].outputs)
+    outputs = {n: (np.concatenate([a.outputs[n] for a in answers]) if sig.batched
+                   else answers[0].outputs[n]) for n in names}
+    timings = {"queue_ms": max(a.queue_ms for a in answers),
+               "compute_ms": max(a.compute_ms for a in answers),
+               "batch_size": max(a.batch_size for a in answers)}
     return outputs, timings
 
 

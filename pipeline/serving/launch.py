@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from pipeline.core.errors import RecipeError
+from pipeline.core.json_object import JsonObject
 
 
 def serve_overrides(recipe, items: tuple[str, ...]):
@@ -88,7 +89,7 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
         server.stop()
 
 
-def _replica(stats: dict) -> dict:
+def _replica(stats: JsonObject) -> JsonObject:
     """The replica's figures the start record keeps (its stats also carry live counters)."""
     keys = ("node_id", "pid", "load_s", "rss_at_load_mb", "rss_mb", "peak_rss_mb", "requests")
     return {k: stats[k] for k in keys}

@@ -24,6 +24,7 @@ import logging
 import time
 from pathlib import Path
 
+from pipeline.core.json_object import JsonObject
 from pipeline.data.text_stream import TextStream
 from pipeline.data.tokenizer import Tokenizer
 from pipeline.generation.sampling import InvalidSampling, SamplingParams
@@ -72,7 +73,7 @@ def routes(app, get_replica, recipe_name: str) -> None:
     created = int(time.time())
     server = _Server(get_replica, recipe_name)
 
-    def card() -> dict:
+    def card() -> JsonObject:
         return {"id": recipe_name, "object": "model", "created": created, "owned_by": "pipeline"}
 
     @app.get("/v1/models")
@@ -158,7 +159,7 @@ class Reply:
         """Waits for the first item: admission errors (BadRequest, QueueFull) raise here."""
         self._first = await anext(self.items, None)
 
-    def usage(self) -> dict:
+    def usage(self) -> JsonObject:
         return usage(self.prompt_tokens, self.completion_tokens)
 
     async def deltas(self):

@@ -14,14 +14,32 @@ import asyncio
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import InvalidSampling, SamplingParams, check_vocab
 from pipeline.serving import collate
 from pipeline.serving.batcher import Batcher, BatchPolicy, QueueFull
 from pipeline.serving.generation_loop import GenerationLoop
 from pipeline.serving.metrics import ServingMetrics
 from pipeline.serving.scheduler import NeverFits
+
+
+@dataclass(frozen=True)
+class InferAnswer:
+    """One sample's outputs (batch dim 1, padded axes cut back) and what the replica measured."""
+
+    outputs: dict[str, np.ndarray]  # output name -> array
+    queue_ms: float    # arrival in the batcher's queue to its batch leaving it
+    compute_ms: float  # the batch's engine call, shared by the batch
+    batch_size: int    # requests in that batch
+
+    def timings(self) -> dict[str, float]:
+        """queue_ms, compute_ms, batch_size by name: the HTTP answers' timing fields."""
+        return {"queue_ms": self.queue_ms, "compute_ms": self.compute_ms, "batch_size": self.batch_size}
 
 
 def memory_mb() -> dict[str, float]:
@@ -60,9 +78,8 @@ class Replica:
         self.requests = 0
 
     # ------------------------------------------------------------------ forward requests
-    async def infer(self, inputs: dict) -> dict:
-        """One request -> {"outputs", "queue_ms", "compute_ms", "batch_size"}; raises
-        collate.BadRequest (400) or QueueFull (503)."""
+    async def infer(self, inputs: dict) -> InferAnswer:
+        """One request's answer and timings; raises collate.BadRequest (400) or QueueFull (503)."""
         if self.engine.generation:
             raise collate.BadRequest(f"recipe `{self.recipe.name}` is a generation engine: "
                                      "POST .../generate with prompt_ids")
@@ -113,8 +130,7 @@ class Replica:
         self.requests += len(batch)
         for q, f, answer in zip(batch, futures, answers):
             if not f.done():  # a client that went away cancelled its future
-                f.set_result({"outputs": answer, "queue_ms": q.queue_s() * 1e3,
-                              "compute_ms": compute_ms, "batch_size": len(batch)})
+                f.set_result(InferAnswer(answer, q.queue_s() * 1e3, compute_ms, len(batch)))
 
     # ------------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], params: SamplingParams):
@@ -152,7 +168,7 @@ class Replica:
         _check_prompt(self.recipe, prompt_ids, params.max_new_tokens)
 
     # ------------------------------------------------------------------ state
-    def stats(self) -> dict:
+    def stats(self) -> JsonObject:
         node = None
         try:
             import ray

@@ -48,7 +48,7 @@ def test_two_replicas_are_placed_on_both_nodes_of_a_two_node_cluster(tiny, tmp_p
             placed = {a["Address"]["NodeID"] for a in replicas}
             assert len(replicas) == 2 and placed == nodes
             answer = server.handle.infer(_sample(np.random.default_rng(0), 8))
-            assert answer["batch_size"] == 1 and answer["outputs"]["hidden"].shape == (1, 8, 32)
+            assert answer.batch_size == 1 and answer.outputs["hidden"].shape == (1, 8, 32)
             assert server.handle.stats()["node_id"] in nodes
             server.stop()
     finally:

@@ -188,9 +188,9 @@ def test_ray_serve_batches_requests_and_answers_as_the_engine_in_process(tiny, r
         # the in-process handle (no HTTP): the same answers, batched the same way
         responses = [server.handle._handle.infer_arrays.remote(s) for s in samples]
         by_handle = [r.result(timeout_s=120) for r in responses]
-        assert {a["batch_size"] for a in by_handle} == {4}
+        assert {a.batch_size for a in by_handle} == {4}
         for sample, answer in zip(samples, by_handle):
-            np.testing.assert_allclose(answer["outputs"]["hidden"], engine.infer(sample)["hidden"],
+            np.testing.assert_allclose(answer.outputs["hidden"], engine.infer(sample)["hidden"],
                                        rtol=1e-4, atol=1e-5)
     finally:
         engine.close()
