@@ -25,7 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.generation.runners import DecoderRunner, OrtLoopRunner, run_cached, zeroed_caches
+from pipeline.generation.runners import (
+    DecoderRunner,
+    OrtLoopRunner,
+    PastBuffers,
+    run_cached,
+    zeroed_caches,
+)
 
 
 class BatchedSlots:
@@ -48,7 +54,7 @@ class BatchedSlots:
         """One token of one sequence across every layer's key and value (float32)."""
         return sum(c.shape[1] * c.shape[3] * c.itemsize for c in self.caches.values())
 
-    def _views(self, start: int, stop: int) -> dict:
+    def _views(self, start: int, stop: int) -> PastBuffers:
         """OrtValues over rows [start, stop) of every cache (views: ORT writes into numpy's
         memory), made once per row range: 2 x layers of them a call (60 on SmolLM2) cost
         ~0.3 ms a decode step to make afresh."""

@@ -17,6 +17,7 @@ and move nothing, and Shape reads no data.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
@@ -73,7 +74,7 @@ class GraphCost:
         return sum(n.unknown for n in self.nodes)
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:  # attribute name -> its value
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
