@@ -35,12 +35,17 @@ def generate_command(recipe, prompt, interactive, max_tokens, raw, overrides, en
         raise InputError(f"{r.where}: `generate` needs a generation recipe (workload.kind: "
                          f"generation), not {r.workload.kind}")
     folder = Path(engines_dir) / folders.folder_name(r)
-    chat = Chat(folder, raw)
+    chat = Chat(folder, raw, r)
     if prompt is not None:
         chat.reply([{"role": "user", "content": prompt}], max_tokens)
         return
     messages: list[dict] = []
-    for line in sys.stdin:
+    for number, raw_line in enumerate(sys.stdin.buffer, 1):
+        try:  # bytes first: a terminal's encoding must not decide what text is
+            line = raw_line.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"--chat: line {number} of the input is not UTF-8 text",
+                             "type or pipe UTF-8 text, one message a line") from None
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line.strip()})

@@ -10,16 +10,68 @@ empty slot on a shared one: runners.GenaiRunner).
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
-from pipeline.core.errors import DependencyError, InputError
+from pipeline.core.errors import DependencyError, InputError, IntegrityError
+from pipeline.core.json_object import JsonObject
+
+
+def checked_config(folder: Path, recipe) -> JsonObject:
+    """The folder's genai_config.json, once nothing in it can choose what onnxruntime-genai loads: every recorded
+    file is what the manifest records (a swapped engine, a FIFO in its place: exit 5), every
+    file genai and the tokenizer read here is one of them, and genai_config.json is exactly
+    what the pipeline writes for this recipe and engine (no `custom_ops_library`, no key or
+    path the pipeline never writes). A folder may be a download or a colleague's copy: it
+    is data, and genai would load the shared library its config names."""
+    from pipeline.artifacts import json_file
+    from pipeline.generation import decoder, genai_config
+    from pipeline.store import integrity
+
+    manifest = integrity.refuse_unverified(folder, "generate")
+    config = folder / "genai_config.json"
+    unrecorded = [n for n in ("genai_config.json", *genai_config.TOKENIZER_FILES)
+                  if n not in manifest.files and os.path.lexists(folder / n)]
+    if unrecorded:
+        raise IntegrityError(f"{folder}: {', '.join(unrecorded)} {'is' if len(unrecorded) == 1 else 'are'} "
+                             "not recorded in the manifest: the pipeline never ships that",
+                             f"remove {'it' if len(unrecorded) == 1 else 'them'}, or rebuild with "
+                             f"`pipeline run {folder.name} --force`")
+    try:
+        cfg = json_file.read(config)
+    except json_file.Unreadable as e:
+        raise IntegrityError(f"{config}: {e.problem}") from None
+    foreign = genai_config.foreign_keys(cfg)
+    if foreign or genai_config.engine_name(cfg) not in manifest.files:
+        what = ", ".join(foreign[:3]) if foreign else \
+            f"model.decoder.filename {genai_config.engine_name(cfg)!r} (not a file the manifest records)"
+        raise IntegrityError(f"{config}: refused before onnxruntime-genai reads it: {what}",
+                             f"rebuild with `pipeline run {folder.name} --force`")
+    expected, _ = decoder.deployed_config(recipe, folder / genai_config.engine_name(cfg))
+    if json.loads(json.dumps(expected)) != cfg:
+        differ = _first_difference(json.loads(json.dumps(expected)), cfg)
+        raise IntegrityError(f"{config}: not what the pipeline writes for recipe `{recipe.name}` "
+                             f"(at {differ}); refused before onnxruntime-genai reads it",
+                             f"give the --set values it was built with, or rebuild with "
+                             f"`pipeline run {folder.name} --force`")
+    return cfg
+
+
+def _first_difference(want: object, have: object, where: str = "") -> str:
+    """The dotted key where two JSON values first differ."""
+    if isinstance(want, dict) and isinstance(have, dict):
+        for key in sorted(want.keys() | have.keys()):
+            if want.get(key) != have.get(key):
+                return _first_difference(want.get(key), have.get(key), f"{where}.{key}" if where else key)
+    return where or "the top level"
 
 
 class Chat:
     """The deployed folder under onnxruntime-genai, with the model's tokenizer files."""
 
-    def __init__(self, folder: Path, raw: bool):
+    def __init__(self, folder: Path, raw: bool, recipe):
         if not (folder / "genai_config.json").is_file():
             raise InputError(f"{folder}: no genai_config.json: the recipe's engine is not built "
                              "(or not validated)", "run `pipeline run RECIPE` first")
@@ -29,6 +81,8 @@ class Chat:
             raise DependencyError("`generate` needs onnxruntime-genai",
                                   "pip install onnxruntime-genai (the `cpu` extra has it)") from None
         self.og, self.raw = og, raw
+        # the engine's sequence: prompt and reply together (genai refuses a longer max_length)
+        self.context = checked_config(folder, recipe)["model"]["context_length"]
         self.model = og.Model(str(folder))
         from pipeline.data.tokenizer import Tokenizer
 
@@ -53,8 +107,15 @@ class Chat:
         from pipeline.data.text_stream import TextStream
 
         ids = self._ids(messages)
+        if len(ids) >= self.context:
+            raise InputError(f"the {'prompt' if len(messages) == 1 else 'conversation'} is {len(ids)} "
+                             f"tokens: this engine holds {self.context} a sequence, prompt and reply "
+                             "together", "shorten it, or build the recipe with a longer context")
+        if len(ids) + max_tokens > self.context:
+            sys.stderr.write(f"note: the reply stops at {self.context - len(ids)} tokens, where the "
+                             f"engine's {self.context}-token sequence ends (--max-tokens {max_tokens})\n")
         params = self.og.GeneratorParams(self.model)
-        params.set_search_options(max_length=len(ids) + max_tokens, do_sample=False)
+        params.set_search_options(max_length=min(len(ids) + max_tokens, self.context), do_sample=False)
         generator = self.og.Generator(self.model, params)
         generator.append_tokens(np.asarray([ids], np.int32))
         text = TextStream(self.tokenizer)

@@ -13,6 +13,7 @@ min_length = max_length per generator (runners.GenaiRunner), not here.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -55,6 +56,42 @@ def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int
             "past_present_share_buffer": in_place,
         },
     }
+
+
+# What onnxruntime-genai would do with a key this module never writes: `custom_ops_library`
+# loads a shared library into the process (its constructor runs), provider options name
+# libraries and paths. A config read from a folder may hold only the keys config() writes.
+LOADS_CODE = ("custom_ops_library",)
+
+
+@functools.cache
+def _written() -> JsonObject:
+    """config()'s shape: every key it can write (threads included)."""
+    return config(layers=1, kv_heads=1, heads=1, head_dim=1, hidden=1, vocab=1, eos_token_id=0,
+                  context_length=1, filename="x.onnx", threads=1)
+
+
+def foreign_keys(cfg: object, shape: object = None, where: str = "") -> list[str]:
+    """The dotted keys of `cfg` that config() never writes (a key that loads code named so)
+    and list entries it never writes; [] for a config of config()'s shape."""
+    shape = _written() if shape is None else shape
+    if not isinstance(cfg, dict):
+        return [f"{where or 'the file'} (not an object)"]
+    found = []
+    for key, value in cfg.items():
+        dotted = f"{where}.{key}" if where else str(key)
+        if key in LOADS_CODE or key not in shape:
+            found.append(f"{dotted} ({'loads a shared library' if key in LOADS_CODE else 'never written'})")
+        elif isinstance(shape[key], dict):
+            found += foreign_keys(value, shape[key], dotted)
+        elif isinstance(shape[key], list) and value != []:
+            found.append(f"{dotted} (entries never written)")
+    return found
+
+
+def engine_name(cfg: JsonObject) -> object:
+    """The decoder's file name as a config of config()'s shape (foreign_keys: []) holds it."""
+    return cfg["model"]["decoder"].get("filename")
 
 
 def present_of(past: str) -> str:

@@ -87,11 +87,15 @@ LOADER_ONLY = tuple(n for n, f in Recipe.model_fields.items() if f.exclude)
 
 def _folder_fields(recipe: Recipe):
     """The str fields that name a folder unless they name a function (`module:function`, code
-    the recipe chooses) or `bytes`: a tokenizer folder, a transformers directory."""
+    the recipe chooses) or `bytes`: a tokenizer folder (the data's, the chat workload's), a
+    transformers directory."""
     named = [(("data", split, "tokenizer"), getattr(getattr(recipe.data, split), "tokenizer", None))
              for split in ("validation", "calibration") if getattr(recipe.data, split) is not None]
     if recipe.model.transformers is not None:
         named.append((("model", "transformers", "pretrained"), recipe.model.transformers.pretrained))
+    chat = getattr(recipe.workload, "chat", None)
+    if chat is not None:  # a tokenizer folder read as the data's are (issue 39, defect 9)
+        named.append((("workload", "chat", "tokenizer"), chat.tokenizer))
     for loc, value in named:
         if isinstance(value, str) and value != "bytes" and not user_code.is_function_ref(value):
             yield loc, value

@@ -52,4 +52,12 @@ def load(ref: str, overrides: tuple[str, ...] = (), engines_root: Path = Path("e
             f"{store.dir / 'manifest.json'}: its recorded --set values choose code to import and "
             f"run ({', '.join(code)}); values read from an engines folder never may",
             f"if you trust them, pass them yourself: `pipeline run {match['name']} --set ...`")
-    return load_recipe(match["name"], [*recorded, *overrides])
+    try:
+        return load_recipe(match["name"], [*recorded, *overrides])
+    except RecipeError as e:
+        load_recipe(match["name"], overrides)  # the user's own values alone: theirs to fix
+        # the values the folder recorded are what the recipe refuses (a path outside the
+        # project, say): the folder is to blame, not the command line
+        raise IntegrityError(f"{store.dir / 'manifest.json'}: its recorded --set values are "
+                             f"refused: {e.message}",
+                             f"rebuild it with `pipeline run {match['name']} --set ...`") from None

@@ -76,6 +76,21 @@ def verify(folder: Path, environment: bool = True, public_key=None) -> Verdict:
     return verdict
 
 
+def refuse_unverified(folder: Path, command: str, environment: bool = False) -> Manifest:
+    """The folder's manifest, once every recorded file is what it records (`pipeline verify
+    --files-only`, or with the environment too); else IntegrityError (exit 5) in one line.
+    Every reader that hands the folder to a library (onnxruntime-genai, a runtime) calls this
+    first: a swapped engine, a FIFO in its place or a planted config never reaches it."""
+    verdict = verify(folder, environment=environment)
+    bad = verdict.mismatches
+    if bad:
+        names = ", ".join(f"{c.what} ({c.detail})" for c in bad[:4]) + (" ..." if len(bad) > 4 else "")
+        raise IntegrityError(f"{folder}: `{command}` refuses it, as `pipeline verify` does: {len(bad)} "
+                             f"of {len(verdict.checks)} checks failed: {names}",
+                             f"rebuild with `pipeline run {folder.name} --force`")
+    return Store(folder.parent, folder.name).read_manifest()
+
+
 def _signature(folder: Path, manifest: Manifest, public_key) -> Check:
     """The folder's signed provenance (pipeline.store.provenance): signed by this key, and every
     subject (manifest.json, each recorded file) the file that is here now."""

@@ -1,0 +1,143 @@
+"""Issue 39 (untrusted folders, round 3), each reproduced through the real CLI on a copy of a
+built folder: no code from a genai config, a folder verified before any library opens it,
+the chat tokenizer confined, `generate` bounded by the engine's sequence, ratios bounded,
+a planted lock cleared by --force, no stage reuse from a planted sibling, and user code that
+ends the process never making a run look successful."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Project
+from tests.e2e.test_untrusted import _one_error, _rehash
+from tests.generation.test_run import built_gen  # noqa: F401  (the session's generation build)
+
+
+@pytest.fixture
+def gen_copy(built_gen, tmp_path) -> tuple[Project, str, Path]:  # noqa: F811
+    """(a private copy of the built generation project, its folder's name, a marker path
+    outside it that only a loaded planted library would create)."""
+    proj = Project(tmp_path / "proj")
+    shutil.copytree(built_gen.engines, proj.engines)
+    return proj, built_gen.built.name, tmp_path / "outside" / "PWNED"
+
+
+def _evil_library(folder: Path, marker: Path) -> None:
+    """lib/evil.so in the folder: a shared library whose constructor writes `marker` (built
+    with the C compiler when there is one; else bytes that would fail to load, which the
+    check must refuse just the same, before genai opens anything)."""
+    (folder / "lib").mkdir()
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        (folder / "lib" / "evil.so").write_bytes(b"\x7fELF not really")
+        return
+    source = folder.parent.parent / "evil.c"
+    source.write_text('#include <stdio.h>\n__attribute__((constructor)) static void pwn(void) {\n'
+                      f'  FILE *f = fopen("{marker}", "w"); if (f) fclose(f);\n}}\n')
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(folder / "lib" / "evil.so"), str(source)], check=True)
+
+
+# ------------------------------------------------------------------ 1: no code from genai configs
+@pytest.mark.parametrize("forged", [True, False], ids=["manifest-rewritten", "sha256-mismatch"])
+def test_generate_never_loads_the_library_a_planted_genai_config_names(gen_copy, forged):
+    proj, name, marker = gen_copy
+    folder = proj.engines / name
+    marker.parent.mkdir()
+    _evil_library(folder, marker)
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    cfg["model"]["decoder"]["session_options"]["custom_ops_library"] = "lib/evil.so"
+    text = json.dumps(cfg, indent=2).encode()
+    if forged:  # what `verify` passes: only the content can object
+        _rehash(folder, "genai_config.json", text)
+    else:
+        (folder / "genai_config.json").write_bytes(text)
+    line = _one_error(proj.run("generate", name, "--prompt", "hi", "--max-tokens", "2"), 5,
+                      "genai_config.json")
+    assert ("custom_ops_library (loads a shared library)" in line) == forged, line
+    assert not marker.exists(), "the planted library's constructor ran"
+
+
+def test_a_genai_config_rewritten_within_its_keys_is_not_what_the_pipeline_writes(gen_copy):
+    proj, name, _ = gen_copy
+    folder = proj.engines / name
+    cfg = json.loads((folder / "genai_config.json").read_text())
+    cfg["model"]["context_length"] *= 1000  # a key the pipeline writes, another value
+    _rehash(folder, "genai_config.json", json.dumps(cfg).encode())
+    _one_error(proj.run("generate", name, "--prompt", "hi"), 5, "not what the pipeline writes",
+               "model.context_length")
+    (folder / "tokenizer.json").write_text("{}")  # a file genai's folder would read, unrecorded
+    _one_error(proj.run("generate", name, "--prompt", "hi"), 5, "tokenizer.json", "not recorded")
+
+
+@pytest.mark.parametrize("swap", ["another graph", "fifo"])
+def test_generate_refuses_a_swapped_engine_or_a_fifo_in_its_place(gen_copy, swap):
+    proj, name, _ = gen_copy
+    folder = proj.engines / name
+    engine = folder / "onnxruntime.onnx"
+    engine.unlink()
+    if swap == "fifo":
+        os.mkfifo(engine)  # genai would block reading it
+    else:
+        shutil.copyfile(folder / "model.onnx", engine)
+    line = _one_error(proj.run("generate", name, "--prompt", "hi", timeout=120), 5,
+                      "`generate` refuses it", "onnxruntime.onnx")
+    assert ("FIFO" in line) == (swap == "fifo"), line
+
+
+# ------------------------------------------------------------------ 12: generate's bounds
+def test_generate_is_bounded_by_the_engines_sequence(gen_copy):
+    proj, name, _ = gen_copy
+    context = json.loads((proj.engines / name / "genai_config.json").read_text())["model"]["context_length"]
+    longer = proj.run("generate", name, "--prompt", "hi", "--max-tokens", "300")
+    assert longer.code == 0 and "Traceback" not in longer.err, longer.err
+    assert f"where the engine's {context}-token sequence ends (--max-tokens 300)" in longer.err
+    huge = proj.run("generate", name, "--prompt", "hi", "--max-tokens", "1000000000")
+    assert huge.code == 0 and "Traceback" not in huge.err, huge.err
+    _one_error(proj.run("generate", name, "--prompt", "x" * 100_000), 2, "the prompt is",
+               f"this engine holds {context}")
+
+
+def _chat(proj: Project, name: str, stdin: bytes) -> subprocess.CompletedProcess:
+    """`generate --chat` fed raw bytes (Project.run passes text)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("PIPELINE_ENGINES", None)
+    return subprocess.run([sys.executable, "-m", "pipeline", "generate", name, "--chat"], cwd=proj.path,
+                          env=env, input=stdin, capture_output=True, timeout=300)
+
+
+@pytest.mark.parametrize("stdin, words", [
+    (bytes(range(128, 256)) * 8 + b"\n", ("line 1 of the input is not UTF-8",)),
+    (b"y" * 1_000_000 + b"\n", ("the prompt is", "this engine holds")),
+], ids=["random-bytes", "1MB-line"])
+def test_chat_input_beyond_text_or_the_sequence_is_one_line(gen_copy, stdin, words):
+    proj, name, _ = gen_copy
+    proc = _chat(proj, name, stdin)
+    err = proc.stderr.decode()
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert proc.returncode == 2 and "Traceback" not in err and len(errors) == 1, err
+    assert all(w in errors[0] for w in words), errors[0]
+
+
+# ------------------------------------------------------------------ 9: the chat tokenizer is confined
+def test_the_chat_tokenizer_is_confined_from_the_recipe_and_from_a_folder(gen_copy):
+    proj, name, _ = gen_copy
+    _one_error(proj.run("run", "standard-gen", "--set", "workload.chat={tokenizer: ../../etc}"), 2,
+               "workload.chat.tokenizer", "outside the project")
+    from pipeline.store.folder_names import overrides_digest
+
+    recorded = ["workload.chat={tokenizer: ../../etc}"]
+    planted = f"standard-gen@{overrides_digest(recorded)}"
+    shutil.copytree(proj.engines / name, proj.engines / planted)
+    manifest = json.loads((proj.engines / planted / "manifest.json").read_text())
+    manifest["recipe_overrides"] = recorded
+    (proj.engines / planted / "manifest.json").write_text(json.dumps(manifest))
+    for command in (("run", planted), ("generate", planted, "--prompt", "hi")):
+        _one_error(proj.run(*command), 5, f"{planted}/manifest.json", "recorded --set values are refused",
+                   "workload.chat.tokenizer")
