@@ -32,6 +32,7 @@ from pipeline.artifacts.latency import (  # noqa: F401  (re-exported: the report
     Speedup,
     Verdict,
 )
+from pipeline.artifacts.roofline import RooflineCheck
 from pipeline.artifacts.verdicts import gate_problems, verdict_problem
 
 SCHEMA = 3  # 3: effective precision split by runtime (ort_flop_shares, tensorrt_layer_shares);
@@ -210,6 +211,8 @@ class EngineResult(Closed):
     versus: list[Versus] = []
     task: TaskMetric | None = None
     generation: Generation | None = Field(None, description="Generation workload (artifacts/generation.py).")
+    roofline: RooflineCheck | None = Field(None, description="Time per op category against the roofline "
+                                           "floor on this machine (artifacts/roofline.py).")
 
     @property
     def timed(self) -> str:

@@ -7,6 +7,7 @@ from pipeline.artifacts.generation import HEADLINE_TIMED
 from pipeline.core import deps
 from pipeline.core.text import fmt, speedup, time_ratio_speedup
 from pipeline.render.report_table import HEADERS, rows
+from pipeline.render.roofline_markdown import markdown as roofline_markdown
 
 
 def _engine_notes(e: dict) -> list[str]:
@@ -133,6 +134,7 @@ def _engine_section(e: dict, workload) -> list[str]:
               "Gates: " + "; ".join(f"{'✓' if g['passed'] else '✗'} {g['name']} ({g['detail']})"
                                    for g in e["gates"])]
     lines += workload.engine_markdown(e)
+    lines += roofline_markdown(e.get("roofline"))
     lines += _measurement(e)
     return lines
 

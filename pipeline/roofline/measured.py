@@ -78,20 +78,27 @@ def feed(skel: shapes.Skeleton, dims: dict[str, int], recipe: Recipe, seed: int 
 def check(recipe: Recipe, target: str, engine: Path, entry: HardwareEntry, points: list[Point],
           threads: int | None, runs: int = 10, warmup: int = 2) -> list[PointCheck]:
     """Each point profiled on ONNX Runtime and put beside its floor on `entry`, by category."""
+    skel = shapes.skeleton(engine)
+    return [point_check(skel, recipe, target, engine, entry, point, threads, runs, warmup)[0] for point in points]
+
+
+def point_check(skel: shapes.Skeleton, recipe: Recipe, target: str, engine: Path, entry: HardwareEntry,
+                point: Point, threads: int | None, runs: int = 10,
+                warmup: int = 2) -> tuple[PointCheck, model.Roofline]:
+    """One point: its roofline on `entry` and the profile beside it, every category either
+    has (most floor first; a category with time but no floor keeps a zero floor)."""
     from pipeline.explain import profile
 
-    skel = shapes.skeleton(engine)
-    checks = []
-    for point in points:
-        roof = model.roofline(costs.graph_cost(skel, point.dims), entry, threads)
-        floors = roof.by_category()
-        prof = profile.profile_sessions({"engine": engine}, feed(skel, point.dims, recipe), runs=runs,
-                                        warmup=warmup, threads=threads)["engine"]
-        cats = [CategoryCheck(c, prof.categories[c].us if c in prof.categories else 0.0, f.time_s * 1e6, f.bound)
-                for c, f in sorted(floors.items(), key=lambda kv: -kv[1].time_s)]
-        checks.append(PointCheck(f"{recipe.name}/{target}", point.label, point.dims, prof.total_us,
-                                 roof.time_s * 1e6, cats, threads, prof.method))
-    return checks
+    roof = model.roofline(costs.graph_cost(skel, point.dims), entry, threads)
+    floors = roof.by_category()
+    prof = profile.profile_sessions({"engine": engine}, feed(skel, point.dims, recipe), runs=runs,
+                                    warmup=warmup, threads=threads)["engine"]
+    timed = {c: t.us for c, t in prof.categories.items() if t.us > 0}
+    names = sorted(set(floors) | set(timed), key=lambda c: -(floors[c].time_s if c in floors else 0.0))
+    cats = [CategoryCheck(c, timed.get(c, 0.0), floors[c].time_s * 1e6 if c in floors else 0.0,
+                          floors[c].bound if c in floors else "memory") for c in names]
+    return PointCheck(f"{recipe.name}/{target}", point.label, point.dims, prof.total_us, roof.time_s * 1e6, cats,
+                      threads, prof.method), roof
 
 
 def spread(checks: list[PointCheck]) -> tuple[float, float]:

@@ -46,6 +46,7 @@ def engine_result(recipe: Recipe, target, engine: Artifact, measured: workloads.
     fields = measured.measurement.fields()  # typed: validated where they were measured
     gate_list = gates(recipe, measured.measurement.accuracy) + list(measured.gates)
     fields.update(precision_checks(recipe, target, engine, workdir, gate_list))
+    fields["roofline"] = roofline_check(recipe, target, engine, fields)
     return EngineResult.model_validate({**head, "status": "built", "reason": None,
                                         "precision": recipe.precision.mode, **fields,
                                         "gates": gate_list})
@@ -86,6 +87,17 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
         if spec.require_effective_precision is not None:
             gate_list.append(effective.gate(result, spec.require_effective_precision))
     return extra
+
+
+def roofline_check(recipe: Recipe, target, engine: Artifact, fields: FieldValues):
+    """Where the time goes against the floor (roofline/report_section.py): the workload's
+    points profiled and costed on this machine's cached hardware entry; seconds, not minutes."""
+    from pipeline.roofline import report_section
+
+    latency = fields.get("latency_ms")
+    return report_section.check(recipe, target.kind, engine.path, fields.get("device"),
+                                fields.get("threads") or recipe.validate_.threads, fields.get("generation"),
+                                latency.p50 if latency is not None else None)
 
 
 def _gate(name: str, passed: bool, detail: str) -> Gate:
