@@ -8,9 +8,11 @@ commands and other machines; a file that does not fit its model is refused in on
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -59,6 +61,27 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 # that becomes a path is checked against (paths.NAME).
 FileName = Annotated[str, StringConstraints(pattern=f"^{NAME.pattern}$")]
 Count = Annotated[int, Field(ge=0)]
+
+
+def _within(what: str, low: float, high: float, slack: float = 0.0) -> AfterValidator:
+    """A float in [low, high] (infinities refused unless a bound is one); NaN passes (a
+    cosine of a zero vector is NaN honestly, and no gate passes on it)."""
+
+    def check(value: float) -> float:
+        if not math.isnan(value) and not (low - slack <= value <= high + slack and math.isfinite(value)):
+            bounds = f"[{low:g}, {high:g}]" if math.isfinite(high) else f"finite and >= {low:g}"
+            raise ValueError(f"{what} {value!r} is not {bounds}")
+        return value
+
+    return AfterValidator(check)
+
+
+# Figures with a range: a value outside it is a file changed by hand (a re-signed report with
+# `top1_agreement: Infinity` would pass every "at least" gate). A cosine computed in float32
+# may exceed 1 by rounding, hence the slack.
+Cosine = Annotated[float, _within("a cosine", -1.0, 1.0, slack=1e-5)]
+Share = Annotated[float, _within("a share", 0.0, 1.0)]
+Ratio = Annotated[float, _within("a ratio of times", 0.0, math.inf)]  # finite, not negative
 
 
 class Device(Open):

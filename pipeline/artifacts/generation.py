@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pipeline.artifacts.base import Closed, Count, Open
+from pipeline.artifacts.base import Closed, Cosine, Count, Open, Share
 from pipeline.artifacts.latency import LatencySummary, Speedup
 
 # The headline of a generation engine (its `latency_ms`, `baseline_latency_ms`, speedup): the
@@ -109,8 +109,8 @@ class KvCacheAccuracy(Closed):
 
     outputs: Count
     worst: str
-    worst_cosine: float
-    mean_cosine: float
+    worst_cosine: Cosine
+    mean_cosine: Cosine
     max_abs: float
     nonfinite: Count
     gated: bool
@@ -119,13 +119,13 @@ class KvCacheAccuracy(Closed):
 class Agreement(Closed):
     """The engine's greedy tokens against PyTorch's on one request."""
 
-    share: float
+    share: Share
     tokens: Count
     first_divergence: int | None
 
 
 class TokenAgreement(Closed):
-    share: float | None = Field(description="Over every point's tokens; null without tokens.")
+    share: Share | None = Field(description="Over every point's tokens; null without tokens.")
     first_divergence: int | None = Field(description="The task's.")
     per_point: dict[str, Agreement]
     note: str | None = None
@@ -141,8 +141,8 @@ class AnswerAccuracy(Closed):
     """Share of questions answered right, engine against PyTorch on the same questions."""
 
     metric: Literal["answer_accuracy"]
-    baseline: float
-    engine: float
+    baseline: Share
+    engine: Share
     delta: float
     ci95: list[float] = Field(description="Paired-bootstrap interval of the delta.")
     engine_ci95: list[float]
@@ -155,7 +155,7 @@ class AnswerAccuracy(Closed):
 class IdenticalAnswers(Closed):
     """Answers identical to PyTorch's token for token."""
 
-    share: float | None
+    share: Share | None
     count: Count
     of: Count
 

@@ -8,11 +8,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.artifacts.base import Closed, Count
+from pipeline.artifacts.base import Closed, Count, Ratio
 from pipeline.artifacts.verdicts import verdict_problem
 
 Verdict = Literal["faster", "slower", "indistinguishable"]
 Interval = Annotated[list[float], Field(min_length=2, max_length=2, description="[low, high]")]
+RatioInterval = Annotated[list[Ratio], Field(min_length=2, max_length=2, description="[low, high]")]
 
 
 class LatencySummary(Closed):
@@ -45,8 +46,8 @@ class ColdStart(Closed):
 class Speedup(Closed):
     """Baseline time / engine time over interleaved rounds, and the engine's verdict."""
 
-    ratio: float
-    ci95: Interval
+    ratio: Ratio
+    ci95: RatioInterval
     verdict: Verdict
     noise_threshold: float = Field(description="The band around 1 a verdict must clear.")
     blocks: Count | None = Field(None, description="Rounds timed (block pairs).")

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.artifacts.base import Closed, Count, Device, FileName, Open, Sha256
+from pipeline.artifacts.base import Closed, Cosine, Count, Device, FileName, Open, Sha256, Share
 from pipeline.artifacts.generation import HEADLINE_TIMED, BaselineGeneration, Generation
 from pipeline.artifacts.latency import (  # noqa: F401  (re-exported: the report's own names)
     ColdStart,
@@ -71,10 +71,10 @@ class OutputAccuracy(Closed):
     max_abs: float
     mean_abs: float
     max_rel: float
-    cosine: float
-    cosine_worst_sample: float | None = Field(
+    cosine: Cosine
+    cosine_worst_sample: Cosine | None = Field(
         None, description="The worst row's cosine (one sentence, one sequence), on real data.")
-    top1_agreement: float | None = None
+    top1_agreement: Share | None = None
     nonfinite: Count = 0
 
 
@@ -162,7 +162,7 @@ class TaskMetric(Open):
     engine: float | None = None
     delta: float | None = None
     ci95: Interval | None = None
-    retrieval_top1_agreement: float | None = Field(
+    retrieval_top1_agreement: Share | None = Field(
         None, description="embedding_similarity: share of queries whose nearest pair is PyTorch's.")
 
 

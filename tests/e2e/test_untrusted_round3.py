@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Project
+from tests.conftest import FAST, ROOT, STANDARD, Project
 from tests.e2e.test_untrusted import _one_error, _rehash
 from tests.generation.test_run import built_gen  # noqa: F401  (the session's generation build)
 
@@ -141,3 +141,26 @@ def test_the_chat_tokenizer_is_confined_from_the_recipe_and_from_a_folder(gen_co
     for command in (("run", planted), ("generate", planted, "--prompt", "hi")):
         _one_error(proj.run(*command), 5, f"{planted}/manifest.json", "recorded --set values are refused",
                    "workload.chat.tokenizer")
+
+
+# ------------------------------------------------------------------ 14: ratios within their ranges
+@pytest.mark.parametrize("field, value, words", [
+    ("top1_agreement", "Infinity", ("a share inf is not [0, 1]",)),
+    ("cosine", "1.5", ("a cosine 1.5 is not [-1, 1]",)),
+    ("speedup", "Infinity", ("a ratio of times inf is not finite",)),
+])
+def test_a_resigned_report_with_a_figure_beyond_its_range_is_refused(standard_copy, field, value, words):
+    folder = standard_copy.engines / STANDARD
+    report = json.loads((folder / "report.json").read_text())
+    engine = report["engines"][0]
+    if field == "speedup":
+        engine["speedup_vs_baseline"]["ratio"] = engine["speedup_vs_baseline"]["ci95"][1] = float(value)
+    else:
+        engine["accuracy"]["logits"][field] = float(value)
+    _rehash(folder, "report.json", json.dumps(report).encode())
+    for command in (("verify", f"engines/{STANDARD}", "--files-only"),
+                    ("deploy", "standard", "--triton", "models", *FAST)):
+        result = standard_copy.run(*command)
+        assert result.code == 5 and "Traceback" not in result.err, (command, result.out, result.err)
+        assert all(w in result.out + result.err for w in words), (command, result.out, result.err)
+    assert not (standard_copy.path / "models").exists()
