@@ -4,6 +4,8 @@ What a continuous-batching server (serving/scheduler.py, serving/replica.py) dri
     runner.prefill(slot, tokens [T]) -> logits [V]       a new sequence's prompt into its slot
     runner.decode(slots, tokens [n]) -> logits [n, V]    one token for each running slot, one call
     runner.release(slot)                                 the slot is free again
+    runner.held(slot) -> HeldKV                          a copy of what the slot holds
+    runner.adopt(slot, held, n)                          a new slot starting with its first n
 Logits, never tokens: each request chooses its own (generation/sampling.py).
 
 - BatchedSlots: a GroupQueryAttention graph (the cache in place, genai_config.in_place_cache).
@@ -17,11 +19,19 @@ Logits, never tokens: each request chooses its own (generation/sampling.py).
   alternative: a free row would still be computed every step (a decode step at batch 16
   instead of 5), and a row with an all-0 mask gives GQA a length of -1. A prefill runs at
   batch 1 on the view cache[row:row+1]: a sequence's prompt never waits for a batch.
+- Conversation reuse (serving/prefix_cache.py): `held` copies a finished slot's keys and
+  values out (its used tokens only); `adopt` copies the first n of them into a new slot's row,
+  whose prefill then appends only the tokens after them (GQA with a past of n: the same call as
+  a chat turn's prefill). Copies, not rows kept aside: a running sequence must sit in rows
+  0..n-1, and a copy of a few hundred tokens (~10 MB on SmolLM2) costs milliseconds against
+  the prefill it saves.
 - OneSlot: any turn-keeping DecoderRunner (the PyTorch static cache, an ONNX graph that
   concatenates its cache) as a single slot: one sequence at a time.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,6 +42,20 @@ from pipeline.generation.runners import (
     run_cached,
     zeroed_caches,
 )
+
+PastArrays = dict[str, np.ndarray]  # past input name -> [KV heads, tokens, head_dim]
+
+
+@dataclass(frozen=True)
+class HeldKV:
+    """The keys and values a slot held: its first `length` tokens, copied out of the cache."""
+
+    length: int
+    arrays: PastArrays
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
 
 
 class BatchedSlots:
@@ -64,16 +88,37 @@ class BatchedSlots:
                                      for n, c in self.caches.items()}
         return self._view_cache[key]
 
+    def _take_row(self, slot: int) -> int:
+        """A new slot takes the next free row (empty); returns the row."""
+        if len(self.slot_at) == self.rows:
+            raise ValueError(f"all {self.rows} rows are running")
+        self.slot_at.append(slot)
+        self.length[slot] = 0
+        return len(self.slot_at) - 1
+
+    def held(self, slot: int) -> HeldKV:
+        """A copy of the keys and values `slot`'s row holds (its used tokens)."""
+        row, used = self.slot_at.index(slot), self.length[slot]
+        return HeldKV(used, {n: c[row, :, :used].copy() for n, c in self.caches.items()})
+
+    def adopt(self, slot: int, held: HeldKV, tokens: int) -> None:
+        """A new `slot` starts holding the first `tokens` of `held` (a prefix whose ids
+        its prompt starts with); its prefill then appends the rest."""
+        if slot in self.length:
+            raise ValueError(f"slot {slot} is running: only a new slot adopts a prefix")
+        if not 0 < tokens <= min(held.length, self.width):
+            raise ValueError(f"cannot adopt {tokens} tokens of a prefix of {held.length}")
+        row = self._take_row(slot)
+        for name, cache in self.caches.items():
+            cache[row, :, :tokens] = held.arrays[name][:, :tokens]
+        self.length[slot] = tokens
+
     def prefill(self, slot: int, tokens: np.ndarray) -> np.ndarray:
         """Appends tokens [T] to `slot` (a new slot takes the next free row) at batch 1;
         returns the last position's logits [V]."""
         if slot not in self.length:
-            if len(self.slot_at) == self.rows:
-                raise ValueError(f"all {self.rows} rows are running")
-            self.slot_at.append(slot)
-            self.length[slot] = 0
-        row, held = self.slot_at.index(slot), self.length[slot]
-        total = held + len(tokens)
+            self._take_row(slot)
+        row, total = self.slot_at.index(slot), self.length[slot] + len(tokens)
         if total > self.width:
             raise ValueError(f"slot {slot}: {total} tokens exceed the row's {self.width}")
         mask = np.ones((1, total), np.int64)

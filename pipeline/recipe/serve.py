@@ -55,6 +55,11 @@ class ServeSpec(Strict):
         None, ge=1, description="Generation: tokens the running sequences may reserve together "
         "(each reserves its prompt + max_new_tokens on admission; one that does not fit waits). "
         "Default: every slot full (max_running_sequences x context), so only a smaller value binds.")
+    prefix_cache: bool = Field(
+        True, description="Generation: keep finished sequences' keys and values (within the KV "
+        "budget the running sequences leave, least recently used evicted first) so a prompt that "
+        "starts with kept tokens, such as a chat's next turn, prefills only the tokens after them. "
+        "ONNX Runtime engines whose cache is in place; vLLM's `enable_prefix_caching`.")
     replicas: int = Field(1, ge=1, le=64, description="Replicas (one engine each); `pipeline serve "
                           "--replicas` overrides. Triton: `instance_group.count`.")
     replica_cpus: float = Field(1.0, gt=0, le=256, description="CPUs Ray reserves per replica "

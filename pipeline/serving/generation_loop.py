@@ -9,6 +9,9 @@ admitted, each admitted prompt is prefilled alone (its first token goes to its c
 once), then one decode step runs for every running sequence in one engine call. Tokens are
 chosen per row with each request's own SamplingParams and generator (sampling.next_token), on
 the engine thread; the scheduler is only touched from the event loop, which never blocks.
+With `serve.prefix_cache` (on by default), a finished sequence's keys and values are kept
+(scheduler.keep) and a prompt that starts with kept tokens prefills only the rest: a chat's
+next turn prefills its new message, not the conversation again.
 An engine whose cache cannot hold rows at different lengths (the PyTorch baseline, an ONNX
 graph that concatenates its cache) runs through the same loop one sequence at a time.
 """
@@ -23,6 +26,8 @@ import numpy as np
 
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import SamplingParams, next_token
+from pipeline.generation.slots import HeldKV
+from pipeline.serving.prefix_cache import PrefixCache
 from pipeline.serving.scheduler import Limits, Scheduler, Sequence
 
 # Sequences decoded together by default on an engine that batches them: the closed-loop
@@ -53,7 +58,10 @@ class GenerationLoop:
         width, rows = self.slots.width, self.slots.rows
         # the default budget is every slot full: only a smaller kv_cache_tokens binds
         limits = Limits(rows, spec.kv_cache_tokens or rows * width, width, spec.max_queue_size)
-        self.scheduler = Scheduler(limits)
+        # slots that keep their own cache (OneSlot) cannot hand a prefix to another sequence
+        reuse = spec.prefix_cache and hasattr(self.slots, "adopt")
+        self.scheduler = Scheduler(limits, PrefixCache() if reuse else None)
+        self.prefill_tokens = 0               # prompt tokens prefilled (not taken from the cache)
         self.eos, self.pool, self.metrics = engine.eos, pool, metrics
         self._streams: dict[int, _Stream] = {}
         self._wake: asyncio.Event | None = None
@@ -86,7 +94,8 @@ class GenerationLoop:
         seq, ms = stream.seq, 1e3
         n, first, end = len(seq.tokens), stream.first, stream.end
         return {"done": True, "tokens": n, "finish_reason": seq.finish_reason,
-                "prompt_tokens": len(seq.prompt), "queue_ms": (stream.admitted - stream.arrived) * ms,
+                "prompt_tokens": len(seq.prompt), "cached_tokens": seq.reused,
+                "queue_ms": (stream.admitted - stream.arrived) * ms,
                 "ttft_ms": (first - stream.arrived) * ms if first else None,
                 "tpot_ms": (end - first) * ms / (n - 1) if n > 1 else None,
                 "e2e_ms": (end - stream.arrived) * ms}
@@ -111,8 +120,12 @@ class GenerationLoop:
 
     async def _iterations(self) -> None:
         while True:
+            # the finished leave (their prefixes kept) before admission, so a next turn that
+            # arrived meanwhile finds its conversation
+            await self._release(self.scheduler.retire())
             plan = self.scheduler.plan()
             await self._release(plan.released)
+            self._count_reuse(plan.admitted)
             if self.scheduler.idle:
                 self._state()
                 self._wake.clear()  # no await since idle was read: no submit can be missed
@@ -133,12 +146,26 @@ class GenerationLoop:
 
     async def _release(self, seqs: list[Sequence]) -> None:
         if seqs:
-            slots = [s.slot for s in seqs]
-            await asyncio.get_running_loop().run_in_executor(self.pool, self._free, slots)
+            kept = await asyncio.get_running_loop().run_in_executor(self.pool, self._free, seqs)
+            for tokens, held in kept:
+                self.scheduler.keep(tokens, held)
 
-    def _free(self, slots: list[int]) -> None:
-        for slot in slots:
-            self.slots.release(slot)
+    def _free(self, seqs: list[Sequence]) -> list[tuple[list[int], HeldKV]]:
+        """Engine thread: frees the sequences' slots; with a prefix cache, first copies out
+        what each one that ended well (stop, length) holds -> [(its token ids, the copy)]."""
+        kept = []
+        for seq in seqs:
+            if (self.scheduler.prefix_cache is not None and seq.finish_reason in ("stop", "length")
+                    and seq.slot in self.slots.length):
+                held = self.slots.held(seq.slot)
+                kept.append(((seq.prompt + seq.tokens)[:held.length], held))
+            self.slots.release(seq.slot)
+        return kept
+
+    def _count_reuse(self, admitted: list[Sequence]) -> None:
+        if self.metrics and self.scheduler.prefix_cache is not None:
+            for seq in admitted:
+                self.metrics.gen_prefix_cache(len(seq.prompt), seq.reused)
 
     async def _engine(self, call, seqs: list[Sequence]) -> None:
         """`call(seqs, rngs) -> tokens` on the engine thread; each token applied and sent."""
@@ -168,9 +195,15 @@ class GenerationLoop:
                 stream.items.put_nowait(None)
 
     def _prefill(self, seqs: list[Sequence], rngs: list) -> list[int]:
-        """Engine thread: the prompt into its slot at batch 1 -> the first token."""
+        """Engine thread: the prompt into its slot at batch 1 -> the first token; a prompt
+        with a cached prefix starts from its copy and prefills only the tokens after it."""
         (seq,), (rng,) = seqs, rngs
-        logits = self.slots.prefill(seq.slot, np.asarray(seq.prompt, np.int64))  # [V]
+        if seq.reuse is not None:
+            self.slots.adopt(seq.slot, seq.reuse.entry.kv, seq.reused)
+            seq.reuse = None  # the copy is made: the entry may go
+        new = seq.prompt[seq.reused:]
+        logits = self.slots.prefill(seq.slot, np.asarray(new, np.int64))  # [V]
+        self.prefill_tokens += len(new)
         return [next_token(logits, seq.params, rng, self.eos)]
 
     def _decode(self, seqs: list[Sequence], rngs: list) -> list[int]:
@@ -197,7 +230,8 @@ class GenerationLoop:
     def _state(self) -> None:
         if self.metrics:
             s = self.scheduler
-            self.metrics.gen_state(len(s.running), len(s.waiting), s.kv_reserved, s.limits.kv_tokens)
+            self.metrics.gen_state(len(s.running), len(s.waiting), s.kv_reserved, s.limits.kv_tokens,
+                                   s.kv_cached)
 
     def stats(self) -> JsonObject:
         s = self.scheduler
@@ -207,7 +241,15 @@ class GenerationLoop:
                 "kv_tokens_held": s.kv_held, "kv_tokens_free": s.kv_free,
                 "slot_tokens": s.limits.slot_tokens, "kv_bytes_per_token": self.slots.bytes_per_token,
                 "decode_steps": {str(k): v for k, v in sorted(self.steps.items())},
+                "prefill_tokens": self.prefill_tokens, "prefix_cache": self._prefix_stats(),
                 "finished": dict(sorted(self.finished.items()))}
+
+    def _prefix_stats(self) -> JsonObject | None:
+        cache = self.scheduler.prefix_cache
+        if cache is None:
+            return None
+        return {"entries": len(cache.entries), "tokens": cache.tokens, "queried_tokens": cache.queried_tokens,
+                "hit_tokens": cache.hit_tokens, "evicted": cache.evicted}
 
     def close(self) -> None:
         if self._task is not None:

@@ -20,6 +20,7 @@ Names follow the servers whose dashboards and tools people already have:
   query could tell them apart; a vLLM dashboard reads these after one find-and-replace of
   the prefix. `kv_cache_usage_perc` is a fraction 0..1, as vLLM's is. The KV tokens used
   and free, the sequences per decode step and the failures have no vLLM name and are ours.
+  `prefix_cache_queries`/`prefix_cache_hits` count prompt tokens, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ class ServingMetrics:
         self._kv_usage = gauge("pipeline:kv_cache_usage_perc", "KV-cache usage, a fraction: 1 means full")
         self._kv_used = gauge("pipeline:kv_cache_used_tokens", "KV-cache tokens held by running requests")
         self._kv_free = gauge("pipeline:kv_cache_free_tokens", "KV-cache tokens free")
+        self._prefix_held = gauge("pipeline:prefix_cache_tokens",
+                                  "KV-cache tokens held by cached prefixes (within the free tokens)")
+        self._prefix_queries = counter("pipeline:prefix_cache_queries",
+                                       "Prompt tokens looked up in the prefix cache")
+        self._prefix_hits = counter("pipeline:prefix_cache_hits",
+                                    "Prompt tokens found in the prefix cache (not prefilled)")
         self._step = histogram("pipeline:decode_step_sequences", "Sequences decoded per decode step",
                                BATCH_BUCKETS)
         self._finished = Counter("pipeline:request_success", "Number of finished requests, by why they finished",
@@ -123,14 +130,21 @@ class ServingMetrics:
         self._failure.inc(n)
 
     # ------------------------------------------------------------------ generation
-    def gen_state(self, running: int, waiting: int, kv_used_tokens: int, kv_total_tokens: int) -> None:
+    def gen_state(self, running: int, waiting: int, kv_used_tokens: int, kv_total_tokens: int,
+                  prefix_cached_tokens: int = 0) -> None:
         """The scheduler's state now: sequences running and waiting, KV-cache tokens used of
-        the total."""
+        the total, tokens the cached prefixes hold."""
+        self._prefix_held.set(prefix_cached_tokens)
         self._running.set(running)
         self._waiting.set(waiting)
         self._kv_used.set(kv_used_tokens)
         self._kv_free.set(kv_total_tokens - kv_used_tokens)
         self._kv_usage.set(kv_used_tokens / kv_total_tokens if kv_total_tokens else 0.0)
+
+    def gen_prefix_cache(self, queried_tokens: int, hit_tokens: int) -> None:
+        """One admitted prompt of `queried_tokens` found `hit_tokens` of them cached."""
+        self._prefix_queries.inc(queried_tokens)
+        self._prefix_hits.inc(hit_tokens)
 
     def gen_step(self, batch_size: int) -> None:
         """One decode step ran over `batch_size` sequences."""

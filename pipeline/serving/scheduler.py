@@ -9,12 +9,18 @@ A sequence waits, runs in a slot of the engine's KV cache, and finishes. Each it
      max_running run and its reservation fits the KV budget (`Plan.admitted`). A sequence
      reserves prompt + max_new_tokens tokens up front, so a running one never runs out of
      cache mid-reply and nothing is ever preempted.
-  3. prefill: each admitted sequence's prompt alone (batch 1), which gives its first token.
+  3. prefill: each admitted sequence's prompt alone (batch 1), which gives its first token;
+     with a prefix cache (prefix_cache.py), only the tokens after its longest cached prefix
+     (`Sequence.reuse`), the prefix's keys and values copied into its slot first.
   4. decode: one step for every running sequence that is not finished (`decoding()`).
 Steps 3-4 are the caller's (the replica, on its engine thread); `append` applies a token.
 A sequence finishes at EOS or a stop id ("stop": that token is not returned), or after
 max_new_tokens ("length"); a cancelled one (its client went away) leaves at the next
 iteration, or at once while it still waits.
+Cached prefixes live in the part of the KV budget the running sequences have not reserved:
+finished sequences' tokens are kept there (`keep`), least recently used first out whenever an
+admission needs the room (running sequences always come first: a prefix is evicted, never a
+request refused for one).
 Bounds: a sequence whose prompt + max_new_tokens exceeds the slot width or the whole KV
 budget can never run (NeverFits: 400); beyond max_waiting queued sequences (0: unbounded),
 plus those the free slots will take at the next iteration, a submit raises QueueFull (503).
@@ -28,6 +34,7 @@ from dataclasses import dataclass, field
 
 from pipeline.generation.sampling import SamplingParams, ends_sequence
 from pipeline.serving.batcher import QueueFull
+from pipeline.serving.prefix_cache import Match, PrefixCache
 
 
 class NeverFits(ValueError):
@@ -57,6 +64,8 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # returned to the client, in order
     finish_reason: str | None = None                  # "stop" | "length" | "abort"
     cancelled: bool = False
+    reuse: Match | None = None  # its cached prefix, set on admission (dropped once copied)
+    reused: int = 0             # prompt tokens taken from a cached prefix: not prefilled
 
     @property
     def reserved(self) -> int:
@@ -80,8 +89,9 @@ class Plan:
 
 
 class Scheduler:
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, prefix_cache: PrefixCache | None = None):
         self.limits = limits
+        self.prefix_cache = prefix_cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []       # in admission order
         self._free_slots = list(range(limits.max_running))  # lowest first
@@ -149,7 +159,18 @@ class Scheduler:
             seq.slot = self._free_slots.pop(0)
             self.running.append(seq)
             admitted.append(seq)
+            if self.prefix_cache is not None:
+                seq.reuse = self.prefix_cache.match(seq.prompt)
+                seq.reused = seq.reuse.length if seq.reuse else 0
+                self.prefix_cache.evict_to(self.kv_free)  # the running come first
         return Plan(released, admitted)
+
+    def keep(self, tokens: list[int], kv) -> None:
+        """A finished sequence's slot held the keys and values `kv` of `tokens`: kept as a
+        cached prefix while the budget the running sequences leave has room."""
+        if self.prefix_cache is not None and len(tokens) <= self.kv_free:
+            self.prefix_cache.insert(tokens, kv)
+            self.prefix_cache.evict_to(self.kv_free)
 
     def decoding(self) -> list[Sequence]:
         """The running sequences a decode step feeds: every one that has not finished."""
@@ -163,6 +184,11 @@ class Scheduler:
     @property
     def kv_free(self) -> int:
         return self.limits.kv_tokens - self.kv_reserved
+
+    @property
+    def kv_cached(self) -> int:
+        """Tokens the cached prefixes hold (within kv_free)."""
+        return self.prefix_cache.tokens if self.prefix_cache is not None else 0
 
     @property
     def kv_held(self) -> int:
