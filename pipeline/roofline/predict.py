@@ -50,6 +50,7 @@ class EnginePrediction:
     support: list[support.Support]
     threads: int | None = None  # at most this many threads' figures (a measured entry)
     notes: list[str] = field(default_factory=list)
+    furthest: list[str] = field(default_factory=list)  # the report's: categories furthest above their floors
 
 
 @dataclass(frozen=True)
@@ -128,8 +129,9 @@ def engine(recipe: Recipe, entry, folder: Path, files: list[str], looked: Looked
     notes += sorted(fallbacks)
     if unknown:
         notes.append(f"{unknown} values of unknown shape counted as 0 bytes ({method})")
+    furthest = list(entry.roofline.furthest) if entry.roofline else []  # profiled at build time, here
     return EnginePrediction(entry.target, entry.kind, name, floors, task, task_measured,
-                            support.support(skel, looked.entry), threads, notes)
+                            support.support(skel, looked.entry), threads, notes, furthest)
 
 
 def predict(recipe: Recipe, folder: Path, looked: Looked, context: int | None = None) -> Prediction:

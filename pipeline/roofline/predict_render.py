@@ -91,8 +91,16 @@ def tables(pred: Prediction) -> list:
             table.add_column(col, justify="left" if col in ("point", "largest category") else "right")
         for row in rows(engine, here):
             table.add_row(*[escape(c) for c in row])
-        parts += [table, *support_lines(engine)]
+        parts += [table, *support_lines(engine), *(furthest_lines(engine) if here else [])]
     return parts
+
+
+def furthest_lines(engine: EnginePrediction, esc=escape) -> list[str]:
+    """Where to look: the categories furthest above their floors in the report's profile."""
+    if not engine.furthest:
+        return []
+    return ["furthest from their floors on this machine (the report's profile):",
+            *[f"  {esc(f)}" for f in engine.furthest]]
 
 
 def efficiency_lines(here: Prediction) -> list[str]:
@@ -104,6 +112,7 @@ def efficiency_lines(here: Prediction) -> list[str]:
         if engine.task_ms and engine.task_measured_ms:
             parts.append(f"task {engine.task_ms / engine.task_measured_ms:.2f}")
         lines.append(f"  {escape(engine.target)}: {', '.join(parts) if parts else 'no measured point'}")
+        lines += [f"    furthest from its floor here: {escape(f)}" for f in engine.furthest[:1]]
     return lines
 
 
@@ -117,5 +126,5 @@ def markdown(pred: Prediction) -> str:
         out += [f"#### {engine.target} ({engine.graph})", "", "| " + " | ".join(cols) + " |",
                 "|" + "---|" * len(cols)]
         out += ["| " + " | ".join(row) + " |" for row in rows(engine, here)]
-        out += ["", *[f"- {line.strip()}" for line in support_lines(engine, str)], ""]
+        out += ["", *[f"- {line.strip()}" for line in support_lines(engine, str) + furthest_lines(engine, str)], ""]
     return "\n".join(out)

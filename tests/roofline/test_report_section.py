@@ -84,3 +84,13 @@ def test_a_decoder_reports_prefill_decode_and_its_longest_prefill(built_gen: Pro
     md = (built_gen.built / "report.md").read_text()
     assert "The longest prefill (24 tokens) took" in md and "x its compute floor" in md
     assert "| decode @10 | **whole step**" in md
+
+
+def test_predict_here_names_the_categories_furthest_from_their_floors(built_gen: Project):
+    """`pipeline predict` on this machine points at the report's worst categories, where to look."""
+    section = _section(built_gen)
+    result = built_gen.run("predict", built_gen.built.name)
+    assert result.code == 0, result.err
+    assert "furthest from their floors on this machine (the report's profile):" in result.out
+    worst = section["furthest"][0]
+    assert worst.split(" above ")[0] in " ".join(result.out.split())  # "prefill 8: cast/reformat 0.119 ms"
