@@ -62,7 +62,7 @@ class Run:
         plan = preflight.before_work(self.recipe, self.targets, validates)
         skipped = plan.unavailable
         outcome = Outcome(self.store)
-        with self.store.lock(on_wait=self.progress.note):
+        with self.store.lock(on_wait=self.progress.note, clear_planted=self.force):
             if self.force:
                 aside = self.store.set_aside_bad_manifest()
                 if aside is not None:

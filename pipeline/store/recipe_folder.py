@@ -87,6 +87,15 @@ def _planted(path: Path, problem: str, folder: Path) -> IntegrityError:
                           f"remove it, or rebuild with `pipeline run {folder.name} --force`")
 
 
+def _remove_entry(path: Path) -> None:
+    """Remove `path` itself: a link or file is unlinked (its target untouched), a real folder
+    removed with what is in it (rmtree never follows the links inside)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 def _fsync_dir(path: Path) -> None:
     """Make a rename in `path` durable (the directory entry itself lives in the folder)."""
     fd = os.open(path, os.O_RDONLY)
@@ -125,10 +134,11 @@ class Store:
 
     # ------------------------------------------------------------------ locking
     @contextlib.contextmanager
-    def lock(self, wait: float | None = None,
-             on_wait: Callable[[str], None] | None = None) -> Iterator[None]:
-        """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
-        f = self._open_lock()
+    def lock(self, wait: float | None = None, on_wait: Callable[[str], None] | None = None,
+             clear_planted: bool = False) -> Iterator[None]:
+        """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up.
+        clear_planted (`run --force`): a `.lock` that is no regular file is removed first."""
+        f = self._open_lock(clear_planted)
         with f:
             deadline = time.monotonic() + (lock_wait() if wait is None else wait)
             told = False
@@ -160,9 +170,12 @@ class Store:
                 f.truncate()
                 fcntl.flock(f, fcntl.LOCK_UN)
 
-    def _open_lock(self):
+    def _open_lock(self, clear_planted: bool = False):
         """The folder (created if need be) and its .lock file, open for writing; a folder or
-        file this user may not write is named as such (not as a folder that is missing)."""
+        file this user may not write is named as such (not as a folder that is missing).
+        clear_planted: a .lock that is a link, FIFO, folder or hard link is removed (the entry
+        itself, never what it points at) and made anew: the pipeline never makes one, so no
+        live run holds it, and `run --force` must clear what it names as the way out."""
         try:
             safe_files.folder(self.dir.parent, self.dir.name)  # made if missing; a link: exit 5
         except OSError as e:
@@ -176,6 +189,9 @@ class Store:
             fd = safe_files.open_fd(lock, os.O_RDWR | os.O_CREAT)
             return os.fdopen(fd, "r+")
         except safe_files.NotRegular as e:
+            if clear_planted:
+                _remove_entry(lock)
+                return self._open_lock(clear_planted=False)
             raise _planted(lock, f"the lock file is {e.what}", self.dir) from None
         except OSError as e:
             if lock.exists() and os.access(self.dir, os.W_OK | os.X_OK):

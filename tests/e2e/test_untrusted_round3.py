@@ -164,3 +164,30 @@ def test_a_resigned_report_with_a_figure_beyond_its_range_is_refused(standard_co
         assert result.code == 5 and "Traceback" not in result.err, (command, result.out, result.err)
         assert all(w in result.out + result.err for w in words), (command, result.out, result.err)
     assert not (standard_copy.path / "models").exists()
+
+
+# ------------------------------------------------------------------ 16: --force clears a planted lock
+@pytest.mark.parametrize("planted", ["symlink", "folder"])  # a FIFO or hard link: the same path
+def test_force_clears_a_planted_lock_whatever_it_is(standard_copy, tmp_path, planted):
+    folder = standard_copy.engines / STANDARD
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "secret.txt").write_text("nothing may touch this file\n")
+    lock = folder / ".lock"
+    lock.unlink(missing_ok=True)
+    if planted == "symlink":
+        lock.symlink_to(canary / "secret.txt")
+    elif planted == "fifo":
+        os.mkfifo(lock)
+    elif planted == "folder":
+        lock.mkdir()
+        (lock / "inside").symlink_to(canary)
+    else:
+        os.link(canary / "secret.txt", lock)
+    line = _one_error(standard_copy.run("export", "standard", *FAST), 5, ".lock: the lock file is")
+    assert "--force" in line  # the way out it names ...
+    forced = standard_copy.run("export", "standard", *FAST, "--force")  # ... works
+    assert forced.code == 0 and "Traceback" not in forced.err, forced.err
+    assert lock.is_file() and not lock.is_symlink() and lock.stat().st_nlink == 1
+    assert sorted(p.name for p in canary.iterdir()) == ["secret.txt"]
+    assert (canary / "secret.txt").read_text() == "nothing may touch this file\n"
