@@ -18,10 +18,7 @@ answers before Ray would queue anything.
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import socket
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +29,6 @@ if TYPE_CHECKING:
     from pipeline.serving.replica import InferAnswer
 
 APP = "pipeline"  # the Ray Serve application name (one per Ray cluster)
-STARTS = 3  # tries to start a local Ray (see local_ray)
 
 
 def free_port() -> int:
@@ -43,43 +39,27 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def local_ray(num_cpus: int | None = None, address: str | None = None):
-    """A Ray instance of our own (stopped on exit), or the cluster at `address` (left running).
-
-    Our own is `address="local"` with a session folder of its own: `ray.init()` with no
-    address joins whatever Ray it finds on the machine (RAY_ADDRESS, the `ray_current_cluster`
-    note of a `ray start`, or a running GCS), another test's or the user's, and then refuses
-    `num_cpus`. No dashboard; every port Ray picks itself."""
+    """A Ray node of our own on loopback (serving/ray_node.py: stopped with every process it
+    started on exit), or the cluster at `address` (joined, left running). No dashboard; every
+    port Ray picks itself."""
     import ray
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # short, under /tmp: Ray's unix sockets live in it (a socket path has ~107 bytes)
-    own = None if address else tempfile.mkdtemp(prefix="rayp", dir="/tmp")
-    try:
-        for attempt in range(STARTS):
-            try:
-                if address:
-                    ray.init(address=address, include_dashboard=False, log_to_driver=False)
-                else:
-                    ray.init(address="local", num_cpus=num_cpus or os.cpu_count(),
-                             include_dashboard=False, log_to_driver=False, _temp_dir=own,
-                             _system_config={"metrics_report_interval_ms": 60_000})
-                break
-            except Exception as e:
-                # Ray gives its raylet a fixed 30 s to register; a busy machine can miss that
-                if "timed out during startup" not in str(e) or attempt == STARTS - 1:
-                    raise
-                ray.shutdown()
-        try:
-            yield
-        finally:
-            from ray import serve
+    from pipeline.serving import ray_node
 
-            with contextlib.suppress(Exception):
-                serve.shutdown()
-            ray.shutdown()
+    if not address:
+        with ray_node.own_ray(num_cpus, log_to_driver=False,
+                              _system_config={"metrics_report_interval_ms": 60_000}):
+            yield
+        return
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
     finally:
-        if own:
-            shutil.rmtree(own, ignore_errors=True)
+        from ray import serve
+
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
 
 
 def max_ongoing(spec, max_batch: int) -> int:
@@ -109,8 +89,10 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
     @serve.ingress()
     class EngineServer:
         def __init__(self):
+            from pipeline.serving.ray_node import keep_replica_grpc_home
             from pipeline.serving.replica import Replica
 
+            keep_replica_grpc_home()
             self.replica = Replica(recipe, Path(engines_root), engine, spec, threads)
 
         def __serve_build_asgi_app__(self):

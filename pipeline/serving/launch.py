@@ -4,17 +4,27 @@ engine in process (the cold start), record serve-start-<engine>.json, then serve
 signal (or stop after the check), and record again with the replica's figures at the end.
 
 The engine is chosen, and its folder verified, before Ray starts: a folder that `pipeline
-verify` refuses stops here with exit 5.
+verify` refuses stops here with exit 5; so is the port checked (a busy one is exit 2, nothing
+started or written).
+
+Signals: once it serves, SIGINT and SIGTERM stop it cleanly (the stop recorded, Serve and its
+Ray shut down, every process Ray started ended) and the exit code is 0, as a server asked to
+stop has done its job. While it starts, they interrupt it (the same clean-up) with 130 for
+SIGINT and 143 for SIGTERM (128 + the signal), as the shell reports. `ray.init()` installs
+its own SIGTERM handlers (a Python one that exits with code 15, then its core worker's C++
+one that aborts: exit 134), so ours are installed again once Ray is up.
 """
 
 from __future__ import annotations
 
+import errno
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 
-from pipeline.core.errors import RecipeError
+from pipeline.core.errors import InputError, RecipeError
 from pipeline.core.json_object import JsonObject
 
 
@@ -60,10 +70,12 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
     loaded = load(recipe, (), engines_dir)
     spec = serve_overrides(loaded, overrides)
     choice = choose(loaded, engines_dir, engine)  # exit 5 before Ray starts, as verify would
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    if not address:  # a cluster's Serve listens on its own nodes
+        check_port(host, port)
+    stop = SignalStop()
+    stop.install()
     with app.local_ray(num_cpus, address):
+        stop.install()  # again: ray.init() replaced them (see the module's docstring)
         ray_up = time.perf_counter() - started
         server = app.start(loaded, engines_dir, choice.target, spec, replicas, host, port,
                            owns_serve=not address)
@@ -82,11 +94,65 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
                       f"cold start {cold:.1f} s, first answer {checked}; {path}")
         if not check_only:
             console.print("Ctrl-C or SIGTERM stops it")
-            stop.wait()
+            stop.serve_until_signal()
         fields["replica"] = [_replica(server.handle.stats())]
         fields["stopped"] = now()
         coldstart.record(loaded, engines_dir, fields)
         server.stop()
+
+
+class SignalStop:
+    """SIGINT and SIGTERM: while the server starts, they interrupt it (KeyboardInterrupt, exit
+    130; SystemExit 143); while it serves, they end serve_until_signal(). A second signal while
+    the first is handled is ignored, so the clean-up runs to its end."""
+
+    def __init__(self):
+        self._stopped = threading.Event()
+        self._serving = False
+        self._seen = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+
+    def serve_until_signal(self) -> None:
+        self._serving = True
+        self._stopped.wait()
+
+    def _on_signal(self, signum: int, frame) -> None:
+        if self._seen:
+            return
+        self._seen = True
+        self._stopped.set()
+        if self._serving:
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse, before anything starts, a port this host cannot listen on: taken by another
+    server (whose answers the first-request check would read), not this machine's address,
+    or a privileged port. The probe binds as the HTTP proxy does (SO_REUSEADDR: a port in
+    TIME_WAIT is free, one another socket listens on is not)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise InputError(f"--host {host}: not an address of this machine ({e.strerror})",
+                         "e.g. --host 127.0.0.1, or 0.0.0.0 for every interface") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+            probe.listen(1)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise InputError(f"--port {port}: {host}:{port} is already in use by another "
+                                 "server", "stop it, or pick another --port") from None
+            raise InputError(f"--host {host} --port {port}: cannot listen there ({e.strerror})",
+                             "pick another --host or --port") from None
 
 
 def _replica(stats: JsonObject) -> JsonObject:

@@ -1,0 +1,162 @@
+"""A Ray node of our own that stays home: every socket of it on the loopback address, no
+dashboard, and every process it started gone when it stops.
+
+Where Ray 2.60 binds (read in its source, seen with `ss -ltnp`): the node's address is
+`services.get_node_ip_address()`, which is the loopback address only where "Ray clusters" are
+off (`ray_constants.ENABLE_RAY_CLUSTER`, read at import from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER;
+off by default on macOS and Windows). On Linux it is on, and then the GCS, the raylet and every
+worker's gRPC server listen on `::`, the dashboard agent and the autoscaler monitor on
+0.0.0.0, the runtime-env agent on the machine's address; `_node_ip_address="127.0.0.1"` alone
+is rewritten to the machine's address (`services.resolve_ip_for_localhost`). With it off and
+the node address 127.0.0.1, all of them listen on 127.0.0.1 (the C++ servers on
+`::ffff:127.0.0.1`, the same address on a dual-stack socket), as tests/serving/test_ray_home.py
+checks. Ray starts its dashboard head process even with `include_dashboard=False` (only its
+usage-stats module loaded: `services.start_api_server`) and always starts the two agents and
+the monitor; none can be left out through ray.init, so they run, on loopback.
+
+Stopping: `ray.shutdown()` stops the processes the driver started (GCS, raylet, monitor,
+dashboard, log monitor); the raylet's children (the agents, the workers) notice it gone on
+their own time, and until then they are orphans that still listen (seen: 60 s). So the
+processes Ray started are noted before the shutdown and waited for, and the stragglers ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import tempfile
+
+LOOPBACK = "127.0.0.1"
+SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
+STARTS = 3  # tries to start a local Ray (Ray's raylet has a fixed 30 s to register)
+EXIT_WAIT_S = 10.0  # what a Ray process gets to end on its own after the shutdown
+
+
+def is_loopback(ip: str) -> bool:
+    """127.0.0.0/8 or ::1, also as an IPv4-mapped IPv6 address (Python 3.11's is_loopback
+    says False for ::ffff:127.0.0.1)."""
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+@contextlib.contextmanager
+def _loopback_only():
+    """Ray's "no cluster" setting for this node: the environment its processes inherit, and
+    the constant an already imported ray read from it (the driver resolves its address with
+    it); both restored after."""
+    from ray._private import ray_constants
+
+    saved_env = os.environ.get(SINGLE_NODE_ENV)
+    saved_constant = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[SINGLE_NODE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_constant
+        if saved_env is None:
+            os.environ.pop(SINGLE_NODE_ENV, None)
+        else:
+            os.environ[SINGLE_NODE_ENV] = saved_env
+
+
+def _descendants() -> set:
+    import psutil
+
+    return set(psutil.Process().children(recursive=True))
+
+
+def _end(processes: set) -> None:
+    """Wait for `processes` to end; SIGTERM, then SIGKILL, the ones that do not."""
+    import psutil
+
+    _, alive = psutil.wait_procs(processes, timeout=EXIT_WAIT_S)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(alive, timeout=EXIT_WAIT_S)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=EXIT_WAIT_S)
+
+
+def _init(num_cpus: int | None, session: str, options: dict) -> None:
+    import ray
+
+    for attempt in range(STARTS):
+        try:
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
+                     _node_ip_address=LOOPBACK, _temp_dir=session, **options)
+            return
+        except Exception as e:
+            if "timed out during startup" not in str(e) or attempt == STARTS - 1:
+                raise
+            ray.shutdown()
+
+
+@contextlib.contextmanager
+def own_ray(num_cpus: int | None = None, **options):
+    """A Ray node of this process, on loopback, stopped with every process it started on exit.
+
+    `address="local"` with a session folder of its own: `ray.init()` with no address joins
+    whatever Ray it finds on the machine (RAY_ADDRESS, the `ray_current_cluster` note of a
+    `ray start`, or a running GCS), another test's or the user's, and then refuses `num_cpus`.
+    `options`: more of ray.init's (log_to_driver, resources, runtime_env, ...)."""
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # short, under /tmp: Ray's unix sockets live in it (a socket path has ~107 bytes)
+    session = tempfile.mkdtemp(prefix="rayp", dir="/tmp")
+    before = _descendants()
+    started: set = set()
+    try:
+        with _loopback_only():
+            _init(num_cpus, session, options)
+        if ray.util.get_node_ip_address() != LOOPBACK:  # a Ray that resolves its address otherwise
+            raise RuntimeError(f"the local Ray took {ray.util.get_node_ip_address()}, not {LOOPBACK}")
+        yield
+    finally:
+        started = _descendants() - before  # while the raylet lives: its agents and workers too
+        _stop()
+        _end(started)
+        shutil.rmtree(session, ignore_errors=True)
+
+
+def _stop() -> None:
+    import ray
+
+    if ray.is_initialized():
+        from ray import serve
+
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+    ray.shutdown()
+
+
+def keep_replica_grpc_home() -> None:
+    """Called in a Serve replica's process before Serve starts its inter-deployment gRPC
+    server: on a loopback node, that server listens on 127.0.0.1 too. Ray Serve 2.60 binds it
+    to "[::]:0" with no setting (serve/_private/replica.py, Replica._on_initialized, after the
+    deployment's __init__ ran) through the module's `add_port_to_grpc_server`, and tells the
+    router the node's address and that port; so that one name is wrapped, in this process
+    only, to bind the node's address instead. A Ray without that name is left as it is
+    (tests/serving/test_ray_home.py would see the socket)."""
+    import ray
+
+    if ray.util.get_node_ip_address() != LOOPBACK:  # a cluster's replica: reached from other nodes
+        return
+    from ray.serve._private import replica
+
+    bind = getattr(replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "loopback", False):
+        return
+
+    def bind_loopback(server, address: str):
+        return bind(server, LOOPBACK + address[len("[::]"):] if address.startswith("[::]:") else address)
+
+    bind_loopback.loopback = True
+    replica.add_port_to_grpc_server = bind_loopback

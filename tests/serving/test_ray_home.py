@@ -1,0 +1,161 @@
+"""Ray stays home (issue 39, items 5-7): a real `pipeline serve` subprocess and its local Ray
+listen on the loopback address only; a second `pipeline serve` on its port is refused in one
+line before anything starts; SIGTERM while it serves stops it with exit 0, and SIGINT while it
+starts with 130, each leaving no process of its session and no socket of it listening."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, scaled, wait_exit
+from tests.serving.test_serve import FOLDER, tiny  # noqa: F401 - the shared tiny BERT build
+
+pytestmark = pytest.mark.slow
+
+SERVING = "Ctrl-C or SIGTERM stops it"  # the line `pipeline serve` prints once it serves
+RECORD = f"{FOLDER}/serve-start-onnxruntime.json"
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    port: int
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def _start(project, port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env.pop("RAY_ADDRESS", None)
+    with open(log, "wb") as out:
+        # a session of its own: every process it and its Ray start can be found by it
+        return subprocess.Popen([sys.executable, "-m", "pipeline", "serve", FOLDER, "--num-cpus", "1",
+                                 "--port", str(port)], cwd=project.path, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_for(condition, proc: subprocess.Popen, log: Path, what: str, seconds: float = 300) -> None:
+    deadline = time.monotonic() + scaled(seconds)
+    while not condition():
+        assert proc.poll() is None, f"`pipeline serve` exited ({proc.returncode}):\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no {what} within {scaled(seconds):.0f} s:\n{log.read_text()}"
+        time.sleep(0.2)
+
+
+def _session(sid: int) -> list[psutil.Process]:
+    """The live processes of session `sid` (a zombie holds no socket and no memory: it waits
+    only for whoever adopted it to read its exit code)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def _listening(processes: list[psutil.Process]) -> list[tuple[int, str, str, int]]:
+    """(pid, name, ip, port) of every listening TCP socket of `processes`."""
+    rows = []
+    for process in processes:
+        try:
+            rows += [(process.pid, process.name(), c.laddr.ip, c.laddr.port)
+                     for c in process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            continue
+    return rows
+
+
+def _listening_ports() -> set[int]:
+    return {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.fixture(scope="module")
+def served(tiny, tmp_path_factory):  # noqa: F811
+    """`pipeline serve` of the tiny BERT, serving (its SERVING line printed)."""
+    pytest.importorskip("ray.serve")
+    from pipeline.serving.app import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("ray-home") / "serve.log"
+    proc = _start(tiny, port, log)
+    try:
+        _wait_for(lambda: SERVING in log.read_text(errors="replace"), proc, log, "serving line")
+        yield Served(proc, port, log)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_every_listening_socket_of_the_server_and_its_ray_is_on_loopback(served):
+    from pipeline.serving.ray_node import is_loopback
+
+    rows = _listening(_session(served.proc.pid))
+    print("\n".join(f"{pid:>7} {name:<30} {ip}:{port}" for pid, name, ip, port in rows))
+    names = {name for _, name, _, _ in rows}
+    # the server's HTTP port and Ray's own servers are all there: the check saw them
+    assert ("127.0.0.1", served.port) in {(ip, port) for _, _, ip, port in rows}
+    assert {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names
+    assert any(name.startswith("ray::ServeReplica") for name in names)
+    beyond = [row for row in rows if not is_loopback(row[2])]
+    assert not beyond, f"listening beyond loopback: {beyond}"
+
+
+def test_a_second_serve_on_the_busy_port_is_refused_in_one_line(served, tiny):  # noqa: F811
+    record = (tiny.path / "engines" / RECORD).read_bytes()
+    result = tiny.run("serve", FOLDER, "--num-cpus", "1", "--port", str(served.port), timeout=120)
+    assert result.code == 2, result.err
+    assert result.error_lines == [f"Error: --port {served.port}: 127.0.0.1:{served.port} is already "
+                                  "in use by another server (stop it, or pick another --port)"]
+    assert "serving" not in result.out + result.err
+    assert "Traceback" not in result.err
+    assert (tiny.path / "engines" / RECORD).read_bytes() == record  # the first server's record
+    assert served.proc.poll() is None  # and the first server still serves
+
+
+def test_sigterm_while_serving_stops_it_with_exit_0_leaving_nothing_behind(served):
+    processes = _session(served.proc.pid)
+    ports = {port for *_, port in _listening(processes)}
+    assert len(processes) >= 8 and served.port in ports  # Ray's processes were seen
+    served.proc.send_signal(signal.SIGTERM)
+    assert wait_exit(served.proc, 120) == 0, served.output()
+    out = served.output()
+    assert "Traceback" not in out and "SIGTERM received" not in out, out
+    left = [(p.pid, p.name()) for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left and not _session(served.proc.pid), f"left behind: {left}"
+    assert not ports & _listening_ports(), "a port of the stopped server still listens"
+
+
+def test_sigint_while_it_starts_interrupts_it_with_130_leaving_nothing_behind(tiny, tmp_path):  # noqa: F811
+    pytest.importorskip("ray.serve")
+    from pipeline.serving.app import free_port
+
+    log = tmp_path / "serve.log"
+    proc = _start(tiny, free_port(), log)
+    try:
+        # Ray is starting: its raylet (started after the GCS) is up
+        _wait_for(lambda: any(p.name() == "raylet" for p in _session(proc.pid)), proc, log, "raylet")
+        processes = _session(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        assert wait_exit(proc, 120) == 130, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "Interrupted" in log.read_text() and "Traceback" not in log.read_text(), log.read_text()
+    assert SERVING not in log.read_text()
+    left = [(p.pid, p.name()) for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left and not _session(proc.pid), f"left behind: {left}"
