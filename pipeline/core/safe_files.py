@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -96,6 +97,15 @@ def open_fd(path: Path, flags: int, mode: int = 0o644) -> int:
         raise NotRegular(Path(path), f"a file with {st.st_nlink} hard links")
     os.set_blocking(fd, True)
     return fd
+
+
+def remove_entry(path: Path) -> None:
+    """Remove `path` itself: a link, FIFO or file is unlinked (a link's target untouched), a
+    real folder removed with what is in it (rmtree follows no link inside)."""
+    if stat.S_ISDIR(os.lstat(path).st_mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def open_regular(path: Path) -> BinaryIO:

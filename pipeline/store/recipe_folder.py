@@ -7,9 +7,8 @@
         .tmp/             work in progress; never read, swept at the start of a run
         .lock             held (flock) by the run that writes here
 
-Nothing ever appears under a final name half-written: stages write into `.tmp/`, and
-`commit()` renames the finished file into place (rename is atomic within a filesystem).
-The manifest itself is written the same way, after the files it describes.
+Nothing ever appears under a final name half-written: stages write into `.tmp/`, `commit()`
+renames the finished file into place (atomic), the manifest the same way after its files.
 
 A run can be killed at any instant (SIGKILL, power, CI cancel). `commit_stage()` therefore
 first records the new digests under the manifest's `pending` (and drops the stage's record),
@@ -19,15 +18,13 @@ interrupted commit, not tampering, and the stage (with no record) simply reruns.
 digest is a file changed by hand: IntegrityError. A recorded JSON file must also still be
 the object the pipeline wrote (`read_recorded_json`), since a manifest rewritten to match a
 broken file passes the sha256.
-Manifests and recorded JSON files are read through their models (pipeline.artifacts): a
-file that does not fit is refused in one line (IntegrityError), whatever is wrong in it.
-An unreadable manifest stops every command; `run --force` renames it to
-manifest.json.unreadable-<time> (kept, never deleted) and starts the folder over.
+Manifests and recorded JSON files are read through their models (pipeline.artifacts), a
+misfit refused in one line (IntegrityError). `run --force` keeps an unreadable manifest as
+manifest.json.unreadable-<time> and starts over, and replaces a planted `.lock`.
 
-The folder may have been planted (a downloaded CI artifact): the lock, the manifest and
-every recorded file are opened without following symlinks and must be regular files
-(safe_files), temporary files are created exclusively under random names, and a recorded
-name is one plain path component (paths.NAME). Anything else is an IntegrityError.
+A folder may be planted (a downloaded CI artifact): the lock, the manifest and every recorded
+file are opened without following symlinks and must be regular files (safe_files), temporary
+files are exclusive under random names, a recorded name is one plain component (paths.NAME).
 """
 
 from __future__ import annotations
@@ -87,15 +84,6 @@ def _planted(path: Path, problem: str, folder: Path) -> IntegrityError:
                           f"remove it, or rebuild with `pipeline run {folder.name} --force`")
 
 
-def _remove_entry(path: Path) -> None:
-    """Remove `path` itself: a link or file is unlinked (its target untouched), a real folder
-    removed with what is in it (rmtree never follows the links inside)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink()
-
-
 def _fsync_dir(path: Path) -> None:
     """Make a rename in `path` durable (the directory entry itself lives in the folder)."""
     fd = os.open(path, os.O_RDONLY)
@@ -136,8 +124,7 @@ class Store:
     @contextlib.contextmanager
     def lock(self, wait: float | None = None, on_wait: Callable[[str], None] | None = None,
              clear_planted: bool = False) -> Iterator[None]:
-        """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up.
-        clear_planted (`run --force`): a `.lock` that is no regular file is removed first."""
+        """Exclusive lock on the folder; a second run waits (up to `wait` s), then gives up."""
         f = self._open_lock(clear_planted)
         with f:
             deadline = time.monotonic() + (lock_wait() if wait is None else wait)
@@ -173,9 +160,7 @@ class Store:
     def _open_lock(self, clear_planted: bool = False):
         """The folder (created if need be) and its .lock file, open for writing; a folder or
         file this user may not write is named as such (not as a folder that is missing).
-        clear_planted: a .lock that is a link, FIFO, folder or hard link is removed (the entry
-        itself, never what it points at) and made anew: the pipeline never makes one, so no
-        live run holds it, and `run --force` must clear what it names as the way out."""
+        clear_planted (--force): a .lock that is no regular file (never the pipeline's) is replaced."""
         try:
             safe_files.folder(self.dir.parent, self.dir.name)  # made if missing; a link: exit 5
         except OSError as e:
@@ -190,7 +175,7 @@ class Store:
             return os.fdopen(fd, "r+")
         except safe_files.NotRegular as e:
             if clear_planted:
-                _remove_entry(lock)
+                safe_files.remove_entry(lock)
                 return self._open_lock(clear_planted=False)
             raise _planted(lock, f"the lock file is {e.what}", self.dir) from None
         except OSError as e:
