@@ -1,7 +1,9 @@
 """`pipeline sign DIR --key KEY`: verify DIR's files, then write DIR/provenance.intoto.json.
 
 KEY may be `env:NAME` (the PEM text in an environment variable, e.g. the CI secret
-PIPELINE_SIGNING_KEY), so a key never has to touch the disk. Signing refuses a folder that
+PIPELINE_SIGNING_KEY), so a key never has to touch the disk. A key file may be a symlink (a
+Kubernetes secret volume's are) to a regular file; one that other users may read is refused,
+as ssh refuses it (`chmod 600 KEY`). Signing refuses a folder that
 does not verify: a signature vouches only for files that match their manifest. `pipeline
 keygen` (cli/keygen.py) writes the key pair; `pipeline verify DIR --key PUB` checks it.
 """
@@ -18,7 +20,8 @@ from pipeline.cli.options import debug_option
 @click.command("sign")
 @click.argument("folder", metavar="DIR", type=click.Path(path_type=Path))
 @click.option("--key", required=True, metavar="KEY",
-              help="The PEM Ed25519 private key (a file, or env:NAME for an environment variable).")
+              help="The PEM Ed25519 private key (a file of mode 600, or env:NAME for an "
+              "environment variable).")
 @debug_option
 def sign_command(folder, key):
     """Sign DIR (an engines/<recipe>/ folder): an in-toto SLSA provenance statement over its
@@ -33,7 +36,8 @@ def sign_command(folder, key):
     try:
         private = provenance.load_private(key)
     except provenance.ProvenanceError as e:
-        raise InputError(str(e), "pass the PEM private key `pipeline keygen` wrote") from None
+        raise InputError(str(e), getattr(e, "hint", None)
+                         or "pass the PEM private key `pipeline keygen` wrote") from None
     verdict = integrity.verify(folder, environment=False)
     if verdict.mismatches:
         raise IntegrityError(f"{folder}: not signed, it does not verify: "

@@ -31,7 +31,8 @@ def verify_command(folder, files_only, key):
         try:
             public = provenance.load_public(key)
         except provenance.ProvenanceError as e:
-            raise InputError(str(e), "pass the PEM public key `pipeline keygen` wrote (KEY.pub)") from None
+            raise InputError(str(e), getattr(e, "hint", None)
+                             or "pass the PEM public key `pipeline keygen` wrote (KEY.pub)") from None
     verdicts = [integrity.verify(f, not files_only, public) for f in integrity.folders(folder)]
     _show(verdicts)
     _fail_on_mismatches(verdicts)

@@ -28,6 +28,7 @@ import base64
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -110,27 +111,76 @@ def statement(folder: Path, manifest: Manifest, digest_of) -> JsonObject:
 
 
 # ----------------------------------------------------------------------------- keys
-def _key_text(key: str | Path) -> bytes:
+KEY_MAX_BYTES = 64 * 1024  # a PEM Ed25519 key is a few hundred bytes
+
+
+class KeyFileRefused(ProvenanceError):
+    """A key file that is not read at all (not a regular file, or a private key others can
+    read); `hint` says how to fix it."""
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.hint = hint
+
+
+def _key_text(key: str | Path, private: bool) -> bytes:
     """The PEM of a key file; `env:NAME` reads it from an environment variable (CI secret)."""
     if str(key).startswith("env:"):
         text = os.environ.get(str(key)[4:], "")
         if not text.strip():
             raise ProvenanceError(f"{key}: the environment variable is empty or unset")
         return text.encode()
-    from pipeline.core import safe_files
+    return _key_file(Path(key), private)
 
+
+def _key_file(path: Path, private: bool) -> bytes:
+    """A key file the user named. A symlink is followed (Kubernetes mounts each key of a
+    secret as a link into its ..data/ folder), to a regular file only: a FIFO would block and
+    a device never end (opened O_NONBLOCK, then fstat on the descriptor, so nothing is swapped
+    in between). A private key others may read is refused, as ssh refuses one."""
     try:
-        return safe_files.read_bytes(Path(key))
-    except (OSError, safe_files.NotRegular) as e:
-        raise ProvenanceError(f"{key}: cannot read the key ({getattr(e, 'strerror', None) or e})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ProvenanceError(f"{path}: cannot read the key ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyFileRefused(f"{path}: not a regular file (mode {stat.filemode(st.st_mode)})",
+                                 "name the key file itself, e.g. the one `pipeline keygen` wrote")
+        if private:
+            _check_private_mode(path, st)
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(KEY_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > KEY_MAX_BYTES:
+        raise ProvenanceError(f"{path}: {KEY_MAX_BYTES // 1024} KiB or more, not a PEM key")
+    return data
+
+
+def _check_private_mode(path: Path, st: os.stat_result) -> None:
+    """ssh's rule (sshkey_perm_ok): a key of ours with any group or other permission is
+    refused; so is one every user may read, whoever owns it (a secret mounted root-owned
+    with mode 0644, Kubernetes' default). A key of another owner readable by its group is
+    kept (a secret volume with fsGroup and defaultMode 0440)."""
+    mode = stat.S_IMODE(st.st_mode)
+    ours = st.st_uid == os.getuid()
+    if (ours and mode & 0o077) or mode & 0o004:
+        who = "every user" if mode & 0o004 else "its group"
+        raise KeyFileRefused(f"{path}: the private key is readable by {who} (mode {mode:04o}); "
+                             "refused, as ssh refuses such a key",
+                             f"chmod 600 {path} (a Kubernetes secret volume: defaultMode: 0400), "
+                             "or pass the key as env:NAME")
 
 
 def load_private(key: str | Path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+    text = _key_text(key, private=True)  # its ProvenanceError (a ValueError) as it is
     try:
-        loaded = serialization.load_pem_private_key(_key_text(key), password=None)
+        loaded = serialization.load_pem_private_key(text, password=None)
     except (ValueError, TypeError) as e:
         raise ProvenanceError(f"{key}: not an unencrypted PEM private key ({e})") from None
     if not isinstance(loaded, Ed25519PrivateKey):
@@ -142,8 +192,9 @@ def load_public(key: str | Path):
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+    text = _key_text(key, private=False)
     try:
-        loaded = serialization.load_pem_public_key(_key_text(key))
+        loaded = serialization.load_pem_public_key(text)
     except (ValueError, TypeError) as e:
         raise ProvenanceError(f"{key}: not a PEM public key ({e})") from None
     if not isinstance(loaded, Ed25519PublicKey):
