@@ -33,10 +33,17 @@ from pipeline.core.errors import PipelineError, StageFailed
 from pipeline.core.text import first_line
 from pipeline.core.ui import Progress
 from pipeline.recipe import Recipe
-from pipeline.run import code_digest, records
+from pipeline.run import build_ledger, code_digest, records
 from pipeline.stages import GraphStage, Produced
 from pipeline.stages import graph_stage as check_graph_stage
-from pipeline.store.recipe_folder import Artifact, Artifacts, Interrupted, Store, WorkFiles
+from pipeline.store.recipe_folder import (
+    Artifact,
+    Artifacts,
+    Interrupted,
+    Store,
+    WorkFiles,
+    sha256_file,
+)
 
 Produce = Callable[[Path], Produced]
 
@@ -187,32 +194,44 @@ class StageCache:
                                  recipe=self.recipe.name, recipe_sha256=self.recipe.digest,
                                  recipe_file=self.recipe.where,
                                  recipe_overrides=list(self.recipe.overrides))
+        build_ledger.record(stage_id, self.store.stage_record(stage_id),
+                            {name: a.sha256 for name, a in outputs.items()})
         self.work_done = True
         self.progress.done(stage_id, seconds)
         return Result(outputs, made.meta, cached=False, store=self.store, records=dict(made.records))
 
     def _from_twin(self, stage_id: str, key: str, workdir: Path) -> Produced | None:
-        """Another folder of the engines root that recorded this very key: its outputs, verified
-        against its own manifest and copied into `workdir`, with its meta. A key holds
+        """Another folder of the engines root that recorded this very key, when one of this
+        user's own runs committed exactly that stage (run/build_ledger.py): its outputs,
+        verified against its own manifest and copied into `workdir`, with its meta. A key holds
         everything the stage depends on (its recipe part, inputs' digests, model code, code,
         versions, device part) and nothing of the recipe's name, so a --set variant
         (engines/<name>@<digest>/) or another recipe on the same model and export (an INT4
         recipe next to the FP32 one) copies an export it cannot change instead of redoing it.
         This recipe's own folders are looked at first. A twin that does not verify is passed
-        over (it is not this folder's to judge)."""
+        over (it is not this folder's to judge); one this user did not build (a download, a
+        planted folder with a consistent manifest) is passed over and said so."""
         for folder in twin_folders(self.store.dir, self.recipe.name):
             other = Store(folder.parent, folder.name)
             try:
                 record = other.stage_record(stage_id)
                 if record is None or record.key != key:
                     continue
-                produced = {}
-                for name in record.outputs:
-                    produced[name] = workdir / name
-                    shutil.copyfile(other.verify(name).path, produced[name])
+                verified = {name: other.verify(name) for name in record.outputs}
             except (PipelineError, OSError, KeyError, TypeError, AttributeError):
                 continue
-            self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files reused")
+            if not build_ledger.built_here(stage_id, record, {n: a.sha256 for n, a in verified.items()}):
+                self.progress.note(f"{stage_id}: {folder} records the same key, but no build of this "
+                                   "user made its files: not reused")
+                continue
+            produced = {}
+            for name, artifact in verified.items():
+                produced[name] = workdir / name
+                shutil.copyfile(artifact.path, produced[name])
+            if {n: sha256_file(p) for n, p in produced.items()} != {n: a.sha256 for n, a in verified.items()}:
+                continue  # changed between its check and the copy: not the files vouched for
+            self.progress.note(f"{stage_id}: the same key is built in {folder}: its verified files "
+                               f"reused (this user built them: {build_ledger.root()})")
             return Produced(produced, record.meta)
         return None
 

@@ -6,6 +6,7 @@ ends the process never making a run look successful."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -191,3 +192,32 @@ def test_force_clears_a_planted_lock_whatever_it_is(standard_copy, tmp_path, pla
     assert lock.is_file() and not lock.is_symlink() and lock.stat().st_nlink == 1
     assert sorted(p.name for p in canary.iterdir()) == ["secret.txt"]
     assert (canary / "secret.txt").read_text() == "nothing may touch this file\n"
+
+
+# ------------------------------------------------------------------ 2: stage reuse from trusted builds only
+def test_a_planted_sibling_never_supplies_a_stage_to_a_fresh_build(standard_copy):
+    """engines/poison/: the built folder with its engine swapped and a manifest that matches
+    (`verify` passes it). A fresh build of `standard` has the same keys, yet takes nothing
+    this user's builds did not make: the swapped engine is rebuilt, and the run says so."""
+    engines = standard_copy.engines
+    shutil.copytree(engines / STANDARD, engines / "poison")
+    genuine = (engines / STANDARD / "onnxruntime.onnx").read_bytes()
+    swapped = (engines / STANDARD / "optimized.onnx").read_bytes()  # a valid graph, not the engine
+    assert swapped != genuine
+    _rehash(engines / "poison", "onnxruntime.onnx", swapped)
+    report = json.loads((engines / "poison" / "report.json").read_text())
+    report["engines"][0].update(sha256=hashlib.sha256(swapped).hexdigest(), bytes=len(swapped))
+    _rehash(engines / "poison", "report.json", json.dumps(report).encode())
+    verified = standard_copy.run("verify", "engines/poison", "--files-only")
+    assert verified.code == 0, verified.out  # a consistent forgery: only its origin can object
+    shutil.rmtree(engines / STANDARD)
+    result = standard_copy.run("run", "standard", *FAST)
+    assert result.code == 0, result.err
+    said = " ".join(result.err.split())
+    assert "build:onnxruntime: engines/poison records the same key, but no build of this user made " \
+           "its files: not reused" in said, said
+    assert "build:onnxruntime: the same key is built in engines/poison" not in said
+    assert (engines / STANDARD / "onnxruntime.onnx").read_bytes() != swapped
+    # what this user's own build made (the export, byte for byte) is still copied, and said from where
+    assert "export: the same key is built in engines/poison: its verified files reused (this user " \
+           "built them:" in said, said
