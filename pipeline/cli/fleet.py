@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.options import debug_option, engines_dir_option
+from pipeline.cli.options import debug_option, engines_dir_option, positive_seconds, ray_address
 from pipeline.core.errors import PipelineError, RecipeError
 
 SUBCOMMANDS = ("build", "node", "compare")
@@ -58,8 +58,8 @@ def _kinds(text: str | None) -> list[str] | None:
 @fleet.command("build")
 @click.argument("recipes", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="Every recipe under recipes/.")
-@click.option("--address", default=None, help="Join this Ray cluster (host:port, or `auto`); "
-              "default: start a local one for this command.")
+@click.option("--address", default=None, callback=ray_address, help="Join this Ray cluster "
+              "(host:port, ray://host:port, or `auto`); default: start a local one for this command.")
 @click.option("--devices", default=None, metavar="KIND,...", help="Device kinds to build for "
               "(e.g. cpu-avx512_vnni,gpu-nvidia-h200); default: every kind a node advertises.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY.PATH=VALUE",
@@ -67,7 +67,8 @@ def _kinds(text: str | None) -> list[str] | None:
 @click.option("--ship", is_flag=True, help="Send this folder (recipes, data, model code) to the "
               "nodes with each job (Ray's runtime_env working_dir); default: nodes run from the "
               "same path in their own checkout.")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="Seconds one job may run.")
+@click.option("--timeout", "timeout_s", type=float, default=None, callback=positive_seconds,
+              help="Seconds one job may run (above 0).")
 @engines_dir_option("Where engines/fleet/<kind>/<recipe>/ and fleet.json go (env PIPELINE_ENGINES).")
 @debug_option
 def build_command(recipes, everything, address, devices, overrides, ship, timeout_s, engines_dir):
@@ -89,7 +90,8 @@ def build_command(recipes, everything, address, devices, overrides, ship, timeou
 
 @fleet.command("node")
 @click.option("--kind", default=None, help="Advertise this kind (default: this machine's).")
-@click.option("--address", default=None, help="The head to join (default: start a head).")
+@click.option("--address", default=None, callback=ray_address,
+              help="The head to join, host:port (default: start a head).")
 @click.option("--start", is_flag=True, help="Run `ray start` (default: print the command).")
 @debug_option
 def node_command(kind, address, start):

@@ -1,12 +1,16 @@
 """Options the command modules share: `--debug` (and whether it was given), `--engines-dir`,
-and the set every recipe-running command takes (`recipe_options`). Their own module, so that
+the set every recipe-running command takes (`recipe_options`), and the checks of a Ray
+cluster's `--address` and of a timeout's seconds. Their own module, so that
 each command module takes them without importing the group (pipeline/cli/__init__.py), which
 imports every command module."""
 
 from __future__ import annotations
 
 import functools
+import ipaddress
+import math
 import os
+import re
 from pathlib import Path
 
 import click
@@ -62,3 +66,40 @@ def recipe_options(fn=None, *, targets: bool = True):
         return fn(**kwargs)
 
     return wrapper
+
+
+# A host name (RFC 1123 labels; `_` as Docker's names have it) or an IPv4 address.
+_HOST = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*\.?")
+
+
+def ray_address(ctx, param, value):
+    """--address of a Ray cluster: `auto`, `local`, HOST:PORT (its GCS) or ray://HOST[:PORT]
+    (Ray Client); HOST a name, an IPv4 address or [an IPv6 one]. Checked here, so a typo is
+    one line (exit 2), not ray.init's traceback."""
+    if value is None or value in ("auto", "local"):
+        return value
+    client = value.startswith("ray://")
+    rest = value.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":") if not rest.endswith("]") else (rest, "", "")
+    if not colon and client:
+        host, port = rest, "10001"  # Ray Client's default port
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ok_host = ipaddress.ip_address(host[1:-1]).version == 6
+        except ValueError:
+            ok_host = False
+    else:
+        ok_host = bool(_HOST.fullmatch(host)) and len(host) <= 253
+    if not ok_host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise click.BadParameter(f"{value!r} is not a Ray address: use HOST:PORT (e.g. head:6379), "
+                                 "ray://HOST:PORT (Ray Client, e.g. ray://head:10001) or auto",
+                                 ctx=ctx, param=param)
+    return value
+
+
+def positive_seconds(ctx, param, value):
+    """A number of seconds above 0 (not NaN, not infinite), or None."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(f"{value:g} is not a number of seconds above 0, e.g. 3600",
+                                 ctx=ctx, param=param)
+    return value

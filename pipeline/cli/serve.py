@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli.options import debug_option
+from pipeline.cli.options import debug_option, ray_address
 
 
 @click.command("serve")
@@ -23,7 +23,7 @@ from pipeline.cli.options import debug_option
 @click.option("--engine", default=None, metavar="TARGET|KIND|pytorch",
               help="The engine to serve (default: the first built one that runs here).")
 @click.option("--replicas", type=click.IntRange(1, 64), default=None, help="Replicas (default: serve.replicas).")
-@click.option("--address", default=None, help="Join this Ray cluster (e.g. ray://head:10001 or "
+@click.option("--address", default=None, callback=ray_address, help="Join this Ray cluster (e.g. ray://head:10001 or "
               "head:6379) instead of starting a local Ray.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="HTTP address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="HTTP port.")

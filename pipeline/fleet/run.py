@@ -38,24 +38,31 @@ def _recipes(names: list[str], everything: bool, overrides: tuple[str, ...]) -> 
 @contextlib.contextmanager
 def connected(address: str | None, ship: bool = False):
     """Ray, joined at `address` or started here for this command (this machine's kind as
-    its one device resource) and stopped after it; yields how fleet.json names it. `ship`:
+    its one device resource; on loopback, stopped after it with every process it started);
+    yields how fleet.json names it. `ship`:
     this folder goes to every task as Ray's working_dir (a local folder is only accepted
     for the whole job, at ray.init)."""
     import ray
 
     from pipeline.core import deps
     from pipeline.fleet import kinds
+    from pipeline.serving.ray_node import own_ray
 
     common = {"log_to_driver": False, "logging_level": "ERROR"}
     if ship:
         common["runtime_env"] = {"working_dir": str(Path.cwd()), "excludes": SHIP_EXCLUDES}
-    if address:
-        ray.init(address=address, **common)
-    else:
-        ray.init(address="local", num_cpus=max(1, deps.cores()), include_dashboard=False,
-                 resources={kinds.resource(kinds.here()): 1}, **common)
+    if not address or address == "local":  # a node of our own, on loopback (serving/ray_node.py)
+        with own_ray(max(1, deps.cores()), resources={kinds.resource(kinds.here()): 1}, **common):
+            yield "local"
+        return
     try:
-        yield address or "local"
+        ray.init(address=address, **common)
+    except (ValueError, ConnectionError, TimeoutError) as e:  # what ray.init says of an address
+        raise DependencyError(f"--address {address}: cannot join that Ray cluster "
+                              f"({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__})",
+                              "check the head's address and that it runs (`ray status` on it)") from None
+    try:
+        yield address
     finally:
         ray.shutdown()
 
