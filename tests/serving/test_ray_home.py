@@ -5,6 +5,7 @@ starts with 130, each leaving no process of its session and no socket of it list
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -78,6 +79,13 @@ def _listening(processes: list[psutil.Process]) -> list[tuple[int, str, str, int
     return rows
 
 
+def _is_loopback(ip: str) -> bool:
+    """127.0.0.0/8 or ::1, also IPv4-mapped (::ffff:127.0.0.1: Ray's C++ servers on a
+    dual-stack socket; Python 3.11's is_loopback says False for it)."""
+    address = ipaddress.ip_address(ip.split("%")[0])
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
 def _listening_ports() -> set[int]:
     return {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
 
@@ -101,8 +109,6 @@ def served(tiny, tmp_path_factory):  # noqa: F811
 
 
 def test_every_listening_socket_of_the_server_and_its_ray_is_on_loopback(served):
-    from pipeline.serving.ray_node import is_loopback
-
     rows = _listening(_session(served.proc.pid))
     print("\n".join(f"{pid:>7} {name:<30} {ip}:{port}" for pid, name, ip, port in rows))
     names = {name for _, name, _, _ in rows}
@@ -110,7 +116,7 @@ def test_every_listening_socket_of_the_server_and_its_ray_is_on_loopback(served)
     assert ("127.0.0.1", served.port) in {(ip, port) for _, _, ip, port in rows}
     assert {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names
     assert any(name.startswith("ray::ServeReplica") for name in names)
-    beyond = [row for row in rows if not is_loopback(row[2])]
+    beyond = [row for row in rows if not _is_loopback(row[2])]
     assert not beyond, f"listening beyond loopback: {beyond}"
 
 
