@@ -63,10 +63,24 @@ def _loopback_only():
             os.environ[SINGLE_NODE_ENV] = saved_env
 
 
-def _descendants() -> set:
+def _children() -> set:
     import psutil
 
-    return set(psutil.Process().children(recursive=True))
+    return set(psutil.Process().children())
+
+
+def _started_since(children_before: set) -> set:
+    """The processes this process started since (its new children: Ray's GCS, raylet,
+    monitor, dashboard, log monitor) and theirs (the agents, the workers); not those of a
+    child it already had (a `ray start --head` beside us, whose raylet may start workers)."""
+    import psutil
+
+    started = set()
+    for child in _children() - children_before:
+        started.add(child)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            started.update(child.children(recursive=True))
+    return started
 
 
 def _end(processes: set) -> None:
@@ -111,8 +125,7 @@ def own_ray(num_cpus: int | None = None, **options):
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # short, under /tmp: Ray's unix sockets live in it (a socket path has ~107 bytes)
     session = tempfile.mkdtemp(prefix="rayp", dir="/tmp")
-    before = _descendants()
-    started: set = set()
+    before = _children()
     try:
         with _loopback_only():
             _init(num_cpus, session, options)
@@ -120,7 +133,7 @@ def own_ray(num_cpus: int | None = None, **options):
             raise RuntimeError(f"the local Ray took {ray.util.get_node_ip_address()}, not {LOOPBACK}")
         yield
     finally:
-        started = _descendants() - before  # while the raylet lives: its agents and workers too
+        started = _started_since(before)  # while the raylet lives: its agents and workers too
         _stop()
         _end(started)
         shutil.rmtree(session, ignore_errors=True)

@@ -41,8 +41,10 @@ def _start(project, port: int, log: Path) -> subprocess.Popen:
     env.pop("RAY_ADDRESS", None)
     with open(log, "wb") as out:
         # a session of its own: every process it and its Ray start can be found by it
+        # a 1 ms batching window: the recipe's 30 s would hold the first request that long
         return subprocess.Popen([sys.executable, "-m", "pipeline", "serve", FOLDER, "--num-cpus", "1",
-                                 "--port", str(port)], cwd=project.path, env=env, stdout=out,
+                                 "--port", str(port), "--set", "serve.max_queue_delay_us=1000"],
+                                cwd=project.path, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
