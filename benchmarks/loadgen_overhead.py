@@ -1,8 +1,8 @@
 """The load generator's own limits on this machine, so that a load test's figures are known to
 measure the server, not the client (docs/serving.md, "Is it the client?").
 
-An echo server that does no work (aiohttp.web, in a process of its own, answering the
-serving API's /infer with a fixed body) is driven by `pipeline load`'s client at rising
+An echo server that does no work (aiohttp.web, in a process of its own, answering KServe
+v2's /v2/models/echo/infer with a fixed binary-tensor answer, as `pipeline serve` speaks it) is driven by `pipeline load`'s client at rising
 Poisson rates. Per rate: achieved vs offered, the share of requests the client sent late
 (> 2 ms after their scheduled time) and by how much, the round trip's p50/p99 (client +
 loopback + echo: the floor under every latency a load test reports), and the client's CPU
@@ -27,14 +27,21 @@ from pathlib import Path
 ECHO = r'''
 import sys
 from aiohttp import web
-BODY = {"outputs": {"y": [0.0]}, "queue_ms": 0.0, "compute_ms": 0.0, "batch_size": 1}
+# KServe v2, binary tensors: a JSON header then one float32 output, as `pipeline serve` answers
+HEAD = (b'{"model_name": "echo", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1], '
+        b'"parameters": {"binary_data_size": 4}}], "parameters": {"queue_ms": 0.0, '
+        b'"compute_ms": 0.0, "batch_size": 1}}')
 async def infer(request):
     await request.read()
-    return web.json_response(BODY)
+    return web.Response(body=HEAD + bytes(4), content_type="application/octet-stream",
+                        headers={"Inference-Header-Content-Length": str(len(HEAD))})
 async def ready(request):
     return web.json_response({"ready": True})
+async def server(request):
+    return web.json_response({"name": "echo", "extensions": ["binary_tensor_data"]})
 app = web.Application()
-app.add_routes([web.post("/v1/models/echo/infer", infer), web.get("/v1/models/echo/ready", ready)])
+app.add_routes([web.post("/v2/models/echo/infer", infer), web.get("/v2/health/ready", ready),
+                web.get("/v2", server), web.get("/v2/models/echo", ready)])
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 '''
 
@@ -54,22 +61,26 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args()
+    import numpy as np
+
     from pipeline.artifacts import dump
     from pipeline.core import deps
-    from pipeline.loadgen import client, server
+    from pipeline.loadgen import protocol, server
     from pipeline.loadgen.loadtest import LoadTest, Settings
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     echo = subprocess.Popen([sys.executable, "-c", ECHO, str(port)])
-    url = f"http://127.0.0.1:{port}/v1/models/echo"
+    url = f"http://127.0.0.1:{port}"
     try:
-        server.wait_ready(url, 30)
-        body = [{"inputs": {"input_ids": list(range(24)), "attention_mask": [1] * 24}}]
+        server.wait_ready(server.ready_route(url, "kserve"), 30)
+        row = {"input_ids": np.arange(24)[None], "attention_mask": np.ones((1, 24), np.int64)}
+        body = [protocol.kserve_payload(row, {"input_ids": "int64", "attention_mask": "int64"},
+                                        binary=True)]
         points = []
         for rate in (float(r) for r in args.rates.split(",")):
-            test = LoadTest(client.Target(url), body, Settings(duration=args.duration, warmup=1.0,
+            test = LoadTest(protocol.Target(url, "echo", "kserve", binary=True), body, Settings(duration=args.duration, warmup=1.0,
                             min_requests=200, timeout=5.0), server_pid=echo.pid)
             cpu0 = _cpu_s()
             measured, outcomes = test.point(rate)

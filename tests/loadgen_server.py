@@ -1,7 +1,11 @@
-"""A tiny stdlib HTTP server speaking the serving API of docs/serving.md, for the load
-generator's tests and its overhead benchmark: it answers /ready, /infer (after `service`
-seconds, echoing the batch fields) and /generate (streamed tokens), and can stall once,
-reject every k-th request with 503, or hang on one request (a timeout).
+"""A tiny stdlib HTTP server speaking the standard protocols `pipeline load` speaks, for the
+load generator's tests: KServe v2 (GET /v2, /v2/health/ready, /v2/models/<m>; POST
+/v2/models/<m>/infer, JSON tensors, answered after `service` seconds with this project's
+timings in `parameters`) and the OpenAI API (GET /v1/models; POST /v1/completions and
+/v1/chat/completions streamed as server-sent events, `tokens` chunks `token_gap` apart, then
+the usage and [DONE]). It can stall once, reject every k-th request with 503, hang on one
+request (a timeout), or send figures no server should (`figures`: raw JSON text spliced into
+the answer's `parameters` or `usage`, e.g. NaN).
 
 It is a stand-in for a model server whose behaviour is known exactly, so that the tests
 check the client's bookkeeping (stall charged from the scheduled time, timeouts and
@@ -25,8 +29,10 @@ class Behaviour:
     reject_every: int | None = None  # 503 for every k-th request
     hang_request: int | None = None  # this request is answered only after `hang_seconds`
     hang_seconds: float = 0.0
-    tokens: int = 4                  # /generate: tokens streamed
+    tokens: int = 4                  # OpenAI streams: text chunks streamed (one token each)
     token_gap: float = 0.002
+    figures: str | None = None       # raw JSON members for `parameters` / `usage`, e.g. '"queue_ms": NaN'
+    bodies: list[bytes] = field(default_factory=list)  # every POST body, in arrival order
     arrivals: list[float] = field(default_factory=list)  # perf_counter at each request
     stall_end: float | None = None
     in_flight: int = 0
@@ -34,7 +40,7 @@ class Behaviour:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _handler(b: Behaviour):
+def _handler(b: Behaviour, model: str):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: the client reuses connections
         disable_nagle_algorithm = True  # each streamed token leaves at once, as uvicorn sends it
@@ -51,17 +57,23 @@ def _handler(b: Behaviour):
             self.wfile.write(data)
 
         def do_GET(self):
-            if self.path.endswith("/ready"):
-                self._send(200, {"ready": True})
+            routes = {"/v2/health/ready": {"ready": True},
+                      "/v2": {"name": "stand-in", "version": "0", "extensions": []},
+                      f"/v2/models/{model}": {"name": model, "versions": ["1"]},
+                      "/v1/models": {"object": "list", "data": [{"id": model, "object": "model"}]}}
+            if self.path in routes:
+                self._send(200, routes[self.path])
             else:
                 self._send(404, {"error": "not found"})
 
         def do_POST(self):
             length = int(self.headers.get("Content-Length", 0))
-            json.loads(self.rfile.read(length) or b"{}")
+            body = self.rfile.read(length)
+            json.loads(body or b"{}")
             with b.lock:
                 index = len(b.arrivals)
                 b.arrivals.append(time.perf_counter())
+                b.bodies.append(body)
                 if index == b.stall_at_request:
                     b.stall_end = b.arrivals[-1] + b.stall_seconds
                 b.in_flight += 1
@@ -84,22 +96,43 @@ def _handler(b: Behaviour):
             time.sleep(b.service)
             if b.stall_end is not None and time.perf_counter() < b.stall_end:
                 time.sleep(b.stall_end - time.perf_counter())
-            if self.path.endswith("/generate"):
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-ndjson")
-                self.send_header("Transfer-Encoding", "chunked")
-                self.end_headers()
-                for i in range(b.tokens):
-                    self._chunk({"token": i})
-                    time.sleep(b.token_gap)
-                self._chunk({"done": True, "tokens": b.tokens, "queue_ms": 0.0, "ttft_ms": 0.0})
-                self.wfile.write(b"0\r\n\r\n")
+            if self.path in ("/v1/completions", "/v1/chat/completions"):
+                self._stream(self.path.endswith("chat/completions"))
                 return
-            self._send(200, {"outputs": {"y": [0.0]}, "queue_ms": 0.0,
-                             "compute_ms": (time.perf_counter() - t0) * 1e3, "batch_size": 1})
+            if self.path != f"/v2/models/{model}/infer":
+                self._send(404, {"error": "not found"})
+                return
+            timings = (b.figures or f'"queue_ms": 0.0, "compute_ms": '
+                       f'{(time.perf_counter() - t0) * 1e3}, "batch_size": 1')
+            head = json.dumps({"model_name": model, "outputs": [
+                {"name": "y", "datatype": "FP32", "shape": [1], "data": [0.0]}]})
+            data = (head[:-1] + ', "parameters": {' + timings + "}}").encode()  # raw: NaN as sent
+            self._send_raw(200, data)
 
-        def _chunk(self, message: dict) -> None:
-            data = json.dumps(message).encode() + b"\n"
+        def _stream(self, chat: bool) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for i in range(b.tokens):
+                choice = {"index": 0, "delta": {"content": f"t{i}"}} if chat else \
+                    {"index": 0, "text": f"t{i}"}
+                self._chunk("data: " + json.dumps({"choices": [choice], "usage": None}) + "\n\n")
+                time.sleep(b.token_gap)
+            usage = b.figures or f'"prompt_tokens": 3, "completion_tokens": {b.tokens}'
+            self._chunk('data: {"choices": [], "usage": {' + usage + "}}\n\n")
+            self._chunk("data: [DONE]\n\n")
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _send_raw(self, code: int, data: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _chunk(self, text: str) -> None:
+            data = text.encode()
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
@@ -112,12 +145,13 @@ class _Server(ThreadingHTTPServer):
 
 
 class FakeServer:
-    """Context manager: the server on a free port in a thread; `.url` is a model's base URL."""
+    """Context manager: the server on a free port in a thread, serving `model`."""
 
     def __init__(self, behaviour: Behaviour | None = None, model: str = "m"):
         self.behaviour = behaviour or Behaviour()
-        self.httpd = _Server(("127.0.0.1", 0), _handler(self.behaviour))
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1/models/{model}"
+        self.httpd = _Server(("127.0.0.1", 0), _handler(self.behaviour, model))
+        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.url = self.base  # what `pipeline load --url` takes
 
     def __enter__(self) -> FakeServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -133,6 +167,6 @@ if __name__ == "__main__":  # `python -m tests.loadgen_server PORT`: a standalon
     import sys
 
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 8765
-    httpd = _Server(("127.0.0.1", port), _handler(Behaviour()))
-    print(f"http://127.0.0.1:{port}/v1/models/m", flush=True)
+    httpd = _Server(("127.0.0.1", port), _handler(Behaviour(), "m"))
+    print(f"http://127.0.0.1:{port}", flush=True)
     httpd.serve_forever()

@@ -7,7 +7,7 @@ served recipe (pipeline/loadgen), read back by report.md and `compare --load`.
       points: [LoadPoint]  one per offered rate (or concurrency)
         rates, goodput, failures, latency_ms {p50, p90, p99, p99.9: Quantile}, late,
         queue_ms / compute_ms, batch_sizes, slo: [SloVerdict], resources: Resources,
-        generation: TokenTimings
+        generation: TokenTimings, server_metrics: ServerMetrics (its /metrics' movement)
       capacity: Capacity | None    soak: Soak (windows: [SoakWindow], verdict) | None
       plot: the knee / soak PNG
 
@@ -85,6 +85,36 @@ class TokenTimings(Closed):
     server_tpot_ms: Spread | None = None
 
 
+class GaugeMove(Closed):
+    """A server gauge over a point: before it, its highest during it, after it."""
+
+    before: float | None
+    peak: float | None
+    after: float | None
+
+
+class HistogramMove(Closed):
+    """What a server histogram gained over a point: observations, their sum, and the
+    cumulative count per bucket edge (`le`)."""
+
+    count: float
+    sum: float
+    buckets: dict[str, float] = {}
+
+
+class ServerMetrics(Closed):
+    """The server's Prometheus /metrics scraped before, during and after a point
+    (pipeline.loadgen.scrape): counters' increase, gauges' movement, histograms' gain."""
+
+    url: str
+    scrapes: Count = Field(description="Scrapes while the point ran (before and after apart).")
+    counters: dict[str, float] = {}
+    gauges: dict[str, GaugeMove] = {}
+    histograms: dict[str, HistogramMove] = {}
+    batch_histogram: str | None = Field(None, description="The batch-size histogram read.")
+    mean_batch: float | None = Field(None, description="Its sum / count over the point.")
+
+
 class LoadPoint(Closed):
     offered_rate: float = Field(description="Requests/s asked for (closed loop: users).")
     scheduled_rate: float = Field(description="Requests/s the measured schedule holds.")
@@ -109,6 +139,7 @@ class LoadPoint(Closed):
     resources: Resources | None = None
     generation: TokenTimings | None = None
     concurrency: Count | None = None
+    server_metrics: ServerMetrics | None = None
 
 
 class Capacity(Closed):

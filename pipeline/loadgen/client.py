@@ -8,87 +8,43 @@ stall still count from when they were due, so the stall is charged to every one 
 
 Closed loop: N users each send, wait for the answer, send again; latency from the send.
 
-Every request resolves: 200 ok, 503 rejected (the server's queue was full), another status
-or a broken connection is an error, and no answer by `timeout` seconds after it was due is a
-timeout. None is dropped. aiohttp (also a dependency of Ray Serve) is the client; one event
+Every request resolves: 200 ok, 503 or 429 rejected (the server's queue was full), another
+status, a broken connection or an answer whose figures cannot be counted (replies.py) is an
+error, and no answer by `timeout` seconds after it was due is a timeout. None is dropped.
+What is sent and read is the standard protocols' (protocol.py: KServe v2, the OpenAI API). aiohttp (also a dependency of Ray Serve) is the client; one event
 loop in this process, separate from the server's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 
-import numpy as np
+from pipeline.loadgen import replies
+from pipeline.loadgen.outcome import Outcome
+from pipeline.loadgen.protocol import HEADER_LENGTH, Payload, Target
 
-
-@dataclass
-class Target:
-    """Where requests go: `url` is the model's base, e.g. http://127.0.0.1:8000/v1/models/minilm;
-    `generate`: POST {url}/generate with streamed tokens, else POST {url}/infer."""
-
-    url: str
-    generate: bool = False
-
-    @property
-    def endpoint(self) -> str:
-        return f"{self.url.rstrip('/')}/{'generate' if self.generate else 'infer'}"
+__all__ = ["Outcome", "Target", "closed_loop", "open_loop", "run_closed", "run_open"]
 
 
-@dataclass
-class Outcome:
-    """One request, times in seconds from the point's start (t0)."""
-
-    due: float                 # scheduled send time (closed loop: the send time)
-    sent: float = float("nan")
-    done: float = float("nan")
-    status: str = "error"      # ok | rejected | error | timeout
-    queue_ms: float | None = None
-    compute_ms: float | None = None
-    batch_size: int | None = None
-    tokens: list[float] = field(default_factory=list)  # arrival of each streamed token
-    server: dict = field(default_factory=dict)  # generation: the server's own ttft/tpot (ms)
-    error: str | None = None
-
-    @property
-    def latency(self) -> float:
-        """Seconds from due to the last byte; inf unless ok (never below the bound)."""
-        return self.done - self.due if self.status == "ok" else float("inf")
-
-
-async def _exchange(session, target: Target, body: dict, out: Outcome, t0: float) -> None:
-    async with session.post(target.endpoint, json=body) as resp:
-        if resp.status == 503:
+async def _exchange(session, target: Target, body: Payload, out: Outcome, t0: float) -> None:
+    async with session.post(target.endpoint, data=body.data, headers=body.headers) as resp:
+        if resp.status in (429, 503):  # the server's queue was full (vLLM and OpenAI say 429)
             out.status = "rejected"
             await resp.read()
             return
         if resp.status != 200:
             out.status, out.error = "error", f"HTTP {resp.status}: {(await resp.text())[:200]}"
             return
-        if not target.generate:
-            reply = await resp.json(content_type=None)
-            out.queue_ms, out.compute_ms = reply.get("queue_ms"), reply.get("compute_ms")
-            out.batch_size = reply.get("batch_size")
-            out.status = "ok"
-            return
-        async for line in resp.content:  # NDJSON: {"token": id} ..., then {"done": true, ...}
-            if not line.strip():
-                continue
-            message = json.loads(line)
-            if "token" in message:
-                out.tokens.append(time.perf_counter() - t0)
-            elif message.get("done"):
-                out.queue_ms, out.batch_size = message.get("queue_ms"), message.get("batch_size")
-                out.server = {k: message[k] for k in ("ttft_ms", "tpot_ms") if k in message}
-                out.status = "ok"
-            elif "error" in message:
-                out.status, out.error = "error", str(message["error"])[:200]
-                return
+        if target.generate:
+            await replies.read_stream(resp.content, target.api == "chat", out, t0)
+        else:
+            replies.read_kserve(await resp.read(), resp.headers.get(HEADER_LENGTH), out)
+        out.status = "ok"
 
 
-async def _one(session, target: Target, body: dict, t0: float, due: float,
+async def _one(session, target: Target, body: Payload, t0: float, due: float,
                timeout: float) -> Outcome:
     out = Outcome(due=due, sent=time.perf_counter() - t0)
     left = t0 + due + timeout - time.perf_counter()  # the timeout runs from the scheduled time
@@ -98,11 +54,11 @@ async def _one(session, target: Target, body: dict, t0: float, due: float,
         await asyncio.wait_for(_exchange(session, target, body, out, t0), left)
     except asyncio.TimeoutError:
         out.status, out.error = "timeout", f"no answer {timeout:g} s after it was due"
+    except replies.BadReply as e:  # an answer whose figures cannot be counted: failed, with why
+        out.status, out.error = "error", str(e)[:200]
     except Exception as e:  # a refused or reset connection, a malformed reply: an error, resolved
         out.status, out.error = "error", f"{type(e).__name__}: {e}"[:200]
     out.done = time.perf_counter() - t0
-    if out.status == "ok" and target.generate and not out.tokens:
-        out.status, out.error = "error", "the stream ended without a token"
     return out
 
 
@@ -123,7 +79,7 @@ def _session(connections: int):
         timeout=aiohttp.ClientTimeout(total=None))
 
 
-async def open_loop(target: Target, times: np.ndarray, bodies: list[dict], timeout: float,
+async def open_loop(target: Target, times: Iterable[float], bodies: list[Payload], timeout: float,
                     connections: int = 1024, start: float | None = None) -> list[Outcome]:
     """Send request i at times[i] seconds after `start` (a time.perf_counter() value; default:
     now + a short lead), bodies in turn."""
@@ -137,7 +93,7 @@ async def open_loop(target: Target, times: np.ndarray, bodies: list[dict], timeo
         return list(await asyncio.gather(*tasks))
 
 
-async def closed_loop(target: Target, users: int, duration: float, bodies: list[dict],
+async def closed_loop(target: Target, users: int, duration: float, bodies: list[Payload],
                       timeout: float) -> list[Outcome]:
     """`users` concurrent users, each sending its next request as soon as the last is
     answered, until `duration` seconds have passed."""
@@ -156,10 +112,10 @@ async def closed_loop(target: Target, users: int, duration: float, bodies: list[
     return sorted((o for outs in per_user for o in outs), key=lambda o: o.due)
 
 
-def run_open(target: Target, times: np.ndarray, bodies: list[dict], timeout: float) -> list[Outcome]:
+def run_open(target: Target, times: Iterable[float], bodies: list[Payload], timeout: float) -> list[Outcome]:
     return asyncio.run(open_loop(target, times, bodies, timeout))
 
 
-def run_closed(target: Target, users: int, duration: float, bodies: list[dict],
+def run_closed(target: Target, users: int, duration: float, bodies: list[Payload],
                timeout: float) -> list[Outcome]:
     return asyncio.run(closed_loop(target, users, duration, bodies, timeout))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.artifacts.serving import Capacity, LoadPoint, LoadResult, Soak
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StageFailed
 
 
 @dataclass
@@ -18,6 +18,7 @@ class Request:
     overrides: tuple[str, ...]
     engines_dir: Path
     url: str | None
+    model: str | None
     start_server: bool
     engine: str | None
     name: str | None
@@ -46,6 +47,9 @@ def mode_of(req: Request) -> str:
     if bool(req.url) == bool(req.start_server):
         raise InputError("name the server: --url URL (a running one) or --serve (start it here)",
                          "e.g. pipeline load minilm-int8 --serve --rate 20")
+    if req.model and not req.url:
+        raise InputError("--model names the model on a running server: it needs --url",
+                         "with --serve the server serves the recipe under its own name")
     asked = [m for m, on in (("closed", req.concurrency), ("sweep", req.sweep),
                              ("rate", req.rate is not None)) if on]
     if len(asked) > 1:
@@ -80,7 +84,7 @@ def run(req: Request) -> None:
     the points as they come and where the result went."""
     from pipeline.core import deps
     from pipeline.core.ui import console
-    from pipeline.loadgen import artifact, client, payloads, schedule, server, slo
+    from pipeline.loadgen import artifact, payloads, protocol, schedule, server, slo
     from pipeline.loadgen.loadtest import LoadTest, Settings
     from pipeline.store import folder_names as folders
     from pipeline.store.recipe_folder import Store, now
@@ -88,38 +92,44 @@ def run(req: Request) -> None:
     mode = mode_of(req)
     recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
     generation = payloads.is_generation(recipe)
+    api = payloads.api_of(recipe)
     terms = slo.parse(req.slo, generation)
     _check_engine(req, recipe)
-    bodies, requests_info = payloads.bodies(recipe)
     folder = folders.folder_name(recipe)
     settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
                         warmup=req.warmup, min_requests=req.min_requests, timeout=req.timeout,
                         seed=req.seed, terms=terms, generation=generation)
     logs = Path(tempfile.mkdtemp(prefix="pipeline-load-"))
-    with _server(req, recipe, logs) as proc:
-        url = proc.url if proc else req.url
-        info = proc.ready_info if proc else server.wait_ready(url, 30.0)
-        pid = proc.pid if proc else (req.server_pid or _replica_pid(url))
-        engine = req.engine or info.get("engine") or recipe.targets[0].id  # what the server says
-        console.print(f"load: {url} ({'started here, ' + f'{proc.started_s:.1f} s to ready' if proc else 'running'}); "
-                      f"{len(bodies)} request bodies from {requests_info['source']}")
-        test = LoadTest(client.Target(url, generate=generation), bodies, settings, pid,
-                        on_point=lambda p: console.print(_line(p)))
+    with _server(req, api, logs) as proc:
+        base, model = (proc.url, recipe.name) if proc else \
+            protocol.resolve(req.url, req.model, recipe.name)
+        info = proc.ready_info if proc else server.wait_ready(server.ready_route(base, api), 30.0)
+        target = _target(base, model, api, info)
+        bodies, requests_info = payloads.bodies(recipe, target)
+        stats = server.stats(base, model)  # `pipeline serve`'s own view, if that is the server
+        pid = proc.pid if proc else (req.server_pid or _replica_pid(stats))
+        engine = req.engine or (stats or {}).get("engine") or recipe.targets[0].id
+        console.print(f"load: {target.endpoint} ({'started here, ' + f'{proc.started_s:.1f} s to ready' if proc else 'running'}); "
+                      f"{len(bodies)} request bodies from {requests_info['source']}; "
+                      f"{requests_info['protocol']}")
+        test = LoadTest(target, bodies, settings, pid, on_point=lambda p: console.print(_line(p)))
         measured = _measure(test, mode, req)
-        stats = server.stats(url)  # the server's own view (load time, memory, batches), if any
+        stats = server.stats(base, model) or stats  # after the run: its batches, its memory
+    _refuse_all_failed(measured.points)
     result = LoadResult.model_validate({  # a capacity or soak only where the mode has one
         "points": measured.points, **({"capacity": measured.capacity} if measured.capacity else {}),
         **({"soak": measured.soak} if measured.soak else {}),
         "schema": 1, "recipe": folder, "engine": engine, "name": req.name, "created": now(),
-        "url": url, "mode": mode, "arrival": schedule.describe(req.arrival, req.burstiness),
+        "url": target.endpoint, "mode": mode, "arrival": schedule.describe(req.arrival, req.burstiness),
         "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
         "requests": requests_info, "device": deps.device(),
-        "client": {"duration_s": req.duration, "warmup_s": req.warmup,
-                   "min_requests": req.min_requests, "timeout_s": req.timeout,
-                   "process": "pipeline load (its own process; aiohttp, one event loop)"},
-        "server": {"started_here": bool(req.start_server), "ready": info,
+        "client": _client_info(req),
+        "server": {"started_here": bool(req.start_server), "base_url": base, "model": model,
+                   "protocol": requests_info["protocol"], "ready": info,
                    "ready_after_s": proc.started_s if proc else None, "sampled_pid": pid,
-                   "serve_overrides": list(req.overrides), "stats": stats},
+                   "serve_overrides": list(req.overrides), "stats": stats,
+                   "metrics": (f"{base}/metrics scraped around each point" if test.metrics_why is None
+                               else f"not scraped: {test.metrics_why}")},
     })
     png = logs / "plot.png"
     _plot(png, result, req, mode, terms, folder, engine)
@@ -129,6 +139,12 @@ def run(req: Request) -> None:
     _print_outcome(result, path)
 
 
+def _client_info(req: Request) -> dict:
+    return {"duration_s": req.duration, "warmup_s": req.warmup, "min_requests": req.min_requests,
+            "timeout_s": req.timeout,
+            "process": "pipeline load (its own process; aiohttp, one event loop)"}
+
+
 def _check_engine(req: Request, recipe) -> None:
     """InputError when --engine names no target of the recipe."""
     if req.engine and req.engine not in {t.id for t in recipe.targets}:
@@ -136,15 +152,51 @@ def _check_engine(req: Request, recipe) -> None:
                          f"one of {', '.join(t.id for t in recipe.targets)}")
 
 
-def _server(req: Request, recipe, logs: Path):
+def _server(req: Request, api: str, logs: Path):
     """With --serve, the server process to start (its context manager); else a context that
     yields None (the server at --url runs already)."""
     from pipeline.loadgen import server
 
     if req.start_server:
-        return server.ServeProcess(req.recipe, recipe.name, req.overrides, req.engines_dir,
+        return server.ServeProcess(req.recipe, api, req.overrides, req.engines_dir,
                                    req.engine, logs / "serve.log")
     return contextlib.nullcontext()
+
+
+def _target(base: str, model: str, api: str, ready: dict):
+    """The Target, once the server is known to serve `model` in that protocol: KServe v2's
+    model metadata answers (and binary tensors where GET /v2 lists the extension), or the
+    OpenAI API's model list names it. InputError naming what the server does serve."""
+    from pipeline.loadgen import server
+    from pipeline.loadgen.protocol import Target
+
+    if api == "kserve":
+        if server.get_json(f"{base}/v2/models/{model}") is None:
+            raise InputError(f"{base} serves no model `{model}` over KServe v2 (GET "
+                             f"/v2/models/{model} did not answer 200)",
+                             "name the served model with --model NAME")
+        extensions = (server.get_json(f"{base}/v2") or {}).get("extensions")
+        binary = isinstance(extensions, list) and "binary_tensor_data" in extensions
+        return Target(base, model, "kserve", binary)
+    listed = ready.get("data") if isinstance(ready, dict) else None
+    ids = [m.get("id") for m in listed if isinstance(m, dict)] if isinstance(listed, list) else []
+    if ids and model not in ids:
+        raise InputError(f"{base}/v1/models lists {', '.join(map(str, ids[:5]))}, not `{model}`",
+                         "name the served model with --model NAME")
+    return Target(base, model, api)
+
+
+def _refuse_all_failed(points: list[LoadPoint]) -> None:
+    """StageFailed (exit 4) when no measured request of any point was answered: a run that
+    measured nothing writes nothing (an earlier result of the same name stays)."""
+    measured = sum(p.requests for p in points)
+    if any(p.ok for p in points):
+        return
+    examples = sorted({e for p in points for e in p.error_examples})[:2]
+    why = "; ".join(examples) or (f"{sum(p.rejected for p in points)} rejected, "
+                                  f"{sum(p.timeouts for p in points)} timed out")
+    raise StageFailed(f"every one of the {measured} measured requests failed ({why[:300]}); "
+                      "nothing written", "check the server's log, the URL and --model")
 
 
 def _plot(png: Path, result: LoadResult, req: Request, mode: str, terms, folder: str,
@@ -210,14 +262,12 @@ def _probe_rate(test) -> float:
     return max(point.achieved_rate, 0.1)
 
 
-def _replica_pid(url: str) -> int | None:
-    """With --url and no --server-pid: the replica's pid from the server's /stats, when that
-    process runs on this machine (a remote one is not sampled)."""
+def _replica_pid(stats: dict | None) -> int | None:
+    """With --url and no --server-pid: the replica's pid from `pipeline serve`'s /stats, when
+    that process runs on this machine (a remote one is not sampled)."""
     import psutil
 
-    from pipeline.loadgen import server
-
-    pid = (server.stats(url) or {}).get("pid")
+    pid = (stats or {}).get("pid")
     return pid if isinstance(pid, int) and psutil.pid_exists(pid) else None
 
 
@@ -225,6 +275,9 @@ def _line(p: LoadPoint) -> str:
     q = p.latency_ms
     fmt = lambda x: "—" if x.value is None else f"{x.value:.1f}"  # noqa: E731
     verdict = "" if p.passed is None else ("  pass" if p.passed else "  FAIL")
+    moved = p.server_metrics
+    if moved and moved.mean_batch is not None:  # what the server's own histogram saw
+        verdict = f", server batch mean {moved.mean_batch:.2f} ({moved.batch_histogram}){verdict}"
     who = f"{p.concurrency} users" if p.concurrency else f"{p.offered_rate:.2f}/s offered"
     return (f"  {who} ({p.scheduled_rate:.2f}/s scheduled): achieved {p.achieved_rate:.2f}/s, "
             f"n {p.requests}, failed "

@@ -1,18 +1,18 @@
 """One load test against one server: points at offered rates (open loop), at a concurrency
 (closed loop), a sweep, the capacity search, a soak. Each point warms up first (its requests
 are sent and excluded), then measures for at least `duration` seconds and at least
-`min_requests` requests (the schedule is lengthened to hold them).
+`min_requests` requests (the schedule is lengthened to hold them). The server's /metrics is
+scraped around each point (scrape.py) and its movement kept in the point.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from pipeline.artifacts.serving import Capacity, LoadPoint, Soak
-from pipeline.loadgen import capacity, client, resources, schedule, soak, summary
+from pipeline.loadgen import capacity, client, resources, schedule, scrape, soak, summary
+from pipeline.loadgen.protocol import Payload
 from pipeline.loadgen.slo import Term
 
 
@@ -32,35 +32,43 @@ class Settings:
 @dataclass
 class LoadTest:
     target: client.Target
-    bodies: list[dict]
+    bodies: list[Payload]
     settings: Settings
     server_pid: int | None = None
     on_point: Callable[[LoadPoint], None] | None = None
     samples: list = field(default_factory=list)
+    scrape_metrics: bool = True  # the server's /metrics before, during and after each point
+    metrics_why: str | None = None  # why the last point has no server_metrics
 
-    def schedule(self, rate: float, window: float | None = None) -> tuple[np.ndarray, float]:
-        """(send times, measured window): at least `duration` seconds and `min_requests`
-        requests after the warm-up; a Poisson draw short of requests is lengthened to the
-        min_requests-th arrival (same seed, so the same draw). `window` given: exactly that."""
+    def _scraper(self) -> scrape.MetricsScraper:
+        return scrape.MetricsScraper(self.target.base if self.scrape_metrics else None)
+
+    def _scraped(self, point: LoadPoint, scraper: scrape.MetricsScraper) -> LoadPoint:
+        moved = scraper.movement()
+        self.metrics_why = None if moved else scraper.why
+        return point.model_copy(update={"server_metrics": moved})
+
+    def schedule(self, rate: float, window: float | None = None) -> tuple[Iterator[float], float]:
+        """(send times, lazily; measured window): at least `duration` seconds and
+        `min_requests` requests after the warm-up; a Poisson draw short of requests is
+        lengthened to the min_requests-th arrival (same seed, so the same draw: one pass over
+        that draw counts to it, holding nothing). `window` given: exactly that."""
         s = self.settings
-        if window is not None:
-            return schedule.arrivals(s.arrival, rate, s.warmup + window, s.seed, s.burstiness), window
-        longest = s.warmup + 2 * max(s.duration, s.min_requests / rate) + 10 / rate
-        times = schedule.arrivals(s.arrival, rate, longest, s.seed, s.burstiness)
-        measured = times[times >= s.warmup]
-        needed = measured[s.min_requests - 1] - s.warmup + 1e-9 if measured.size >= s.min_requests \
-            else longest - s.warmup
-        window = max(s.duration, needed)
-        return times[times < s.warmup + window], window
+        if window is None:
+            nth = schedule.nth_after(s.arrival, rate, s.seed, s.burstiness, s.warmup,
+                                     s.min_requests)
+            window = max(s.duration, nth - s.warmup + 1e-9)
+        return schedule.arrivals(s.arrival, rate, s.warmup + window, s.seed, s.burstiness), window
 
     def point(self, rate: float, window: float | None = None) -> tuple[LoadPoint, list[client.Outcome]]:
         """One open-loop point at `rate` requests/s: (summary, outcomes)."""
         s = self.settings
         times, window = self.schedule(rate, window)
-        with resources.ServerSampler(self.server_pid) as sampler:
+        with self._scraper() as scraper, resources.ServerSampler(self.server_pid) as sampler:
             outcomes = client.run_open(self.target, times, self.bodies, s.timeout)
         point = summary.summarize(outcomes, warmup=s.warmup, window=window, offered_rate=rate,
                                   terms=s.terms, generation=s.generation)
+        point = self._scraped(point, scraper)
         # the sampler started ~0.05 s (the client's lead) before t0: close enough for windows
         used = resources.summary(sampler.between(s.warmup, s.warmup + window))
         point = point.model_copy(update={"resources": used})
@@ -71,12 +79,13 @@ class LoadTest:
 
     def closed(self, users: int) -> LoadPoint:
         s = self.settings
-        with resources.ServerSampler(self.server_pid) as sampler:
+        with self._scraper() as scraper, resources.ServerSampler(self.server_pid) as sampler:
             outcomes = client.run_closed(self.target, users, s.warmup + s.duration, self.bodies,
                                          s.timeout)
         point = summary.summarize(outcomes, warmup=s.warmup, window=s.duration,
                                   offered_rate=float(users), terms=s.terms,
                                   generation=s.generation)
+        point = self._scraped(point, scraper)
         point = point.model_copy(update={
             "concurrency": users,
             "offered_rate": point.scheduled_rate,  # closed loop offers what it gets back

@@ -6,23 +6,34 @@ sentences (data/sentences/pairs.jsonl) tokenized by the recipe's tokenizer (pipe
 so requests have the real spread of lengths a length-bucketing batcher meets. A recipe
 without validation data gets its random feeds at the opt shape (said so in `source`).
 
-Generation recipes: prompts from the validation split's rows when it is text, else the
-workload's own seeded prompts at batch 1 (pipeline.generation.timed_requests), each asking
-for the workload's `new_tokens`.
+Generation recipes: with a chat workload, its questions (`workload.chat.questions`, the
+shipped data/chat/questions.jsonl) as chat messages; else prompts from the validation split's
+rows when it is text, else the workload's own seeded prompts at batch 1
+(pipeline.generation.timed_requests), as token ids; each asking for the workload's
+`new_tokens`.
 
-Bodies follow docs/serving.md: {"inputs": {name: nested list of one sample, batch dim 1}}
-and {"prompt_ids": [...], "max_new_tokens": n, "stream": true}.
+Bodies are encoded once in the target's protocol (protocol.py): KServe v2 tensors of batch 1
+(binary or JSON), OpenAI chat or completion requests, streamed.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from pipeline.loadgen.protocol import Api, Payload, Target, kserve_payload, openai_payload
 from pipeline.recipe import Recipe
 
 
 def is_generation(recipe: Recipe) -> bool:
     return recipe.workload.served_as == "generate"
+
+
+def api_of(recipe: Recipe) -> Api:
+    """How the recipe's requests are spoken: KServe v2 for tensor models, the OpenAI chat API
+    for a chat workload, OpenAI completions (token ids) for other generation recipes."""
+    if not is_generation(recipe):
+        return "kserve"
+    return "chat" if recipe.workload.chat is not None else "completions"
 
 
 def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:
@@ -56,18 +67,39 @@ def _rows(recipe: Recipe) -> tuple[list[dict[str, np.ndarray]], str]:
     return rows, source
 
 
-def bodies(recipe: Recipe) -> tuple[list[dict], dict]:
-    """(request bodies, {source, requests, lengths: [min, max]})."""
-    if is_generation(recipe):
-        return _generation_bodies(recipe)
+def bodies(recipe: Recipe, target: Target) -> tuple[list[Payload], dict]:
+    """(request bodies in the target's protocol, {source, requests, lengths: [min, max]})."""
+    if target.generate:
+        return _generation_bodies(recipe, target)
     rows, source = _rows(recipe)
-    out = [{"inputs": {k: v.tolist() for k, v in row.items()}} for row in rows]
+    dtypes = {s.name: s.dtype for s in recipe.inputs}
+    out = [kserve_payload(row, dtypes, target.binary) for row in rows]
     first = [next(iter(row.values())) for row in rows]
     lengths = [a.shape[1] if a.ndim >= 2 else 1 for a in first]  # [1, T]: T
-    return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)]}
+    return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)],
+                 "protocol": f"KServe v2 ({'binary' if target.binary else 'JSON'} tensors)"}
 
 
-def _generation_bodies(recipe: Recipe) -> tuple[list[dict], dict]:
+def _generation_bodies(recipe: Recipe, target: Target) -> tuple[list[Payload], dict]:
+    spec = recipe.workload
+    if target.api == "chat":
+        from pipeline.generation.chat import questions
+
+        asked = [q.question for q in questions(spec.chat.questions).values()]
+        prompts: list = asked
+        source = f"the chat workload's questions: {spec.chat.questions}"
+        lengths = [len(q) for q in asked]  # characters: the server's tokenizer counts tokens
+    else:
+        prompts, source = _prompt_ids(recipe)
+        lengths = [len(p) for p in prompts]
+    out = [openai_payload(target, p, spec.new_tokens) for p in prompts]
+    return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)],
+                 "new_tokens": spec.new_tokens,
+                 "protocol": f"OpenAI {'/v1/chat/completions' if target.api == 'chat' else '/v1/completions'}"
+                             ", streamed, greedy"}
+
+
+def _prompt_ids(recipe: Recipe) -> tuple[list[list[int]], str]:
     spec = recipe.workload
     longest = max(spec.prompt_lengths)
     from pipeline import data
@@ -75,15 +107,10 @@ def _generation_bodies(recipe: Recipe) -> tuple[list[dict], dict]:
     split = data.split(recipe, "validation")
     if split is not None and split.masks is not None:  # text: real prompts
         rows, source = _rows(recipe)
-        prompts = [row["input_ids"][0, :longest].tolist() for row in rows]
-    else:
-        from pipeline.generation.decoder import workload_requests
+        return [row["input_ids"][0, :longest].tolist() for row in rows], source
+    from pipeline.generation.decoder import workload_requests
 
-        prompts = [r.turns[0][0][0].tolist() for r in workload_requests(recipe)
-                   if r.kind == "point" and r.batch == 1]
-        source = (f"the workload's seeded prompts (lengths {spec.prompt_lengths}, seed "
-                  f"{spec.seed}): the recipe has no validation text")
-    out = [{"prompt_ids": p, "max_new_tokens": spec.new_tokens, "stream": True} for p in prompts]
-    lengths = [len(p) for p in prompts]
-    return out, {"source": source, "requests": len(out), "lengths": [min(lengths), max(lengths)],
-                 "new_tokens": spec.new_tokens}
+    prompts = [r.turns[0][0][0].tolist() for r in workload_requests(recipe)
+               if r.kind == "point" and r.batch == 1]
+    return prompts, (f"the workload's seeded prompts (lengths {spec.prompt_lengths}, seed "
+                     f"{spec.seed}): the recipe has no validation text")

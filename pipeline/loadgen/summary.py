@@ -87,40 +87,42 @@ def judge(terms: tuple[Term, ...], metrics_ms: dict[str, np.ndarray], n: int) ->
 
 @dataclass(frozen=True)
 class TokenTimes:
-    """Per request [n] ms: ttft (inf when failed), tpot (mean gap after the first token; NaN
-    with one token, inf when failed); and the pooled inter-token gaps."""
+    """Per request [n] ms: ttft (first text chunk; inf when failed), tpot (NaN with one
+    token, inf when failed); and the pooled gaps between text chunks (ITL)."""
 
     ttft: np.ndarray
     tpot: np.ndarray
     itl: np.ndarray
 
 
+def _tpot_ms(o: Outcome) -> float:
+    """Time per output token after the first: the first to the last text chunk over the
+    tokens between them (the usage's count when the server sends it, else the chunks), as
+    vLLM's benchmark computes it; NaN with a single token."""
+    if o.tokens < 2 or len(o.chunks) < 2:
+        return np.nan
+    return (o.chunks[-1] - o.chunks[0]) * 1e3 / (o.tokens - 1)
+
+
 def _tokens(measured: list[Outcome]) -> TokenTimes:
     ttft, tpot, itl = [], [], []
     for o in measured:
-        ok = o.status == "ok" and o.tokens
-        ttft.append((o.tokens[0] - o.due) * 1e3 if ok else np.inf)
-        if ok and len(o.tokens) > 1:
-            gaps = np.diff(o.tokens) * 1e3
-            tpot.append(float(gaps.mean()))
-            itl.extend(gaps.tolist())
-        else:
-            tpot.append(np.inf if not ok else np.nan)  # one token: no TPOT, not a failure
+        ok = o.status == "ok" and o.chunks
+        ttft.append((o.chunks[0] - o.due) * 1e3 if ok else np.inf)
+        tpot.append(_tpot_ms(o) if ok else np.inf)  # one token: no TPOT, not a failure
+        if ok:
+            itl.extend((np.diff(o.chunks) * 1e3).tolist())
     return TokenTimes(np.asarray(ttft), np.asarray(tpot), np.asarray(itl))
 
 
 def _token_timings(measured: list[Outcome], tokens: TokenTimes, e2e_ms: Percentiles,
                    span: float) -> TokenTimings:
-    ok_tokens = [len(o.tokens) for o in measured if o.status == "ok"]
+    ok_tokens = [o.tokens for o in measured if o.status == "ok"]
     return TokenTimings(
         ttft_ms=percentiles(tokens.ttft), tpot_ms=percentiles(tokens.tpot[~np.isnan(tokens.tpot)]),
         itl_ms=percentiles(tokens.itl), e2e_ms=e2e_ms,
         tokens_per_s=float(sum(ok_tokens)) / span if measured else 0.0,
-        mean_tokens=float(np.mean(ok_tokens)) if ok_tokens else 0.0,
-        # what the server measured itself (from arrival): a TPOT far above the client's
-        # means tokens reached the client in bursts, not one by one
-        server_ttft_ms=_spread(o.server.get("ttft_ms") for o in measured),
-        server_tpot_ms=_spread(o.server.get("tpot_ms") for o in measured))
+        mean_tokens=float(np.mean(ok_tokens)) if ok_tokens else 0.0)
 
 
 def summarize(outcomes: list[Outcome], *, warmup: float, window: float, offered_rate: float,

@@ -14,10 +14,15 @@ import time
 import numpy as np
 
 from pipeline.loadgen import client, summary
+from pipeline.loadgen.protocol import Target, kserve_payload, openai_payload
 from pipeline.loadgen.slo import parse
 from tests.loadgen_server import Behaviour, FakeServer
 
-BODY = [{"inputs": {"x": [0.0, 1.0]}}]
+BODY = [kserve_payload({"x": np.array([[0.0, 1.0]])}, {"x": "float32"}, binary=False)]
+
+
+def _kserve(server: FakeServer) -> Target:
+    return Target(server.base, "m")
 
 
 def _constant(rate: float, duration: float) -> np.ndarray:
@@ -28,7 +33,7 @@ def test_a_server_stall_is_charged_to_every_request_due_during_it():
     b = Behaviour(service=0.001, stall_at_request=30, stall_seconds=1.0)
     with FakeServer(b) as server:
         start = time.perf_counter() + 0.1
-        outs = asyncio.run(client.open_loop(client.Target(server.url), _constant(60, 2.5), BODY,
+        outs = asyncio.run(client.open_loop(_kserve(server), _constant(60, 2.5), BODY,
                                             timeout=5.0, start=start))
     stall_start, stall_end = b.arrivals[30], b.stall_end
     # the open loop kept sending while the server stalled (a closed loop of one user would
@@ -51,7 +56,7 @@ def test_a_client_stall_sends_late_and_still_counts_from_the_schedule():
             time.sleep(0.3)  # the event loop itself stops, as under a GC pause or a busy CPU
 
         blocker = asyncio.create_task(block_the_loop())
-        outs = await client.open_loop(client.Target(url), _constant(100, 1.5), BODY, 5.0, start=start)
+        outs = await client.open_loop(Target(url, "m"), _constant(100, 1.5), BODY, 5.0, start=start)
         await blocker
         return outs
 
@@ -69,7 +74,7 @@ def test_a_client_stall_sends_late_and_still_counts_from_the_schedule():
 def test_closed_loop_keeps_at_most_n_requests_in_flight():
     b = Behaviour(service=0.02)
     with FakeServer(b) as server:
-        outs = client.run_closed(client.Target(server.url), users=3, duration=1.0, bodies=BODY,
+        outs = client.run_closed(_kserve(server), users=3, duration=1.0, bodies=BODY,
                                  timeout=5.0)
     assert 1 <= b.max_in_flight <= 3
     assert len(outs) >= 6 and all(o.status == "ok" for o in outs)
@@ -79,7 +84,7 @@ def test_closed_loop_keeps_at_most_n_requests_in_flight():
 def test_timeouts_and_rejections_are_counted_never_dropped():
     b = Behaviour(service=0.001, reject_every=4, hang_request=5, hang_seconds=2.0)
     with FakeServer(b) as server:
-        outs = client.run_open(client.Target(server.url), _constant(50, 0.8), BODY, timeout=0.6)
+        outs = client.run_open(_kserve(server), _constant(50, 0.8), BODY, timeout=0.6)
     point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=50.0,
                               terms=parse("p99=500ms"))
     assert point.requests == len(outs) == len(b.arrivals) == 40
@@ -95,8 +100,9 @@ def test_timeouts_and_rejections_are_counted_never_dropped():
 def test_streamed_tokens_give_ttft_tpot_and_goodput():
     b = Behaviour(service=0.0, tokens=5, token_gap=0.004)
     with FakeServer(b) as server:
-        outs = client.run_open(client.Target(server.url, generate=True), _constant(40, 0.5),
-                               [{"prompt_ids": [1, 2, 3], "max_new_tokens": 5, "stream": True}], 5.0)
+        target = Target(server.base, "m", "completions")
+        outs = client.run_open(target, _constant(40, 0.5), [openai_payload(target, [1, 2, 3], 5)],
+                               5.0)
     point = summary.summarize(outs, warmup=0.0, window=1.0, offered_rate=40.0, generation=True,
                               terms=parse("ttft=1s,tpot=1s", generation=True))
     g = point.generation
@@ -140,7 +146,8 @@ def test_pipeline_load_refuses_two_servers_or_no_mode(project):
 def test_compare_load_puts_two_results_side_by_side(project):
     """Two serving variants' load files at the same offered rate: B/A p99 with its interval;
     a recipe without load results is named with the command that makes them."""
-    with FakeServer(Behaviour(service=0.001)) as fast, FakeServer(Behaviour(service=0.5)) as slow:
+    with FakeServer(Behaviour(service=0.001), model="digits") as fast, \
+            FakeServer(Behaviour(service=0.5), model="digits") as slow:
         for name, server in ((None, fast), ("slow", slow)):
             result = project.run("load", "digits", "--url", server.url, "--rate", "10", "--duration",
                                  "1.5", "--warmup", "0.2", "--min-requests", "30",

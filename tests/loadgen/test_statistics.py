@@ -20,7 +20,7 @@ from pipeline.loadgen.slo import parse
 @pytest.mark.parametrize("kind,cv", [("poisson", 1.0), ("gamma", 2.0), ("gamma", 0.5), ("constant", 0.0)])
 def test_arrivals_have_the_asked_rate_and_burstiness(kind, cv):
     rate, duration = 200.0, 500.0  # 100,000 expected arrivals
-    times = schedule.arrivals(kind, rate, duration, seed=3, cv=cv or 1.0)
+    times = np.fromiter(schedule.arrivals(kind, rate, duration, seed=3, cv=cv or 1.0), float)
     gaps = np.diff(times)
     n = times.size
     # mean rate within 4 standard errors of a Poisson-like count (CV^2 n for a renewal process)
@@ -34,9 +34,9 @@ def test_arrivals_have_the_asked_rate_and_burstiness(kind, cv):
 
 
 def test_schedule_is_a_function_of_its_seed():
-    a = schedule.arrivals("gamma", 30.0, 20.0, seed=7, cv=3.0)
-    b = schedule.arrivals("gamma", 30.0, 20.0, seed=7, cv=3.0)
-    c = schedule.arrivals("gamma", 30.0, 20.0, seed=8, cv=3.0)
+    a = np.fromiter(schedule.arrivals("gamma", 30.0, 20.0, seed=7, cv=3.0), float)
+    b = np.fromiter(schedule.arrivals("gamma", 30.0, 20.0, seed=7, cv=3.0), float)
+    c = np.fromiter(schedule.arrivals("gamma", 30.0, 20.0, seed=8, cv=3.0), float)
     np.testing.assert_array_equal(a, b)
     assert a.size != c.size or not np.array_equal(a, c)
     # common random numbers: the same seed at twice the rate is the same draw, twice as dense
@@ -198,10 +198,35 @@ def test_every_point_holds_its_minimum_requests_and_duration():
     from pipeline.loadgen.loadtest import LoadTest, Settings
 
     for rate in (3.0, 20.0, 400.0):
-        test = LoadTest(Target("http://unused"), [{}], Settings(duration=1.0, warmup=0.5,
-                                                                 min_requests=50, seed=4))
-        times, window = test.schedule(rate)
+        test = LoadTest(Target("http://unused", "m"), [], Settings(duration=1.0, warmup=0.5,
+                                                                    min_requests=50, seed=4))
+        lazy, window = test.schedule(rate)
+        times = np.fromiter(lazy, float)
         measured = times[times >= 0.5]
         assert measured.size >= 50 and window >= 1.0
         assert times[-1] < 0.5 + window
-        np.testing.assert_array_equal(times, test.schedule(rate)[0])  # seeded
+        np.testing.assert_array_equal(times, np.fromiter(test.schedule(rate)[0], float))  # seeded
+
+
+def test_a_schedule_holds_no_more_memory_at_a_billion_requests_per_second():
+    """issue 39 item 3: `--rate 1e9 --duration 1` drew the whole schedule (18.6 GB) up front;
+    a schedule is a generator, drawn as it is sent, and the window's search for the
+    min_requests-th arrival holds nothing either."""
+    import itertools
+    import tracemalloc
+
+    from pipeline.loadgen.client import Target
+    from pipeline.loadgen.loadtest import LoadTest, Settings
+
+    tracemalloc.start()
+    try:
+        test = LoadTest(Target("http://unused", "m"), [], Settings(duration=1e6, warmup=1e-3,
+                                                                    min_requests=1000, seed=2))
+        times, window = test.schedule(1e9)
+        first = list(itertools.islice(times, 20_000))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert window == 1e6 and len(first) == 20_000 and first == sorted(first)
+    assert 0 < first[-1] < 1e-4  # 20,000 arrivals at 1e9/s: ~20 us of schedule
+    assert peak < 8 * 2**20  # a few chunks of gaps, not 1e15 of them
