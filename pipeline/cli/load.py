@@ -57,6 +57,9 @@ def _positive(most: float) -> Finite:
               "http://127.0.0.1:8000, an OpenAI base .../v1, or a model's .../v2/models/NAME).")
 @click.option("--model", default=None, help="With --url: the model's name on that server "
               "(default: from the URL, else the recipe's name), e.g. what vLLM or llama.cpp serves.")
+@click.option("--api", type=click.Choice(["kserve", "chat", "completions"]), default=None,
+              help="Generation: OpenAI chat (the chat workload's questions; the default when the "
+              "recipe has one) or completions (its prompts as token ids). Tensor: KServe v2.")
 @click.option("--serve", "start_server", is_flag=True,
               help="Start `pipeline serve RECIPE` in a subprocess, stop it at the end.")
 @click.option("--engine", default=None, help="Target id served (default: the recipe's first).")
@@ -95,7 +98,7 @@ def _positive(most: float) -> Finite:
 @click.option("--server-pid", type=click.IntRange(min=1), default=None,
               help="With --url: sample this server process (and its children) for CPU and memory.")
 @debug_option
-def load_command(recipe, overrides, engines_dir, url, model, start_server, engine, name, rate, sweep, slo,
+def load_command(recipe, overrides, engines_dir, url, model, api, start_server, engine, name, rate, sweep, slo,
                  concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
                  max_points, tolerance, start_rate, soak, windows, leak_threshold, server_pid):
     """Load-test a served recipe from this (separate) process: latency from each request's
@@ -105,7 +108,7 @@ def load_command(recipe, overrides, engines_dir, url, model, start_server, engin
     """
     from pipeline.loadgen.command import Request, run
 
-    run(Request(recipe=recipe, overrides=overrides, engines_dir=engines_dir, url=url, model=model,
+    run(Request(recipe=recipe, overrides=overrides, engines_dir=engines_dir, url=url, model=model, api=api,
                 start_server=start_server, engine=engine, name=name, rate=rate, sweep=sweep,
                 slo=slo, concurrency=concurrency, arrival=arrival, burstiness=burstiness,
                 duration=duration, warmup=warmup, min_requests=min_requests, timeout=timeout,

@@ -19,6 +19,7 @@ class Request:
     engines_dir: Path
     url: str | None
     model: str | None
+    api: str | None
     start_server: bool
     engine: str | None
     name: str | None
@@ -92,7 +93,7 @@ def run(req: Request) -> None:
     mode = mode_of(req)
     recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
     generation = payloads.is_generation(recipe)
-    api = payloads.api_of(recipe)
+    api = payloads.api_of(recipe, req.api)
     terms = slo.parse(req.slo, generation)
     _check_engine(req, recipe)
     folder = folders.folder_name(recipe)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.core.errors import InputError
 from pipeline.loadgen.protocol import Api, Payload, Target, kserve_payload, openai_payload
 from pipeline.recipe import Recipe
 
@@ -28,11 +29,23 @@ def is_generation(recipe: Recipe) -> bool:
     return recipe.workload.served_as == "generate"
 
 
-def api_of(recipe: Recipe) -> Api:
+def api_of(recipe: Recipe, asked: str | None = None) -> Api:
     """How the recipe's requests are spoken: KServe v2 for tensor models, the OpenAI chat API
-    for a chat workload, OpenAI completions (token ids) for other generation recipes."""
+    for a chat workload, OpenAI completions (token ids) for other generation recipes; `asked`
+    (--api chat|completions) chooses for a generation recipe (chat needs its questions)."""
     if not is_generation(recipe):
+        if asked not in (None, "kserve"):
+            raise InputError(f"--api {asked}: `{recipe.name}` is a tensor model, spoken to "
+                             "through KServe v2", "drop --api")
         return "kserve"
+    if asked == "chat" and recipe.workload.chat is None:
+        raise InputError(f"--api chat: `{recipe.name}` has no chat workload (no questions to ask)",
+                         "use --api completions (its prompts as token ids)")
+    if asked in ("chat", "completions"):
+        return asked
+    if asked == "kserve":
+        raise InputError(f"--api kserve: `{recipe.name}` generates text: the OpenAI API serves it",
+                         "use --api chat or --api completions")
     return "chat" if recipe.workload.chat is not None else "completions"
 
 

@@ -111,7 +111,9 @@ async def read_stream(lines, chat: bool, out: Outcome, t0: float) -> None:
     else:
         raise BadReply("the stream ended before `data: [DONE]`")
     if not out.chunks:
-        raise BadReply("the stream carried no text (no first token to time)")
+        said = "" if out.completion_tokens is None else \
+            f"; usage: {out.completion_tokens} completion tokens, the model ended at once"
+        raise BadReply(f"the stream carried no text (no first token to time{said})")
     if out.completion_tokens is not None and out.completion_tokens < 1:
         raise BadReply(f"text came, yet the usage counts {out.completion_tokens} completion tokens")
 

@@ -65,9 +65,54 @@ def test_load_serve_batches_against_the_real_server(digits):
     assert point.requests >= 200 and point.ok == point.requests, point.error_examples
     assert max(int(size) for size in point.batch_sizes) > 1  # batched
     assert sum(point.batch_sizes.values()) == point.ok
-    assert loaded.server["started_here"] and loaded.server["ready"]["engine"] == "onnxruntime"
+    assert loaded.server["started_here"] and loaded.engine == "onnxruntime"
+    assert loaded.server["protocol"] == "KServe v2 (binary tensors)"
+    # the server's own batch-size histogram moved by the requests this point sent
+    moved = point.server_metrics
+    assert moved and moved.batch_histogram == "pipeline:inference_batch_size"
+    assert moved.counters["nv_inference_count"] >= point.ok  # warm-up requests count there too
+    assert moved.histograms["pipeline:inference_batch_size"].count >= 1 and moved.mean_batch > 1
     assert point.resources and point.resources.rss_mib_peak > 0  # the server's processes
     # the server and its Ray instance are gone: its process group is empty
     pid = loaded.server["sampled_pid"]
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> tuple[Project, str]:
+    """The tiny byte-level chat model the OpenAI API tests serve (one build per session)."""
+    from tests.conftest import shared_build
+    from tests.serving.test_openai_api import BUILD
+
+    project = shared_build(tmp_path_factory, "lm-gen-chat-openai", *BUILD)
+    return project, project.built.name
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="ray[serve] is not installed (the cpu/gpu extras install it)")
+def test_load_scrapes_the_generation_servers_metrics_as_they_move(chat_model):
+    """`pipeline load --serve` of a chat model: streamed OpenAI completions (the workload's
+    prompts; this tiny model answers the chat questions with an end of line at once) from 4
+    closed-loop users; the server's /metrics, scraped before, during and after, shows decode
+    steps in its batch histogram, KV-cache tokens in use while requests ran, none after."""
+    from pipeline.artifacts.serving import LoadResult
+
+    project, name = chat_model
+    result = project.run("load", name, "--serve", "--api", "completions", "--concurrency", "4",
+                         "--duration", "3",
+                         "--warmup", "0.5", "--timeout", "60", timeout=900)
+    assert result.code == 0, result.err
+    loaded = LoadResult.model_validate_json((project.engines / name / "load-onnxruntime.json").read_text())
+    point = loaded.points[0]
+    assert loaded.server["protocol"].startswith("OpenAI /v1/completions")
+    assert point.ok == point.requests > 0, point.error_examples
+    assert point.generation.ttft_ms["p50"].value > 0 and point.generation.mean_tokens >= 1
+    moved = point.server_metrics
+    assert moved is not None and moved.scrapes >= 1, loaded.server["metrics"]
+    steps = moved.histograms["pipeline:decode_step_sequences"]
+    assert moved.batch_histogram == "pipeline:decode_step_sequences" and steps.count > 0
+    assert moved.counters["pipeline:generation_tokens"] >= sum([point.ok])  # >= 1 a request
+    kv = moved.gauges["pipeline:kv_cache_used_tokens"]
+    assert kv.before == 0 and kv.peak > 0 and kv.after == 0
+    assert moved.gauges["pipeline:num_requests_running"].after == 0
