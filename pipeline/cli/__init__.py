@@ -29,6 +29,7 @@ from pipeline.cli import (
     schema,
     serve,
     sign,
+    supervise,
     tune,
     verify,
 )
@@ -78,6 +79,8 @@ INTERRUPTED = "Interrupted; finished artifacts are kept, a rerun resumes."
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors become one `Error:` line and their exit code."""
     meta: dict = {}  # this invocation's state (--debug), read here after the command ended
+    if argv is None and supervise.wanted(sys.argv[1:], {c.name for c in run.COMMANDS}):
+        supervise.in_child()  # a build: user code ending the process cannot look like success
     try:
         rv = cli.main(args=argv, prog_name="pipeline", standalone_mode=False, obj=meta)
     except PipelineError as e:

@@ -221,3 +221,20 @@ def test_a_planted_sibling_never_supplies_a_stage_to_a_fresh_build(standard_copy
     # what this user's own build made (the export, byte for byte) is still copied, and said from where
     assert "export: the same key is built in engines/poison: its verified files reused (this user " \
            "built them:" in said, said
+
+
+# ------------------------------------------------------------------ 15: user code ending the process
+@pytest.mark.parametrize("ending, code", [
+    ("os._exit(0)", 2),
+    ("signal.signal(signal.SIGUSR1, lambda *a: os._exit(0)); os.kill(os.getpid(), signal.SIGUSR1)", 2),
+    ("os.kill(os.getpid(), signal.SIGTERM)", -15),  # the command dies of it too
+], ids=["os._exit", "handler-exits-0", "sigterm"])
+def test_a_factory_that_ends_the_process_never_looks_like_a_success(project, ending, code):
+    project.write("ends.py", f"import os, signal\n\ndef model(**kwargs):\n    {ending}\n")
+    project.write("recipes/ends.yaml", "description: a factory that ends the process\n"
+                  "extends: standard.yaml\nmodel: {zoo: null, factory: 'ends:model'}\n")
+    result = project.run("export", "ends")
+    assert result.code == code, (result.code, result.err)
+    if code == 2:
+        _one_error(result, 2, "ended the process itself", "nothing it left counts as built")
+    assert not list(project.engines.glob("*/model.onnx"))
