@@ -34,16 +34,36 @@ from pipeline.cli.options import debug_option, ray_address
               "cold start, and stop.")
 @click.option("--engines-dir", type=click.Path(file_okay=False, path_type=Path), default="engines",
               show_default=True, envvar="PIPELINE_ENGINES", help="Where the engines/<recipe>/ folders are.")
+@click.option("--api-key", default=None, envvar="PIPELINE_API_KEY", show_envvar=True,
+              help="Requests must send `Authorization: Bearer KEY` (all routes but /health and "
+              "/v2/health/*); required with a --host beyond loopback.")
 @debug_option
 def serve_command(recipe, engine, replicas, address, host, port, num_cpus, overrides, check_only,
-                  engines_dir):
+                  engines_dir, api_key):
     """Serve a built engine of RECIPE over HTTP (Ray Serve, dynamic batching).
 
     POST /v1/models/RECIPE/infer {"inputs": {...}} (one sample, batch dim 1), or
     /generate for generation engines; GET .../ready, .../stats, /health. See docs/serving.md.
     """
     started = time.perf_counter()  # before the imports: a user waits for them too
+    if not api_key and not _loopback(host):
+        from pipeline.core.errors import InputError
+
+        raise InputError(f"--host {host} serves beyond this machine with no API key: give "
+                         "--api-key KEY (or PIPELINE_API_KEY), or serve on --host 127.0.0.1")
     from pipeline.serving import launch
 
     launch.serve(recipe, engine, replicas, address, host, port, num_cpus, overrides, check_only,
-                 engines_dir, started)
+                 engines_dir, started, api_key or None)
+
+
+def _loopback(host: str) -> bool:
+    """Only this machine can reach `host` (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve beyond loopback
+        return False

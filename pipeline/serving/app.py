@@ -10,16 +10,19 @@ cluster, and an in-process handle for the load generator and tests.
 
 Ray Serve's own `@serve.batch` is not used: it has no preferred batch sizes, no bounded
 queue (503) and no length buckets. The replica runs the batcher itself, so Ray must hand it
-every request at once: max_ongoing_requests is set to max_queue_size + max_batch_size + 1
-(Ray's default of 5 would cap every batch at 5: ray#43288), and the replica's own 503
-answers before Ray would queue anything.
+every request at once: max_ongoing_requests is set far above anything a replica holds
+(Ray's default of 5 would cap every batch at 5: ray#43288). Had it been the replica's queue
+plus a batch, requests whose answers were still on their way out (or whose bodies were still
+arriving) would have filled it, and the rest waited in Ray's unbounded router queue: 500
+concurrent requests all got 200 after up to 21.7 s, none 503 (issue 39). So the replica's own
+bounded queue is the only place a request waits, and beyond it the answer is a 503.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,20 +43,20 @@ def free_port() -> int:
 @contextlib.contextmanager
 def local_ray(num_cpus: int | None = None, address: str | None = None):
     """A Ray node of our own on loopback (serving/ray_node.py: stopped with every process it
-    started on exit), or the cluster at `address` (joined, left running). No dashboard; every
-    port Ray picks itself."""
+    started on exit; yields its Node), or the cluster at `address` (joined, left running;
+    yields None). No dashboard; every port Ray picks itself."""
     import ray
 
     from pipeline.serving import ray_node
 
     if not address:
         with ray_node.own_ray(num_cpus, log_to_driver=False,
-                              _system_config={"metrics_report_interval_ms": 60_000}):
-            yield
+                              _system_config={"metrics_report_interval_ms": 60_000}) as node:
+            yield node
         return
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
     try:
-        yield
+        yield None
     finally:
         from ray import serve
 
@@ -62,13 +65,17 @@ def local_ray(num_cpus: int | None = None, address: str | None = None):
         ray.shutdown()
 
 
+ONGOING_CAP = 100_000  # requests Ray hands a replica at once: more than it ever holds
+
+
 def max_ongoing(spec, max_batch: int) -> int:
-    """Requests Ray hands one replica at once: its whole queue plus a running batch."""
-    return (spec.max_queue_size or 10_000) + max_batch + 1
+    """Requests Ray hands one replica at once: all of them, so they wait in the replica's
+    bounded queue (503 beyond it), never in Ray's router (see the module docstring)."""
+    return ONGOING_CAP
 
 
 def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: int,
-               max_replicas_per_node: int | None = None):
+               max_replicas_per_node: int | None = None, api_key: str | None = None):
     """The bound Ray Serve application (not yet running)."""
     from ray import serve
 
@@ -101,7 +108,7 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
             from pipeline.serving import http_api
 
             api = FastAPI(title=f"pipeline serve {recipe.name}")
-            http_api.routes(api, lambda: self.replica, recipe.name)
+            http_api.routes(api, lambda: self.replica, recipe.name, api_key)
             return api
 
         async def infer_arrays(self, inputs: dict) -> InferAnswer:
@@ -156,6 +163,7 @@ class Server:
     port: int
     handle: Handle
     owns_serve: bool = True  # Serve was started for this app (not a cluster's shared Serve)
+    api_key: str | None = field(default=None, repr=False)  # HTTP's `Authorization: Bearer <key>`
 
     @property
     def url(self) -> str:
@@ -172,7 +180,8 @@ class Server:
 
 def start(recipe, engines_root: Path, engine: str | None = None, spec=None, replicas: int | None = None,
           host: str = "127.0.0.1", port: int | None = None, every_node: bool = False,
-          max_replicas_per_node: int | None = None, owns_serve: bool = True) -> Server:
+          max_replicas_per_node: int | None = None, owns_serve: bool = True,
+          api_key: str | None = None) -> Server:
     """Run the application on the Ray this process is connected to; returns once every
     replica has loaded its engine (serve.run waits for them). `owns_serve`: Serve (its HTTP
     proxy on `port`) is ours, shut down by stop(); False on a cluster whose Serve others use
@@ -184,6 +193,6 @@ def start(recipe, engines_root: Path, engine: str | None = None, spec=None, repl
     serve.start(http_options={"host": host, "port": port},
                 proxy_location="EveryNode" if every_node else "HeadOnly")
     app = deployment(recipe, Path(engines_root).resolve(), engine, spec, replicas or spec.replicas,
-                     max_replicas_per_node)
+                     max_replicas_per_node, api_key)
     handle = serve.run(app, name=APP, route_prefix="/", blocking=False)
-    return Server(recipe.name, host, port, Handle(handle), owns_serve)
+    return Server(recipe.name, host, port, Handle(handle), owns_serve, api_key)

@@ -35,9 +35,11 @@ def probe(recipe) -> JsonObject:
     return {"inputs": {k: np.asarray(v)[:1].tolist() for k, v in feed.items()}}
 
 
-def post(url: str, body: dict, timeout: float = 300) -> tuple[int, dict]:
-    request = urllib.request.Request(url, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+def post(url: str, body: dict, timeout: float = 300, api_key: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -50,7 +52,7 @@ def first_request(server, recipe) -> tuple[dict, dict, float]:
     body = probe(recipe)
     route = recipe.workload.served_as
     start = time.perf_counter()
-    status, answer = post(f"{server.url}/{route}", body)
+    status, answer = post(f"{server.url}/{route}", body, api_key=getattr(server, "api_key", None))
     elapsed = (time.perf_counter() - start) * 1e3
     if status != 200:
         raise StageFailed(f"the served engine answered the first request with HTTP {status}: "

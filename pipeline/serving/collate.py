@@ -66,7 +66,15 @@ def _array(name: str, value, dtype: str) -> np.ndarray:
         raise BadRequest(f"input `{name}` must be a nested list of numbers")
     if want.kind in "iu" and array.size and array.dtype.kind == "f":
         raise BadRequest(f"input `{name}` holds non-integer numbers; the engine takes {want}")
+    if want.kind in "iu" and array.size and not _fits(array, want):
+        raise BadRequest(f"input `{name}` holds a number beyond {want}'s range")
     return array.astype(want)
+
+
+def _fits(array: np.ndarray, dtype: np.dtype) -> bool:
+    """Every value representable in `dtype` (a JSON 2**63 parses as uint64 and would wrap)."""
+    info = np.iinfo(dtype)
+    return int(array.min()) >= info.min and int(array.max()) <= info.max
 
 
 def check(sig: Signature, inputs: dict) -> tuple[dict[str, np.ndarray], dict[str, int]]:
@@ -99,8 +107,32 @@ def check(sig: Signature, inputs: dict) -> tuple[dict[str, np.ndarray], dict[str
             elif dim.name and lengths.setdefault(dim.name, size) != size:
                 raise BadRequest(f"input `{spec.name}` dim {axis} ({dim.name}) is {size}, another "
                                  f"input has {lengths[dim.name]}: inputs sharing `{dim.name}` must agree")
+        _check_values(spec, array, sig.pad_values.get(spec.name, 0))
         arrays[spec.name] = array
     return arrays, lengths
+
+
+def _check_values(spec, array: np.ndarray, pad) -> None:
+    """Integer inputs (token ids, indices, masks) must lie in the recipe's `range` [low, high):
+    an id past the vocabulary makes the engine's Gather fail, and with it every request
+    batched with this one. The value the server pads this input with is accepted too (the
+    engine is fed it anyway: a 0 attention mask on padding). Floats must be finite; a float
+    input's `range` only says what random feeds are drawn from, not what the engine takes."""
+    if not array.size:
+        return
+    if array.dtype.kind in "iub" and spec.range is not None:
+        low, high = int(spec.range[0]), int(spec.range[1])
+        outside = (array < low) | (array >= high)
+        if pad is not None and float(pad).is_integer():
+            outside &= array != int(pad)
+        if outside.any():
+            bad = array[outside].flat[0]
+            allowed = f"{low}..{high - 1}" + (f" (or the pad value {int(pad)})"
+                                              if pad is not None and not low <= pad < high else "")
+            raise BadRequest(f"input `{spec.name}` holds {bad}, outside the values the engine "
+                             f"takes: {allowed}")
+    elif array.dtype.kind == "f" and not np.isfinite(array).all():
+        raise BadRequest(f"input `{spec.name}` holds NaN or infinity; the engine takes finite numbers")
 
 
 def _describe(shape: list, batched: bool) -> str:

@@ -15,11 +15,16 @@
     GET  /metrics                       the replica's Prometheus metrics (serving/metrics.py)
     /v2/...                             Triton's KServe v2 protocol for tensor models
                                         (serving/kserve.py)
-Errors: 400 {"error": one line} for a bad request, 404 for another recipe, 503 {"error":
+Errors: 400 {"error": one line} for a bad request, 401 without the API key (when one is
+set), 404 for another recipe, 408/413 for a body too slow or too large (guard.py), 422 when
+the engine refused a request that passed the checks but ran its batch-mates, 503 {"error":
 "queue full"} with Retry-After when the bounded queue is full, 500 when the engine fails.
+A /generate stream that fails after its first line ends with an {"error": one line} line.
+The OpenAI routes answer in OpenAI's error shape (errors.py picks the shape by route).
 
-`routes(app, get_replica, recipe_name)` adds the routes to a FastAPI app whose handlers
-reach the replica through `get_replica()` (the Ray Serve deployment's, or a test's).
+`routes(app, get_replica, recipe_name, api_key)` adds the routes, the request guard (API key,
+body bounds) and the error handlers to a FastAPI app whose handlers reach the replica
+through `get_replica()` (the Ray Serve deployment's, or a test's).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request)
@@ -31,29 +36,36 @@ import numpy as np
 
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import InvalidSampling, SamplingParams
-from pipeline.serving import kserve
+from pipeline.serving import errors, guard, kserve
 from pipeline.serving.batcher import QueueFull
 from pipeline.serving.collate import BadRequest
+from pipeline.serving.replica import EngineFailed
 
 NPZ = "application/x-npz"
-
-
-RETRY_AFTER_S = 1  # a 503's Retry-After: a decode step or a batch frees a place within ~1 s here
+RETRY_AFTER_S = errors.RETRY_AFTER_S
 
 
 def _error(status: int, message: str):
-    from fastapi.responses import JSONResponse
-
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return errors.response("", status, message)  # this API's shape: {"error": one line}
 
 
-def parse_npz(body: bytes) -> dict[str, np.ndarray]:
+def parse_npz(body: bytes, limit: int | None = None) -> dict[str, np.ndarray]:
+    """The arrays of an .npz body; BadRequest when it is none, or when its members would
+    unpack to more than `limit` bytes (an npz is a zip: a small body can inflate to GBs)."""
+    import zipfile
+
     try:
+        with zipfile.ZipFile(io.BytesIO(body)) as archive:
+            unpacked = sum(member.file_size for member in archive.infolist())
+        if limit is not None and unpacked > limit:
+            raise BadRequest(f"the .npz unpacks to {unpacked:,} bytes; this model takes "
+                             f"{limit:,} at most")
         with np.load(io.BytesIO(body), allow_pickle=False) as npz:
             return {name: npz[name] for name in npz.files}
+    except BadRequest:
+        raise
     except Exception as e:  # not an npz, or an object array (pickles are refused)
-        raise BadRequest(f"the body is not a readable .npz of arrays ({type(e).__name__}: {e})") from None
+        raise BadRequest(f"the body is not a readable .npz of arrays ({errors.one_line(e)})") from None
 
 
 def to_npz(arrays: dict[str, np.ndarray]) -> bytes:
@@ -62,9 +74,14 @@ def to_npz(arrays: dict[str, np.ndarray]) -> bytes:
     return buffer.getvalue()
 
 
-def routes(app, get_replica, recipe_name: str) -> None:
-    """Adds the routes above to `app`; requests for a recipe other than `recipe_name` get 404."""
+def routes(app, get_replica, recipe_name: str, api_key: str | None = None) -> None:
+    """Adds the routes above to `app`; requests for a recipe other than `recipe_name` get 404.
+    `api_key`: every route but the liveness probes needs `Authorization: Bearer <api_key>`."""
     from fastapi import Request
+
+    app.add_middleware(guard.RequestGuard, api_key=api_key,
+                       limit=lambda: guard.body_limit(get_replica()))
+    errors.install_handlers(app)
 
     def _other(name: str):
         return None if name == recipe_name else _error(404, f"no model `{name}` here (serving "
@@ -115,7 +132,7 @@ async def _infer(get_replica, request):
     body = await request.body()
     try:
         if request.headers.get("content-type", "").split(";")[0].strip() == NPZ:
-            inputs = parse_npz(body)
+            inputs = parse_npz(body, guard.body_limit(get_replica()))
         else:
             inputs = _json(body).get("inputs")
         answer = await get_replica().infer(inputs)
@@ -124,6 +141,8 @@ async def _infer(get_replica, request):
     except QueueFull:
         get_replica().metrics.tensor_failure()  # Triton counts a rejection as a failure
         return _error(503, "queue full")
+    except EngineFailed as e:
+        return _error(e.status, str(e))
     timings = answer.timings()
     if NPZ in request.headers.get("accept", ""):
         headers = {f"x-{k.replace('_', '-')}": str(v) for k, v in timings.items()}
@@ -148,18 +167,26 @@ async def _generate(get_replica, request):
 
     async def lines():
         yield json.dumps(first) + "\n"
-        async for item in tokens:
-            yield json.dumps(item) + "\n"
+        try:
+            async for item in tokens:
+                yield json.dumps(item) + "\n"
+        except Exception as e:  # the 200 is sent: the stream ends with the error, never silently
+            yield json.dumps({"error": f"the generation failed: {errors.one_line(e)}"}) + "\n"
 
     if body.get("stream", True):
         return StreamingResponse(lines(), media_type="application/x-ndjson")
-    items = [first] + [item async for item in tokens]
+    try:
+        items = [first] + [item async for item in tokens]
+    except Exception as e:
+        return _error(500, f"the generation failed: {errors.one_line(e)}")
     return JSONResponse({"token_ids": [i["token"] for i in items if "token" in i], **items[-1]})
 
 
 def _json(body: bytes) -> JsonObject:
     try:
         data = json.loads(body or b"null")
+    except RecursionError:  # [[[[... nested past Python's recursion limit
+        raise BadRequest("the body nests arrays or objects too deeply") from None
     except ValueError as e:
         raise BadRequest(f"the body is not JSON ({e})") from None
     if not isinstance(data, dict):

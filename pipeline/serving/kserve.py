@@ -24,7 +24,6 @@ the bounded queue gets 503 with Retry-After, nothing queued. Errors are KServe's
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations (Request).
 import asyncio
 import functools
-import gzip
 import json
 import math
 import zlib
@@ -35,8 +34,10 @@ import numpy as np
 
 from pipeline.core.deps import version as installed_version
 from pipeline.core.json_object import JsonObject
+from pipeline.serving import errors, guard
 from pipeline.serving.batcher import QueueFull
 from pipeline.serving.collate import BadRequest
+from pipeline.serving.replica import EngineFailed
 
 VERSION = "1"  # the model version `pipeline deploy --triton` writes; the only one served
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -127,13 +128,12 @@ class InferRequest:
     binary_default: bool = False
 
 
-def parse(body: bytes, header_length: str | None, encoding: str | None, sig) -> InferRequest:
-    """The request body (JSON, or a JSON header + binary tensors) -> InferRequest; V2Error 400."""
+def parse(body: bytes, header_length: str | None, encoding: str | None, sig,
+          limit: int | None = None) -> InferRequest:
+    """The request body (JSON, or a JSON header + binary tensors) -> InferRequest; V2Error 400
+    (413 when a compressed body inflates past `limit` bytes)."""
     if encoding in ("gzip", "deflate"):
-        try:
-            body = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
-        except (OSError, zlib.error) as e:
-            raise V2Error(400, f"the body is not {encoding}-compressed ({e})") from None
+        body = _inflate(body, encoding, limit)
     elif encoding not in (None, "identity"):
         raise V2Error(400, f"Content-Encoding `{encoding}` is not supported (gzip, deflate)")
     size = len(body)
@@ -144,17 +144,45 @@ def parse(body: bytes, header_length: str | None, encoding: str | None, sig) -> 
         size = int(header_length)
     try:
         request = json.loads(body[:size] or b"null")
+    except RecursionError:  # [[[[... nested past Python's recursion limit
+        raise V2Error(400, "the inference header nests arrays or objects too deeply") from None
     except ValueError as e:
         raise V2Error(400, f"the inference header is not JSON ({e})") from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise V2Error(400, 'the request needs "inputs": [{"name", "shape", "datatype", "data"}]')
     arrays = _inputs(request["inputs"], memoryview(body)[size:], sig)
-    parameters = request.get("parameters") or {}
+    parameters = _parameters(request, "the request")
     parsed = InferRequest(request.get("id"), arrays, None,
                           binary_default=bool(parameters.get("binary_data_output", False)))
     if request.get("outputs") is not None:
         _requested_outputs(request["outputs"], sig, parsed)
     return parsed
+
+
+def _parameters(entry: dict, what: str) -> dict:
+    parameters = entry.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise V2Error(400, f"{what}: \"parameters\" must be an object")
+    return parameters
+
+
+def _inflate(body: bytes, encoding: str, limit: int | None) -> bytes:
+    """A gzip or deflate body, inflated no further than `limit` bytes (a small bomb can
+    inflate to gigabytes)."""
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        data = inflater.decompress(body, limit + 1 if limit else 0)
+    except zlib.error as e:
+        raise V2Error(400, f"the body is not {encoding}-compressed ({e})") from None
+    if limit and len(data) > limit:
+        raise V2Error(413, f"the {encoding} body inflates past {limit:,} bytes, more than this "
+                           "model takes")
+    if not inflater.eof:
+        raise V2Error(400, f"the body is not {encoding}-compressed (it ends early)")
+    return data
 
 
 def _inputs(entries: list, binary: memoryview, sig) -> dict[str, np.ndarray]:
@@ -173,7 +201,7 @@ def _inputs(entries: list, binary: memoryview, sig) -> dict[str, np.ndarray]:
                                                   and d >= 0 for d in shape):
             raise V2Error(400, f"input `{name}` needs a shape: a list of sizes >= 0")
         dtype = np.dtype(NUMPY[datatype])
-        size = (entry.get("parameters") or {}).get("binary_data_size")
+        size = _parameters(entry, f"input `{name}`").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or size < 0 or offset + size > len(binary):
                 raise V2Error(400, f"input `{name}`: binary_data_size {size!r} runs past the "
@@ -216,7 +244,7 @@ def _requested_outputs(entries, sig, parsed: InferRequest) -> None:
     parsed.outputs = []
     for entry in entries:
         name = entry.get("name") if isinstance(entry, dict) else None
-        parameters = (entry.get("parameters") or {}) if isinstance(entry, dict) else {}
+        parameters = _parameters(entry, f"output {name!r}") if isinstance(entry, dict) else {}
         if name not in sig.outputs:
             raise V2Error(400, f"unknown output {name!r}: the model answers {sig.outputs}")
         if parameters.get("classification"):
@@ -253,6 +281,8 @@ async def infer(replica, request: InferRequest) -> tuple[dict[str, np.ndarray], 
             raise V2Error(400, str(failed[0]))
         if isinstance(failed[0], QueueFull):  # another request took the places meanwhile
             raise V2Error(503, "queue full", len(failed))
+        if isinstance(failed[0], EngineFailed):
+            raise V2Error(failed[0].status, str(failed[0]))
         raise failed[0]
     names = request.outputs or list(answers[0].outputs)
     outputs = {n: (np.concatenate([a.outputs[n] for a in answers]) if sig.batched
@@ -289,10 +319,7 @@ def encode(model: str, request: InferRequest, outputs: dict[str, np.ndarray],
 
 # ----------------------------------------------------------------------------- routes
 def error(status: int, message: str):
-    from fastapi.responses import JSONResponse
-
-    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return errors.response("/v2", status, message)
 
 
 def routes(app, get_replica, recipe_name: str) -> None:
@@ -338,13 +365,14 @@ def routes(app, get_replica, recipe_name: str) -> None:
         replica = get_replica()
         try:
             parsed = parse(await request.body(), request.headers.get(HEADER_LENGTH),
-                           request.headers.get("content-encoding"), replica.signature)
+                           request.headers.get("content-encoding"), replica.signature,
+                           guard.body_limit(replica))
             outputs, timings = await infer(replica, parsed)
             body, headers = encode(name, parsed, outputs, timings)
         except V2Error as e:
             replica.metrics.tensor_failure(e.rejected)  # Triton counts a rejection as a failure
             return error(e.status, str(e))
         except Exception as e:  # the engine failed (the batch loop counted it)
-            return error(500, f"the engine failed: {type(e).__name__}: {e}")
+            return error(500, f"the engine failed: {errors.one_line(e)}")
         media = headers.pop("Content-Type")
         return Response(body, media_type=media, headers=headers)

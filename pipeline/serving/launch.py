@@ -56,7 +56,7 @@ def serve_overrides(recipe, items: tuple[str, ...]):
 
 def serve(recipe: str, engine: str | None, replicas: int | None, address: str | None, host: str,
           port: int, num_cpus: int | None, overrides: tuple[str, ...], check_only: bool,
-          engines_dir: Path, started: float) -> None:
+          engines_dir: Path, started: float, api_key: str | None = None) -> None:
     """Serve RECIPE's engine until SIGINT or SIGTERM (`check_only`: until the first answer is
     checked). `started`: the command's perf_counter at its start, so the recorded times
     (ray_start_s, ready_s, cold_start_s) count the imports too, as a user waits for them."""
@@ -74,11 +74,11 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
         check_port(host, port)
     stop = SignalStop()
     stop.install()
-    with app.local_ray(num_cpus, address):
+    with app.local_ray(num_cpus, address) as node:
         stop.install()  # again: ray.init() replaced them (see the module's docstring)
         ray_up = time.perf_counter() - started
         server = app.start(loaded, engines_dir, choice.target, spec, replicas, host, port,
-                           owns_serve=not address)
+                           owns_serve=not address, api_key=api_key)
         ready = time.perf_counter() - started
         body, answer, first_ms = coldstart.first_request(server, loaded)
         cold = time.perf_counter() - started
@@ -95,10 +95,14 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
         if not check_only:
             console.print("Ctrl-C or SIGTERM stops it")
             stop.serve_until_signal()
-        fields["replica"] = [_replica(server.handle.stats())]
+        # a group-wide SIGTERM (systemd's stop) ended our Ray beside us: nothing more to ask it
+        ours_alive = node is None or node.alive()
+        if ours_alive:
+            fields["replica"] = [_replica(server.handle.stats())]
         fields["stopped"] = now()
         coldstart.record(loaded, engines_dir, fields)
-        server.stop()
+        if ours_alive:
+            server.stop()
 
 
 class SignalStop:

@@ -28,6 +28,24 @@ from pipeline.serving.metrics import ServingMetrics
 from pipeline.serving.scheduler import NeverFits
 
 
+class EngineFailed(RuntimeError):
+    """The engine failed a request run alone: 422 when it ran the request's batch-mates (the
+    request is what it refuses), 500 when it ran none of them."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+    @classmethod
+    def of(cls, error: Exception, status: int) -> EngineFailed:
+        text = str(error).strip().splitlines()
+        what = "refused this request" if status == 422 else "failed"
+        return cls(f"the engine {what}: {type(error).__name__}: {text[0] if text else ''}"[:500], status)
+
+    def __reduce__(self):  # crosses Ray's process boundary with its status
+        return type(self), (str(self), self.status)
+
+
 @dataclass(frozen=True)
 class InferAnswer:
     """One sample's outputs (batch dim 1, padded axes cut back) and what the replica measured."""
@@ -86,7 +104,8 @@ class Replica:
         arrays, lengths = collate.check(self.signature, inputs)
         key = collate.bucket(self.signature, lengths)
         future = asyncio.get_running_loop().create_future()
-        self.batcher.submit((arrays, lengths, future), key)  # QueueFull: nothing was queued
+        # [arrays, lengths, future, the engine's error when it fails]
+        self.batcher.submit([arrays, lengths, future, None], key)  # QueueFull: nothing was queued
         self._kick()
         return await future
 
@@ -110,27 +129,51 @@ class Replica:
             await self._run(batch)
 
     async def _run(self, batch) -> None:
-        feeds = [q.item[0] for q in batch]
-        lengths = [q.item[1] for q in batch]
-        futures = [q.item[2] for q in batch]
+        """Run one batch; when the engine fails it, run each request again alone, so that a
+        request the checks let through but the engine refuses fails by itself and its
+        batch-mates get the answers they would have got alone."""
         try:
-            feed = collate.stack(self.signature, feeds, batch[0].bucket)
-            start = time.perf_counter()
-            outputs = await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.infer, feed)
-            compute_ms = (time.perf_counter() - start) * 1e3
-            answers = collate.split(self.signature, outputs, lengths)
-        except Exception as e:  # the engine failed: every request of the batch is told
-            self.metrics.tensor_failure(len(batch))
-            for f in futures:
-                if not f.done():
-                    f.set_exception(e)
+            answers, compute_ms = await self._compute(batch)
+        except Exception as e:
+            if len(batch) == 1:
+                self._fail(batch[0], e, status=500)
+                return
+            failed = [q for q in batch if not await self._run_alone(q)]
+            for q in failed:  # the engine ran the others: the failure is this request's own
+                self._fail(q, q.item[3], status=422 if len(failed) < len(batch) else 500)
             return
+        self._answer(batch, answers, compute_ms)
+
+    async def _run_alone(self, q) -> bool:
+        """A request of a failed batch run again as a batch of one (padded to its own bucket,
+        so its answer is what it gets alone); False, with the error kept, when it fails again."""
+        try:
+            answers, compute_ms = await self._compute([q])
+        except Exception as e:
+            q.item[3] = e
+            return False
+        self._answer([q], answers, compute_ms)
+        return True
+
+    async def _compute(self, batch) -> tuple[list[dict], float]:
+        feed = collate.stack(self.signature, [q.item[0] for q in batch], batch[0].bucket)
+        start = time.perf_counter()
+        outputs = await asyncio.get_running_loop().run_in_executor(self._pool, self.engine.infer, feed)
+        compute_ms = (time.perf_counter() - start) * 1e3
+        return collate.split(self.signature, outputs, [q.item[1] for q in batch]), compute_ms
+
+    def _fail(self, q, error: Exception, status: int) -> None:
+        self.metrics.tensor_failure(1)
+        if not q.item[2].done():
+            q.item[2].set_exception(EngineFailed.of(error, status))
+
+    def _answer(self, batch, answers: list[dict], compute_ms: float) -> None:
         self.batches[len(batch)] = self.batches.get(len(batch), 0) + 1
         self.metrics.tensor_batch(len(batch), [q.queue_s() for q in batch], compute_ms / 1e3)
         self.requests += len(batch)
-        for q, f, answer in zip(batch, futures, answers):
-            if not f.done():  # a client that went away cancelled its future
-                f.set_result(InferAnswer(answer, q.queue_s() * 1e3, compute_ms, len(batch)))
+        for q, answer in zip(batch, answers):
+            if not q.item[2].done():  # a client that went away cancelled its future
+                q.item[2].set_result(InferAnswer(answer, q.queue_s() * 1e3, compute_ms, len(batch)))
 
     # ------------------------------------------------------------------ generation
     async def generate(self, prompt_ids: list[int], params: SamplingParams):
