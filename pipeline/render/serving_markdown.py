@@ -59,6 +59,7 @@ def markdown(loads: list[dict]) -> list[str]:
                              f"{_ms(g['tpot_ms']['p99'])} | {_ms(g['itl_ms']['p99'])} | "
                              f"{g['tokens_per_s']:.1f} | {_num(st.get('p50'), '.1f')} / "
                              f"{_num(sp.get('p50'), '.1f')} |")
+        lines += _metrics_table(r["points"])
         if r.get("soak"):
             v = r["soak"]["verdict"]
             m = v.get("memory_slope_mib_per_hour") or {}
@@ -68,3 +69,30 @@ def markdown(loads: list[dict]) -> list[str]:
             lines += ["", f"![{r['mode']}]({r['plot']})"]
         lines.append("")
     return lines
+
+
+GAUGES = ("pipeline:num_requests_running", "pipeline:kv_cache_used_tokens")
+
+
+def _metrics_table(points: list[dict]) -> list[str]:
+    """The server's own /metrics over each point (loadgen/scrape.py): its batch-size
+    histogram's gain, and the running requests and KV-cache tokens before / peak / after."""
+    scraped = [p for p in points if p.get("server_metrics")]
+    if not scraped:
+        return []
+    lines = ["", "Server's /metrics over each point:", "",
+             "| offered/s | batch histogram | batches | mean batch | running before / peak / after "
+             "| KV tokens used before / peak / after |", "|---|---|---|---|---|---|"]
+    for p in scraped:
+        m = p["server_metrics"]
+        name = m.get("batch_histogram")
+        batches = (m["histograms"].get(name) or {}).get("count") if name else None
+        lines.append(f"| {p['offered_rate']:.2f} | {name or '—'} | {_num(batches, '.0f')} | "
+                     f"{_num(m.get('mean_batch'), '.2f')} | {_move(m, GAUGES[0])} | "
+                     f"{_move(m, GAUGES[1])} |")
+    return lines
+
+
+def _move(metrics: dict, gauge: str) -> str:
+    g = metrics["gauges"].get(gauge)
+    return "—" if not g else " / ".join(_num(g.get(k), ".0f") for k in ("before", "peak", "after"))

@@ -116,3 +116,5 @@ def test_load_scrapes_the_generation_servers_metrics_as_they_move(chat_model):
     kv = moved.gauges["pipeline:kv_cache_used_tokens"]
     assert kv.before == 0 and kv.peak > 0 and kv.after == 0
     assert moved.gauges["pipeline:num_requests_running"].after == 0
+    report = (project.engines / name / "report.md").read_text()
+    assert "| pipeline:decode_step_sequences |" in report  # report.md's table of the movement
