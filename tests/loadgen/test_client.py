@@ -209,3 +209,29 @@ def test_load_help_imports_no_client_ray_or_torch():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_url_is_read_as_a_servers_base_and_a_models_name():
+    from pipeline.loadgen.protocol import resolve
+
+    assert resolve("http://h:8000", None, "r") == ("http://h:8000", "r")
+    assert resolve("http://h:8000/v1/", None, "r") == ("http://h:8000", "r")  # OpenAI's base URL
+    assert resolve("http://h:8000/v1/models/minilm", None, "r") == ("http://h:8000", "minilm")
+    assert resolve("http://h/proxy/v2/models/m/infer", "x", "r") == ("http://h/proxy", "x")
+
+
+def test_an_external_server_is_driven_by_its_own_model_name(project):
+    """A server that serves the model under another name (vLLM's, llama.cpp's): refused in
+    one line naming what it serves, measured with --model."""
+    with FakeServer(Behaviour(tokens=3), model="their-name") as server:
+        wrong = project.run("load", "lm-gen", "--url", f"{server.base}/v1", "--rate", "5")
+        right = project.run("load", "lm-gen", "--url", f"{server.base}/v1", "--model", "their-name",
+                            "--rate", "20", "--duration", "0.5", "--warmup", "0",
+                            "--min-requests", "5", timeout=180)
+    assert wrong.code == 2 and "their-name" in wrong.err and "--model" in wrong.err
+    assert right.code == 0, right.err
+    data = json.loads(next((project.engines / "lm-gen").glob("load-*.json")).read_text())
+    point = data["points"][0]
+    assert point["ok"] == point["requests"] >= 5 and point["generation"]["mean_tokens"] == 3
+    assert data["server"]["model"] == "their-name" and "/v1/completions" in data["url"]
+    assert data["server"]["metrics"].startswith("not scraped")  # the stand-in has no /metrics
