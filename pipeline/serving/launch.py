@@ -27,6 +27,8 @@ from pathlib import Path
 from pipeline.core.errors import InputError, RecipeError
 from pipeline.core.json_object import JsonObject
 
+STOP_GRACE_S = 2.0  # how long Ray's own processes get to show a stop signal reached them too
+
 
 def serve_overrides(recipe, items: tuple[str, ...]):
     """`--set serve.KEY=VALUE` on top of the recipe's serve section (never another section:
@@ -95,8 +97,8 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
         if not check_only:
             console.print("Ctrl-C or SIGTERM stops it")
             stop.serve_until_signal()
-        # a group-wide SIGTERM (systemd's stop) ended our Ray beside us: nothing more to ask it
-        ours_alive = node is None or node.alive()
+        # a group-wide SIGTERM (systemd's stop) ends our Ray beside us: nothing more to ask it
+        ours_alive = node is None or node.alive(grace_s=STOP_GRACE_S)
         if ours_alive:
             fields["replica"] = [_replica(server.handle.stats())]
         fields["stopped"] = now()

@@ -27,6 +27,7 @@ import ipaddress
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 
 LOOPBACK = "127.0.0.1"
 SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
@@ -112,9 +113,32 @@ def _init(num_cpus: int | None, session: str, options: dict) -> None:
             ray.shutdown()
 
 
+@dataclass
+class Node:
+    """The processes ray.init started for our node (GCS, raylet, monitor, dashboard, log
+    monitor). A SIGTERM to the whole process group, as systemd's control-group stop sends it,
+    ends them beside us; then nothing may ask the cluster anything more (Serve's delete waits
+    on the GCS, whose client gives up after 60 s by ending the process, exit 1): `alive()`
+    says whether the stop may still go through Serve."""
+
+    daemons: set = field(default_factory=set)
+
+    def alive(self, grace_s: float = 0.0) -> bool:
+        """All of them still run, `grace_s` after asking: the signal that stops us reached
+        them at the same moment, and a GCS takes a little while to end."""
+        import psutil
+
+        gone, running = psutil.wait_procs(self.daemons, timeout=grace_s) if grace_s else ((), self.daemons)
+        try:
+            return not gone and all(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in running)
+        except psutil.NoSuchProcess:
+            return False
+
+
 @contextlib.contextmanager
 def own_ray(num_cpus: int | None = None, **options):
-    """A Ray node of this process, on loopback, stopped with every process it started on exit.
+    """A Ray node of this process (yields its Node), on loopback, stopped with every process
+    it started on exit.
 
     `address="local"` with a session folder of its own: `ray.init()` with no address joins
     whatever Ray it finds on the machine (RAY_ADDRESS, the `ray_current_cluster` note of a
@@ -123,26 +147,41 @@ def own_ray(num_cpus: int | None = None, **options):
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    _no_implicit_init()
     # short, under /tmp: Ray's unix sockets live in it (a socket path has ~107 bytes)
     session = tempfile.mkdtemp(prefix="rayp", dir="/tmp")
     before = _children()
+    node = Node()
     try:
         with _loopback_only():
             _init(num_cpus, session, options)
+        node.daemons = _children() - before
         if ray.util.get_node_ip_address() != LOOPBACK:  # a Ray that resolves its address otherwise
             raise RuntimeError(f"the local Ray took {ray.util.get_node_ip_address()}, not {LOOPBACK}")
-        yield
+        yield node
     finally:
         started = _started_since(before)  # while the raylet lives: its agents and workers too
-        _stop()
+        _stop(serve_too=node.alive())
         _end(started)
         shutil.rmtree(session, ignore_errors=True)
 
 
-def _stop() -> None:
+def _no_implicit_init() -> None:
+    """Ray's API calls ray.init() themselves when Ray is not up (auto_init_hook, read from
+    RAY_ENABLE_AUTO_CONNECT at import): a call from one of Serve's background threads after
+    our node stopped (its long-poll client, when the GCS died first) started a second Ray,
+    dashboard and all, bound to every interface. A process that starts its own node never
+    wants that: off, for the rest of the process (a later own_ray does not need it)."""
+    from ray._private import auto_init_hook
+
+    os.environ["RAY_ENABLE_AUTO_CONNECT"] = "0"
+    auto_init_hook.enable_auto_connect = False
+
+
+def _stop(serve_too: bool) -> None:
     import ray
 
-    if ray.is_initialized():
+    if serve_too and ray.is_initialized():
         from ray import serve
 
         with contextlib.suppress(Exception):

@@ -69,6 +69,13 @@ def _session(sid: int) -> list[psutil.Process]:
     return found
 
 
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _listening(processes: list[psutil.Process]) -> list[tuple[int, str, str, int]]:
     """(pid, name, ip, port) of every listening TCP socket of `processes`."""
     rows = []
@@ -142,7 +149,7 @@ def test_sigterm_while_serving_stops_it_with_exit_0_leaving_nothing_behind(serve
     assert wait_exit(served.proc, 120) == 0, served.output()
     out = served.output()
     assert "Traceback" not in out and "SIGTERM received" not in out, out
-    left = [(p.pid, p.name()) for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [(p.pid, p.name()) for p in processes if _alive(p)]
     assert not left and not _session(served.proc.pid), f"left behind: {left}"
     assert not ports & _listening_ports(), "a port of the stopped server still listens"
 
@@ -165,5 +172,29 @@ def test_sigint_while_it_starts_interrupts_it_with_130_leaving_nothing_behind(ti
             proc.wait()
     assert "Interrupted" in log.read_text() and "Traceback" not in log.read_text(), log.read_text()
     assert SERVING not in log.read_text()
-    left = [(p.pid, p.name()) for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [(p.pid, p.name()) for p in processes if _alive(p)]
+    assert not left and not _session(proc.pid), f"left behind: {left}"
+
+
+def test_sigterm_to_its_whole_process_group_also_stops_it_with_exit_0(tiny, tmp_path):  # noqa: F811
+    """systemd's stop (KillMode=control-group) and `kill -TERM -PGID` reach Ray's GCS and
+    raylet too: the server must not wait on them (Ray's GCS client ends the process after
+    60 s, exit 1) and still leave nothing behind."""
+    pytest.importorskip("ray.serve")
+    from pipeline.serving.app import free_port
+
+    log = tmp_path / "serve.log"
+    proc = _start(tiny, free_port(), log)
+    try:
+        _wait_for(lambda: SERVING in log.read_text(errors="replace"), proc, log, "serving line")
+        processes = _session(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert wait_exit(proc, 50) == 0, log.read_text()  # well within Ray's 60 s
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # Serve's long-poll thread may log that Ray is gone; no second Ray may start from it
+    assert "Started a local Ray instance" not in log.read_text().split(SERVING)[1], log.read_text()
+    left = [(p.pid, p.name()) for p in processes if _alive(p)]
     assert not left and not _session(proc.pid), f"left behind: {left}"
