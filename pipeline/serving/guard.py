@@ -57,13 +57,21 @@ class _Gone(Exception):
     """The client disconnected before its body arrived: nothing to answer."""
 
 
+class Receiving:
+    """Requests whose bodies are being read now (GET .../stats shows it as `receiving`)."""
+
+    def __init__(self):
+        self.count = 0
+
+
 class RequestGuard:
     """The ASGI middleware: `api_key` (None: no key asked), `limit()` the body limit in bytes
-    (read when the first request comes, once the replica has loaded)."""
+    (read when the first request comes, once the replica has loaded), `receiving` counted."""
 
-    def __init__(self, app, api_key: str | None, limit: Callable[[], int]):
+    def __init__(self, app, api_key: str | None, limit: Callable[[], int], receiving: Receiving):
         self.app, self.api_key, self._limit_of = app, api_key, limit
         self._limit: int | None = None
+        self.receiving = receiving
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -82,6 +90,7 @@ class RequestGuard:
                 return await _refuse(send, path, 400, "Content-Length is not a number")
             if int(declared) > self._limit:
                 return await _refuse(send, path, 413, _too_large(int(declared), self._limit))
+        self.receiving.count += 1
         try:
             body = await asyncio.wait_for(_read(receive, self._limit), BODY_TIMEOUT_S)
         except _TooLarge:
@@ -91,6 +100,8 @@ class RequestGuard:
                                  f"{BODY_TIMEOUT_S:g} s")
         except _Gone:
             return None
+        finally:
+            self.receiving.count -= 1
         return await self.app(scope, _replay(body, receive), send)
 
     def _authorized(self, headers: dict[bytes, bytes]) -> bool:

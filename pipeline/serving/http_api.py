@@ -79,8 +79,9 @@ def routes(app, get_replica, recipe_name: str, api_key: str | None = None) -> No
     `api_key`: every route but the liveness probes needs `Authorization: Bearer <api_key>`."""
     from fastapi import Request
 
+    receiving = guard.Receiving()
     app.add_middleware(guard.RequestGuard, api_key=api_key,
-                       limit=lambda: guard.body_limit(get_replica()))
+                       limit=lambda: guard.body_limit(get_replica()), receiving=receiving)
     errors.install_handlers(app)
 
     def _other(name: str):
@@ -106,7 +107,7 @@ def routes(app, get_replica, recipe_name: str, api_key: str | None = None) -> No
 
     @app.get("/v1/models/{name}/stats")
     async def stats(name: str):
-        return _other(name) or get_replica().stats()
+        return _other(name) or {**get_replica().stats(), "receiving": receiving.count}
 
     @app.post("/v1/models/{name}/infer")
     async def infer(name: str, request: Request):

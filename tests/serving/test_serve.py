@@ -233,6 +233,44 @@ def test_a_full_queue_answers_503_over_http(tiny, ray_local):
     server.stop()
 
 
+def test_requests_wait_only_in_the_replicas_bounded_queue_never_in_rays(tiny, ray_local):
+    """Issue 39 (11): Ray handed a replica only its queue + a batch + 1 requests at once; the
+    rest waited in Ray's own unbounded queue, so 500 concurrent requests all got 200 late,
+    none 503. Here 8 clients that send their headers and never their body hold 8 requests
+    in the replica (more than its 2 + 4 + 1); 40 requests more must still reach its queue:
+    2 wait there and are answered, the others get 503 at once, none waits anywhere else."""
+    import socket
+    import time
+
+    from pipeline.serving import app
+
+    delay = scaled(3)  # the two queued requests wait this long for company, then go
+    recipe = _recipe(tiny, max_queue_size=2, max_queue_delay_us=int(delay * 1e6))
+    server = app.start(recipe, tiny.engines)
+    head = (f"POST /v1/models/{recipe.name}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            "application/json\r\nContent-Length: 1000\r\n\r\n").encode()
+    stalled = [socket.create_connection((server.host, server.port), timeout=60) for _ in range(8)]
+    try:
+        for sock in stalled:
+            sock.sendall(head)
+        # until the replica holds all 8 (with Ray's old cap of 7 this /stats waited in Ray's queue)
+        deadline = time.monotonic() + scaled(30)
+        while _get(f"{server.url}/stats")["receiving"] < 8:
+            assert time.monotonic() < deadline, "the stalled requests never reached the replica"
+            time.sleep(0.05)
+        body = {"inputs": {k: v.tolist() for k, v in _sample(np.random.default_rng(3), 8).items()}}
+        answers = _concurrently(_post, [(f"{server.url}/infer", body)] * 40)
+    finally:
+        for sock in stalled:
+            sock.close()
+    statuses = [a[0] if a else None for a in answers]
+    assert set(statuses) <= {200, 503}, statuses  # None: a request never answered
+    busy = [a[1] for a in answers if a[0] == 503]
+    assert statuses.count(200) >= 2 and len(busy) >= 1, statuses
+    assert all(b == {"error": "queue full"} for b in busy)
+    server.stop()
+
+
 def test_deploy_writes_the_serve_sections_batching_into_config_pbtxt(tiny, tmp_path):
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
