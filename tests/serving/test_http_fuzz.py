@@ -249,3 +249,25 @@ def test_the_generation_routes_answer_every_request_with_a_2xx_or_a_4xx_in_shape
                                      "messages": [{"role": "user", "content": "Speak"}]})
     tally = _fuzz(generation_replica, generation_requests(model), good)
     assert tally.cases >= EXAMPLES // 2 and not tally.failures, tally.failures[:5]
+
+
+def test_a_generate_stream_that_fails_ends_with_an_error_line_never_silently(generation_replica):
+    """Issue 39 (17): a /generate NDJSON stream cut by a failure after its first token ends
+    with an {"error"} line (the 200 is sent already), and the server goes on."""
+    from tests.serving.test_openai_api import StandIn
+
+    async def failing(prompt_ids, params):
+        yield {"token": 65}
+        raise RuntimeError("the engine failed mid-stream")
+
+    model = generation_replica.recipe.name
+    with serving(StandIn(generation_replica, failing)) as url:
+        address = urllib.parse.urlsplit(url)
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+        connection.request("POST", f"/v1/models/{model}/generate",
+                           json.dumps({"prompt_ids": [1, 2, 3], "max_new_tokens": 4}))
+        response = connection.getresponse()
+        lines = [json.loads(line) for line in response.read().decode().splitlines()]
+        connection.close()
+    assert response.status == 200 and lines[0] == {"token": 65}
+    assert "the engine failed mid-stream" in lines[-1]["error"], lines
