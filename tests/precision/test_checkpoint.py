@@ -144,3 +144,38 @@ def test_a_transposed_tied_head_becomes_a_quantizable_matmul():
     assert untranspose_weights(model) == 1
     assert [(n.op_type, n.domain) for n in model.graph.node] == [("MatMul", "")]
     assert np.allclose(_run(model, x)["y"], want, atol=1e-5)
+
+
+def test_q4_1_edge_blocks_multiply_with_the_ggufs_own_floats():
+    """Q4_1 blocks as a GGUF stores them, edge cases included (d == 0, m == 0, m > 0, fp16
+    subnormal and largest minimums, q all 0 or all 15), carried into the form the
+    build uses and read back through ONNX Runtime: the weights it multiplies with equal gguf's
+    de-quantization bit for bit. Exact equality is the right tolerance: d*q (an fp16 times a
+    4-bit integer) and m are exact in float32, and both sides add them with one rounding."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    from pipeline.precision.checkpoint import _blocks, _dequantized, _matmul_nbits
+
+    rng = np.random.default_rng(3)
+    rows, nb = 24, 3
+    d = rng.uniform(1e-4, 0.05, (rows, nb)).astype(np.float16)
+    m = (-d.astype(np.float32) * rng.uniform(0, 15, (rows, nb))).astype(np.float16)
+    d[0, 0], m[1, 0], m[2, 1], m[3, 2], m[4, 0], d[5, 1] = 0, 0, 0.125, np.float16(6e-8), 65504, 65504
+    q = rng.integers(0, 16, (rows, nb, 32)).astype(np.uint8)
+    q[6, 0], q[7, 1] = 0, 15
+    raw = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8),
+                          q[..., :16] | (q[..., 16:] << 4)], axis=-1).reshape(rows, nb * 20)
+    want = quants.dequantize(raw, Q.Q4_1).astype(np.float32).T  # [K, N], what transformers loads
+
+    class Stored:  # a GGUF tensor as GGUFReader gives it
+        data, tensor_type = raw, Q.Q4_1
+
+    kind, qs, scale, minimum = _blocks(Stored)
+    from onnx import helper
+
+    nodes, inits = _matmul_nbits(helper.make_node("MatMul", ["x", "w"], ["y"]), kind, qs, scale, minimum,
+                                 nb * 32, rows, 4, "x/block_sums")
+    got = _dequantized(nodes, inits, nb * 32)
+    assert np.isfinite(want).all() and (want[:32, 0] == want[0, 0]).all()  # finite; d == 0: 32 times m
+    np.testing.assert_array_equal(got, want)
