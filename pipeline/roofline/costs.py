@@ -185,14 +185,15 @@ def _mha(n: _Node) -> tuple[float, str]:
         "4*B*D*pairs (QK^T, PV)"
 
 
-def _attention(n: _Node) -> tuple[float, str]:
-    """com.microsoft Attention: input [B, S, H] x weights [H, Dq+Dk+Dv] (the QKV projection
-    inside), past [2, B, heads, P, hd]; causal when `unidirectional`."""
+def _attention(n: _Node, past_input: int = 4) -> tuple[float, str]:
+    """com.microsoft Attention (and QAttention, its past at input 8): input [B, S, H] x weights
+    [H, Dq+Dk+Dv] (the QKV projection inside), past [2, B, heads, P, hd]; causal when
+    `unidirectional`."""
     x, w = n.dims(0), n.dims(1)
     if not x or not w:
         return 0.0, "unknown shape"
     sizes = n.attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3
-    past = n.dims(4) if len(n.node.input) > 4 and n.node.input[4] else None
+    past = n.dims(past_input) if len(n.node.input) > past_input and n.node.input[past_input] else None
     prior = past[3] if past and len(past) == 5 else 0
     pairs = _pairs(x[1], prior, bool(n.attrs.get("unidirectional", 0)))
     projection = 2.0 * x[0] * x[1] * x[2] * w[1]
@@ -240,6 +241,8 @@ def node_cost(node: onnx.NodeProto, table: dict[str, Value], used: set[str] | No
         flops, formula = _mha(n)
     elif op == "Attention":
         flops, formula = _attention(n) if node.domain == "com.microsoft" else _onnx_attention(n)
+    elif op == "QAttention":
+        flops, formula = _attention(n, past_input=8)
     elif op.startswith("Gather") or op == "Slice":
         read = _partial_read(n)
     elif op in VIEWS or op in NO_DATA:

@@ -8,7 +8,7 @@ position graph does exactly this). Here the reductions read their constant axes 
 (empty axes: all of them, unless `noop_with_empty_axes`); a GroupQueryAttention without a past
 gets its present's shape; ONNX's own Attention (opset 23), which the library mistakes for
 com.microsoft's, gets its outputs' shapes, as do the int8 products with a float result
-(MatMulIntegerToFloat, DynamicQuantizeMatMul), which it does not know. And where inference is incomplete
+(MatMulIntegerToFloat, DynamicQuantizeMatMul) and QAttention, which it does not know. And where inference is incomplete
 it returns what it found (the library's own entry point would raise after writing
 sym_shape_infer_temp.onnx into the working directory).
 """
@@ -32,6 +32,20 @@ class _Inference(ssi.SymbolicShapeInference):
         self.dispatcher_["Attention"] = self._attention
         for op in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul"):  # int8 products with a float result
             self.dispatcher_[op] = self._float_matmul
+        self.dispatcher_["QAttention"] = self._q_attention
+
+    def _q_attention(self, node: onnx.NodeProto) -> None:
+        """com.microsoft QAttention (int8 input and QKV weights, float result): input [B, S, H],
+        weight [H, 3 * hidden] -> output [B, S, hidden] (V's size) in the input scale's type,
+        present [2, B, heads, P + S, hidden / heads] where a past is given."""
+        x, w = self._get_shape(node, 0), self._get_shape(node, 1)
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        sizes = attrs.get("qkv_hidden_sizes") or [w[1] // 3] * 3 if isinstance(w[1], int) else None
+        if sizes is None:
+            return
+        elem = self.known_vi_[node.input[3]].type.tensor_type.elem_type
+        name = node.output[0]
+        self.known_vi_[name].CopyFrom(helper.make_tensor_value_info(name, elem, [x[0], x[1], sizes[2]]))
 
     def _float_matmul(self, node: onnx.NodeProto) -> None:
         """MatMulIntegerToFloat / DynamicQuantizeMatMul: MatMul's shape, the scales' float type."""

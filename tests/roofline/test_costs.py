@@ -131,3 +131,21 @@ def test_onnx_attention_opset_23_counts_causal_pairs():
     model.opset_import[0].version = 23
     (c,) = _cost(model, sequence=4).nodes
     assert c.flops == 2 * 2 * (4 * 5 // 2) * (8 + 8) and c.category == "attention"  # 2 heads, 10 pairs
+
+
+def test_q_attention_gets_its_output_shape_and_counts_projection_and_pairs():
+    """QAttention (MiniLM's int8 attention), which ORT's inference does not know: its output's
+    shape flows on to the next node, and its FLOPs are the QKV projection plus QK^T and PV."""
+    b, s, h = 2, 4, 16
+    weight = numpy_helper.from_array(np.ones((h, 3 * h), np.int8), "w")
+    bias = numpy_helper.from_array(np.zeros(3 * h, np.float32), "bias")
+    scale = numpy_helper.from_array(np.array(0.1, np.float32), "scale")
+    nodes = [helper.make_node("QAttention", ["x", "w", "bias", "scale", "scale"], ["o"], domain="com.microsoft",
+                              num_heads=2),
+             helper.make_node("Relu", ["o"], ["y"])]
+    cost = _cost(_model(nodes, [_vi("x", ["batch", "sequence", h], TensorProto.UINT8)], [_vi("y", ["batch", "sequence", h])],
+                        [weight, bias, scale]), batch=b, sequence=s)
+    attention, relu = cost.nodes
+    assert cost.unknown == 0 and relu.bytes == 2 * b * s * h * 4  # the float output's shape is known
+    assert attention.flops == 2 * b * s * h * 3 * h + 2 * b * s * s * (h + h)  # projection + full (not causal) pairs
+    assert attention.dtype == "int8" and attention.category == "attention"
