@@ -248,11 +248,12 @@ def sections(roots: list[Path], names: list[str]) -> str:
             continue
         recipe, store = found
         for engine in engines_of(recipe, store):
-            e = engine.entry
+            e, t0 = engine.entry, time.time()
             section = report_section.check(recipe, "onnxruntime", engine.path, e.device if e else "cpu",
                                            engine.threads, e.generation if e else None,
                                            e.latency_ms.p50 if e and e.latency_ms else None)
-            out += [f"## {name}/{engine.target} ({store.dir})", "", f"1-minute load {os.getloadavg()[0]:.2f}",
+            out += [f"## {name}/{engine.target} ({store.dir})", "",
+                    f"Made in {time.time() - t0:.1f} s; 1-minute load {os.getloadavg()[0]:.2f}",
                     *roofline_markdown.markdown(section.model_dump(mode="json")), ""]
     return "\n".join(out)
 
