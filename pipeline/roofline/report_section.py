@@ -122,6 +122,10 @@ def _check(recipe: Recipe, engine: Path, threads: int | None, generation: Genera
         one, roof = measured.point_check(skel, recipe, "", engine, looked.entry, point, threads, RUNS[1], RUNS[0])
         found.append(_point(one, roof, point, _report_p50(point, generation, latency_p50)))
         method, notes = one.method, notes | set(roof.fallbacks)
+        unknown = costs.graph_cost(skel, point.dims).unknown  # graph_cost is cheap; Roofline keeps no count
+        if unknown:
+            notes.add(f"{point.label}: {unknown} values of unknown shape counted as 0 FLOPs and bytes "
+                      "(the floor is too low there)")
     bandwidth = looked.entry.memory("DRAM", threads).bytes_per_s
     peaks = {p: looked.entry.peak(p, threads) for p in ("fp32", "int8", "bf16", "fp16")}
     return RooflineCheck(
