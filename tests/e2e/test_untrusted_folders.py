@@ -304,7 +304,7 @@ PLAIN_WRITERS = {
     "serving/coldstart.py": "the work folder", "serving/http_api.py": "np.savez into a BytesIO",
     "loadgen/plots.py": "savefig into the load run's own mkdtemp folder",
     "loadgen/server.py": "the serve log in the load run's own mkdtemp folder",
-    "serving/app.py": "removes only Ray's temp folder, a mkdtemp it made itself",
+    "serving/ray_node.py": "removes only Ray's temp folder, a mkdtemp it made itself",
 }
 
 
