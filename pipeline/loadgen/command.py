@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pipeline.artifacts.serving import Capacity, LoadPoint, LoadResult, Soak
 from pipeline.core.errors import InputError, StageFailed
+from pipeline.core.json_object import JsonObject
 
 
 @dataclass
@@ -140,7 +141,7 @@ def run(req: Request) -> None:
     _print_outcome(result, path)
 
 
-def _client_info(req: Request) -> dict:
+def _client_info(req: Request) -> JsonObject:  # LoadResult.client: the generator's own limits
     return {"duration_s": req.duration, "warmup_s": req.warmup, "min_requests": req.min_requests,
             "timeout_s": req.timeout,
             "process": "pipeline load (its own process; aiohttp, one event loop)"}

@@ -159,7 +159,7 @@ def parse(body: bytes, header_length: str | None, encoding: str | None, sig,
     return parsed
 
 
-def _parameters(entry: dict, what: str) -> dict:
+def _parameters(entry: JsonObject, what: str) -> JsonObject:  # a KServe "parameters" object
     parameters = entry.get("parameters")
     if parameters is None:
         return {}
