@@ -20,35 +20,18 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from tests.serving.test_openai_api import serving as openai_serving
 from tests.serving.test_serve import _recipe, tiny  # noqa: F401  (the module-scoped build fixture)
 
 pytestmark = pytest.mark.slow
 KEY = "s3cret-key"
 
 
-@contextlib.contextmanager
 def serving(replica, api_key: str | None = None):
-    """The replica's HTTP app on a free port (the socket listens before uvicorn starts, so a
-    first request waits in its backlog, never on a sleep); yields the base URL."""
-    import uvicorn
-    from fastapi import FastAPI
-
-    from pipeline.serving import http_api
-
-    app = FastAPI()
-    http_api.routes(app, lambda: replica, replica.recipe.name, api_key)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(256)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-        sock.close()
+    """The replica's HTTP app on a free port (test_openai_api's server, at the root); yields
+    the base URL."""
+    return openai_serving(lambda: replica, replica.recipe.name, api_key, base="",
+                          log_level="critical")
 
 
 @pytest.fixture(scope="module")

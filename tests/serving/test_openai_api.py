@@ -35,24 +35,26 @@ SPEAK = [{"role": "user", "content": "Speak"}]
 
 
 @contextlib.contextmanager
-def serving(get_replica, name: str):
-    """The replica's HTTP app on a free port; yields the OpenAI base URL. The socket listens
-    before the server starts, so the first request waits in its backlog, never on a sleep."""
+def serving(get_replica, name: str, api_key: str | None = None, base: str = "/v1",
+            log_level: str = "warning"):
+    """The replica's HTTP app on a free port; yields the URL of `base` (the OpenAI API's by
+    default). The socket listens before the server starts, so the first request waits in its
+    backlog, never on a sleep."""
     import uvicorn
     from fastapi import FastAPI
 
     from pipeline.serving import http_api
 
     app = FastAPI()
-    http_api.routes(app, get_replica, name)
+    http_api.routes(app, get_replica, name, api_key)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    sock.listen(256)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}{base}"
     finally:
         server.should_exit = True
         thread.join(timeout=60)
