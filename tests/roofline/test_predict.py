@@ -5,22 +5,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from tests.conftest import FAST, Project, shared_build
-from tests.generation.test_run import LONG
+from tests.conftest import Project
 from tests.hardware.test_database import _fake_entry
-
-
-@pytest.fixture(scope="module")
-def built_gen(tmp_path_factory) -> Project:
-    """The same build as generation/test_run.py's (one per session, whoever asks first)."""
-    return shared_build(tmp_path_factory, "standard-gen-long", "standard-gen", "--target", "onnxruntime", *LONG)
-
-
-@pytest.fixture(scope="module")
-def built_standard(tmp_path_factory) -> Project:
-    return shared_build(tmp_path_factory, "standard", "standard", *FAST)
 
 
 def _cached_here(tmp_path) -> dict:
