@@ -212,7 +212,9 @@ def dequantized(prelude, nodes, inits, x: str, y: str, k: int) -> np.ndarray:
 
 def rewrite(model, rows, route: Route, ranks: dict) -> dict:
     """Rewrite `model` in place with `route`; returns the weights' exactness over every node."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
+
+    from pipeline.precision.checkpoint import replace_nodes
 
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -244,14 +246,7 @@ def rewrite(model, rows, route: Route, ranks: dict) -> dict:
         kept += nodes
         new_inits += parts
         nodes_done += 1
-    readers = {name for node in kept for name in node.input}
-    live = [i for i in graph.initializer if i.name in readers]
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend([*live, *new_inits])
-    if not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    replace_nodes(model, kept, new_inits)
     return {"nodes": nodes_done, "max_abs": worst, "bit_exact_share": exact / total if total else None}
 
 

@@ -182,7 +182,7 @@ def _ranks(model) -> Ranks:
 def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> JsonObject:
     """Rewrite `model` (onnx.ModelProto, FP32) in place; returns the part of the precision
     stage's meta (JSON) that says what came from the checkpoint."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     rows = CheckpointRows(gguf_path)
     graph = model.graph
@@ -211,16 +211,26 @@ def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> JsonObje
         new_inits += parts
         done.append({"node": node.name or node.output[0], "blocks": found[0], "k": k, "n": n})
     new_inits += sums.inits
+    replace_nodes(model, kept, new_inits, contrib=bool(done))
+    return {"source": "checkpoint", "checkpoint": str(gguf_path), "quantized_nodes": len(done),
+            "by_block_type": {t: sum(d["blocks"] == t for d in done) for t in ("q4_1", "q8_0")},
+            "left_float": left,
+            "weights_vs_baseline": {"max_abs": worst, "bit_exact_share": exact / total if total else None},
+            "accuracy_level": accuracy_level}
+
+
+def replace_nodes(model, kept: list, new_inits: list, contrib: bool = True) -> None:
+    """The graph's nodes of `model` (an onnx.ModelProto) become `kept` (in order); initializers
+    no kept node reads are dropped and `new_inits` appended; `contrib`: the com.microsoft opset
+    (MatMulNBits) is imported."""
+    from onnx import helper
+
+    graph = model.graph
     readers = {name for node in kept for name in node.input}
     live = [i for i in graph.initializer if i.name in readers]
     del graph.node[:]
     graph.node.extend(kept)
     del graph.initializer[:]
     graph.initializer.extend([*live, *new_inits])
-    if done and not any(o.domain == "com.microsoft" for o in model.opset_import):
+    if contrib and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return {"source": "checkpoint", "checkpoint": str(gguf_path), "quantized_nodes": len(done),
-            "by_block_type": {t: sum(d["blocks"] == t for d in done) for t in ("q4_1", "q8_0")},
-            "left_float": left,
-            "weights_vs_baseline": {"max_abs": worst, "bit_exact_share": exact / total if total else None},
-            "accuracy_level": accuracy_level}
