@@ -55,6 +55,12 @@ class ServeSpec(Strict):
         None, ge=1, description="Generation: tokens the running sequences may reserve together "
         "(each reserves its prompt + max_new_tokens on admission; one that does not fit waits). "
         "Default: every slot full (max_running_sequences x context), so only a smaller value binds.")
+    prefill_tokens_per_step: int | None = Field(
+        None, ge=0, description="Generation: prompt tokens prefilled between two decode steps "
+        "(the first admission of a step always is, whatever its length): a burst of arrivals is "
+        "prefilled a prompt or so at a time with decode steps between, not all before the next "
+        "step. Default 64; 0: every admitted prompt before the next step. Like vLLM's "
+        "`max_num_batched_tokens` for prompts.")
     prefix_cache: bool = Field(
         True, description="Generation: keep finished sequences' keys and values (within the KV "
         "budget the running sequences leave, least recently used evicted first) so a prompt that "

@@ -34,6 +34,10 @@ from pipeline.serving.scheduler import Limits, Scheduler, Sequence
 # benchmark (benchmarks/serve_chat.py, docs/serving.md) measured SmolLM2 INT4 on 2 cores up to
 # 16 concurrent streams; the KV cache of 16 slots is 16 x context x bytes_per_token.
 DEFAULT_MAX_RUNNING = 16
+# Prompt tokens prefilled between two decode steps by default (scheduler.py's prefill budget):
+# about one chat prompt (SmolLM2's shipped questions: 38 tokens through the template), so a
+# burst of arrivals is interleaved with decode steps (benchmarks/results/serve_chat-after-2026-12-05.md).
+DEFAULT_PREFILL_TOKENS = 64
 
 
 @dataclass(eq=False)
@@ -57,7 +61,8 @@ class GenerationLoop:
         self.slots, self.one_at_a_time = engine.slots(wanted)
         width, rows = self.slots.width, self.slots.rows
         # the default budget is every slot full: only a smaller kv_cache_tokens binds
-        limits = Limits(rows, spec.kv_cache_tokens or rows * width, width, spec.max_queue_size)
+        budget = DEFAULT_PREFILL_TOKENS if spec.prefill_tokens_per_step is None else spec.prefill_tokens_per_step
+        limits = Limits(rows, spec.kv_cache_tokens or rows * width, width, spec.max_queue_size, budget)
         # slots that keep their own cache (OneSlot) cannot hand a prefix to another sequence
         reuse = spec.prefix_cache and hasattr(self.slots, "adopt")
         self.scheduler = Scheduler(limits, PrefixCache() if reuse else None)

@@ -58,18 +58,24 @@ class PrefixCache:
     def match(self, prompt: list[int]) -> Match | None:
         """The entry sharing the longest prefix with `prompt` (at most all but its last
         token), touched; None when no entry shares a token. Counts the query and the hit."""
-        ids = np.asarray(prompt, np.int64)
-        self.queried_tokens += len(ids)
-        best, best_length = None, 0
-        for entry in self.entries:
-            length = _common_prefix(entry.tokens, ids[:-1])
-            if length > best_length:
-                best, best_length = entry, length
+        best, best_length = self.longest(prompt)
+        self.queried_tokens += len(prompt)
         if best is None:
             return None
         best.last_used = next(self._clock)
         self.hit_tokens += best_length
         return Match(best, best_length)
+
+    def longest(self, prompt: list[int]) -> tuple[CachedPrefix | None, int]:
+        """(the entry sharing the longest prefix with `prompt`, at most all but its last token,
+        and that length); (None, 0) when none shares a token. Neither touches nor counts."""
+        ids = np.asarray(prompt, np.int64)
+        best, best_length = None, 0
+        for entry in self.entries:
+            length = _common_prefix(entry.tokens, ids[:-1])
+            if length > best_length:
+                best, best_length = entry, length
+        return best, best_length
 
     def insert(self, tokens: list[int], kv: Any) -> None:
         """Keeps `kv`, the keys and values of `tokens`, as the most recently used entry."""

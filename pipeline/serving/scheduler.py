@@ -6,9 +6,15 @@ A sequence waits, runs in a slot of the engine's KV cache, and finishes. Each it
      reserved tokens are free again (`Plan.released`).
   2. admit: waiting sequences join in arrival order (FCFS: the oldest first; a head that does
      not fit waits, and no later one passes it, so none starves) while fewer than
-     max_running run and its reservation fits the KV budget (`Plan.admitted`). A sequence
-     reserves prompt + max_new_tokens tokens up front, so a running one never runs out of
-     cache mid-reply and nothing is ever preempted.
+     max_running run, its reservation fits the KV budget and the prompt tokens it prefills
+     fit this iteration's prefill budget (`Plan.admitted`; the first admission of an
+     iteration always fits it). A sequence reserves prompt + max_new_tokens tokens up front,
+     so a running one never runs out of cache mid-reply and nothing is ever preempted.
+     The prefill budget is what interleaves a burst of arrivals with decode steps: each
+     iteration prefills about one prompt and then decodes everything admitted so far, so the
+     running sequences' steps are not stalled by the whole burst's prefills, and the burst's
+     sequences start decoding (and so finish, and their clients come back) one iteration
+     apart instead of together, which would make the next arrivals a burst again.
   3. prefill: each admitted sequence's prompt alone (batch 1), which gives its first token;
      with a prefix cache (prefix_cache.py), only the tokens after its longest cached prefix
      (`Sequence.reuse`), the prefix's keys and values copied into its slot first.
@@ -47,9 +53,11 @@ class Limits:
     kv_tokens: int        # tokens the running sequences may reserve together
     slot_tokens: int      # tokens one slot holds: prompt + max_new_tokens at most
     max_waiting: int = 0  # sequences queued beyond the free slots (0: unbounded)
+    prefill_tokens: int = 0  # prompt tokens prefilled per iteration, beyond its first admission (0: unbounded)
 
     def __post_init__(self):
-        if self.max_running < 1 or self.kv_tokens < 1 or self.slot_tokens < 1 or self.max_waiting < 0:
+        if (self.max_running < 1 or self.kv_tokens < 1 or self.slot_tokens < 1 or self.max_waiting < 0
+                or self.prefill_tokens < 0):
             raise ValueError(f"invalid scheduler limits {self}")
 
 
@@ -153,8 +161,12 @@ class Scheduler:
     def plan(self) -> Plan:
         """Steps 1 and 2 of the module docstring."""
         released = self.retire()
-        admitted = []
+        admitted, spent, budget = [], 0, self.limits.prefill_tokens
         while self.waiting and self._free_slots and self.waiting[0].reserved <= self.kv_free:
+            prefilled = self._prefilled(self.waiting[0])
+            if admitted and budget and spent + prefilled > budget:
+                break  # the next iteration's first admission: after a decode step
+            spent += prefilled
             seq = self.waiting.popleft()
             seq.slot = self._free_slots.pop(0)
             self.running.append(seq)
@@ -164,6 +176,12 @@ class Scheduler:
                 seq.reused = seq.reuse.length if seq.reuse else 0
                 self.prefix_cache.evict_to(self.kv_free)  # the running come first
         return Plan(released, admitted)
+
+    def _prefilled(self, seq: Sequence) -> int:
+        """The prompt tokens `seq` would prefill if admitted now (those after its cached prefix)."""
+        if self.prefix_cache is None:
+            return len(seq.prompt)
+        return len(seq.prompt) - self.prefix_cache.longest(seq.prompt)[1]
 
     def keep(self, tokens: list[int], kv) -> None:
         """A finished sequence's slot held the keys and values `kv` of `tokens`: kept as a

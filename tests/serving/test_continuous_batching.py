@@ -161,6 +161,33 @@ def test_greedy_replies_do_not_depend_on_batch_mates(gqa):
     assert stats["running"] == 0 and stats["kv_tokens_reserved"] == 0 and stats["finished"] == {"length": 64}
 
 
+def test_a_burst_is_prefilled_a_prompt_per_step_and_each_reply_is_as_alone(gqa):
+    """Eight requests of 2..30 prompt tokens submitted at once, with a prefill budget of 1
+    token a step: one prompt is prefilled per iteration and a decode step runs between, so the
+    batch grows 1, 2, ..., 8 (a step of each size) while the first ones already decode; every
+    reply equals the same request served alone, and so do they with no budget (all prefilled
+    before the first step: its batch is all eight)."""
+    from pipeline.generation.sampling import SamplingParams
+
+    requests = [(p, max(n, 9)) for p, n in _requests(8, seed=4)]
+
+    async def main(replica):
+        alone = [await _reply(replica, p, SamplingParams(n, ignore_eos=True)) for p, n in requests]
+        before = dict(replica.generation.steps)
+        together = await asyncio.gather(*(_reply(replica, p, SamplingParams(n, ignore_eos=True))
+                                          for p, n in requests))
+        steps = {k: v - before.get(k, 0) for k, v in replica.generation.steps.items()}
+        return [a for a, _ in alone], [b for b, _ in together], steps
+
+    shortest = min(n for _, n in requests)
+    for budget in (1, 0):
+        alone, together, steps = _drive(_replica(gqa, prefill_tokens_per_step=budget, prefix_cache=False), main)
+        assert alone == together, f"budget {budget}"
+        if budget:  # joined one by one, the first ones decoding meanwhile
+            assert all(steps.get(k) for k in range(1, 9)), steps
+        else:       # all eight decode together until the shortest reply ends
+            assert steps.get(8) == shortest - 1, steps
+
 def test_seeded_sampling_does_not_depend_on_batch_mates_either(gqa):
     from pipeline.generation.sampling import SamplingParams
 

@@ -65,6 +65,20 @@ def test_cached_prefixes_give_way_to_running_sequences():
     assert s.kv_free == 5 and s.kv_cached == 0 and s.prefix_cache.evicted == 2
 
 
+
+def test_the_prefill_budget_counts_only_the_tokens_after_a_cached_prefix():
+    """A budget of 10: two next turns of a kept 14-token conversation (5 new tokens each) are
+    admitted in one iteration, a fresh prompt of 6 waits for the next; a head that waits is
+    looked up again then but counted once."""
+    s = Scheduler(Limits(max_running=4, kv_tokens=200, slot_tokens=40, prefill_tokens=10), PrefixCache())
+    s.keep(list(range(10, 24)), "kv of 14")
+    turns = [s.submit(Sequence(list(range(10, 24)) + [30 + i] * 5, SamplingParams(4))) for i in range(2)]
+    fresh = s.submit(Sequence(list(range(60, 66)), SamplingParams(4)))
+    assert s.plan().admitted == turns and [t.reused for t in turns] == [14, 14]
+    assert s.prefix_cache.queried_tokens == 38  # the fresh prompt was looked at, not counted
+    assert s.plan().admitted == [fresh] and fresh.reused == 0
+    assert s.prefix_cache.queried_tokens == 44 and s.prefix_cache.hit_tokens == 28
+
 # ---------------------------------------------------------------------- the real engine
 @pytest.fixture(scope="module")
 def gqa(tmp_path_factory):

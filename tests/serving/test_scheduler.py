@@ -114,3 +114,20 @@ def test_idle_and_invalid_limits():
     assert s.idle
     with pytest.raises(ValueError):
         Limits(0, 10, 10)
+
+
+def test_the_prefill_budget_admits_a_burst_a_prompt_or_so_per_iteration_in_arrival_order():
+    """A budget of 20 prompt tokens: the first admission of an iteration always fits (even a
+    prompt of 30), later ones while their prompts fit what is left; the rest wait, in order,
+    for the next iteration (after a decode step). 0 admits every one that fits the slots."""
+    s = Scheduler(Limits(max_running=8, kv_tokens=1000, slot_tokens=100, prefill_tokens=20))
+    seqs = [s.submit(_seq(n, 5)) for n in (30, 8, 12, 5, 6, 10)]
+    assert s.plan().admitted == seqs[:1]       # 30 > 20, but the first always fits
+    assert s.plan().admitted == seqs[1:3]      # 8 + 12 = 20
+    assert s.plan().admitted == seqs[3:5]      # 5 + 6; 10 more would be 21
+    assert s.plan().admitted == seqs[5:] and not s.waiting
+    unbounded = Scheduler(Limits(max_running=8, kv_tokens=1000, slot_tokens=100))
+    burst = [unbounded.submit(_seq(n, 5)) for n in (30, 8, 12, 5, 6, 9)]
+    assert unbounded.plan().admitted == burst
+    with pytest.raises(ValueError, match="invalid"):
+        Limits(2, 10, 10, prefill_tokens=-1)
