@@ -8,7 +8,8 @@ position graph does exactly this). Here the reductions read their constant axes 
 (empty axes: all of them, unless `noop_with_empty_axes`); a GroupQueryAttention without a past
 gets its present's shape; ONNX's own Attention (opset 23), which the library mistakes for
 com.microsoft's, gets its outputs' shapes, as do the int8 products with a float result
-(MatMulIntegerToFloat, DynamicQuantizeMatMul) and QAttention, which it does not know. And where inference is incomplete
+(MatMulIntegerToFloat, DynamicQuantizeMatMul), QAttention, FusedMatMul and FusedGemm, which it
+does not know. And where inference is incomplete
 it returns what it found (the library's own entry point would raise after writing
 sym_shape_infer_temp.onnx into the working directory).
 """
@@ -33,6 +34,40 @@ class _Inference(ssi.SymbolicShapeInference):
         for op in ("MatMulIntegerToFloat", "DynamicQuantizeMatMul"):  # int8 products with a float result
             self.dispatcher_[op] = self._float_matmul
         self.dispatcher_["QAttention"] = self._q_attention
+        self.dispatcher_["FusedMatMul"] = self._fused_matmul
+        self.dispatcher_["FusedGemm"] = self._fused_gemm
+
+    def _fused_gemm(self, node: onnx.NodeProto) -> None:
+        """com.microsoft FusedGemm (ORT's Gemm + activation fusion), unknown to the library
+        (digits int8: 12 values after it): Gemm's shape, A [M, K] x B [K, N] -> [M, N], either
+        transposed by transA / transB."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        a, b = self._get_shape(node, 0), self._get_shape(node, 1)
+        if len(a) != 2 or len(b) != 2:
+            return
+        rows = a[1] if attrs.get("transA") else a[0]
+        cols = b[0] if attrs.get("transB") else b[1]
+        elem = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+        self.known_vi_[node.output[0]].CopyFrom(helper.make_tensor_value_info(node.output[0], elem, [rows, cols]))
+
+    def _fused_matmul(self, node: onnx.NodeProto) -> None:
+        """com.microsoft FusedMatMul (ORT's MatMulScaleFusion: a MatMul with a scale, and
+        transposes folded in), which the library does not know: it stopped there, leaving every
+        later value unknown (gpt2-tiny: 192). transA / transB swap the last two dims of A / B;
+        transBatchA / transBatchB (the batch dims moved) are left unknown."""
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transBatchA") or attrs.get("transBatchB"):
+            return
+        a, b = self._get_shape(node, 0), self._get_shape(node, 1)
+        if attrs.get("transA") and len(a) >= 2:
+            a = [*a[:-2], a[-1], a[-2]]
+        if attrs.get("transB") and len(b) >= 2:
+            b = [*b[:-2], b[-1], b[-2]]
+        if len(a) < 2 or len(b) < 2:
+            return
+        shape = [*self._broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1]]
+        elem = self.known_vi_[node.input[0]].type.tensor_type.elem_type
+        self.known_vi_[node.output[0]].CopyFrom(helper.make_tensor_value_info(node.output[0], elem, shape))
 
     def _q_attention(self, node: onnx.NodeProto) -> None:
         """com.microsoft QAttention (int8 input and QKV weights, float result): input [B, S, H],

@@ -149,3 +149,20 @@ def test_q_attention_gets_its_output_shape_and_counts_projection_and_pairs():
     assert cost.unknown == 0 and relu.bytes == 2 * b * s * h * 4  # the float output's shape is known
     assert attention.flops == 2 * b * s * h * 3 * h + 2 * b * s * s * (h + h)  # projection + full (not causal) pairs
     assert attention.dtype == "int8" and attention.category == "attention"
+
+
+def test_ort_fused_matmul_and_gemm_get_shapes_and_the_nodes_after_them_too():
+    """ORT's saved graphs hold com.microsoft FusedMatMul (gpt2-tiny's scaled QK^T) and
+    FusedGemm (digits' Gemm + Relu), which ORT's symbolic shape inference does not know: it
+    stopped there and every later value counted 0 (gpt2-tiny 192 values, digits 12)."""
+    q = helper.make_node("FusedMatMul", ["q", "k"], ["s"], domain="com.microsoft", transB=1, alpha=0.25)
+    after = helper.make_node("Softmax", ["s"], ["p"], axis=-1)
+    cost = _cost(_model([q, after], [_vi("q", ["batch", 4, 8, 16]), _vi("k", ["batch", 4, 8, 16])],
+                        [_vi("p", ["batch", 4, 8, 8])]), batch=2)
+    assert cost.unknown == 0 and cost.nodes[0].flops == 2 * (2 * 4 * 8 * 8) * 16  # K^T: [.., 16, 8]
+    assert cost.nodes[1].bytes == 2 * (2 * 4 * 8 * 8 * 4)  # the Softmax after it: read and written
+    w = numpy_helper.from_array(np.ones((5, 4), np.float32), "w")
+    gemm = helper.make_node("FusedGemm", ["a", "w"], ["h"], domain="com.microsoft", transB=1, activation="Relu")
+    cost = _cost(_model([gemm, helper.make_node("Neg", ["h"], ["y"])], [_vi("a", ["batch", 4])],
+                        [_vi("y", ["batch", 5])], [w]), batch=3)
+    assert cost.unknown == 0 and cost.nodes[0].flops == 2 * 3 * 4 * 5 and cost.nodes[1].bytes == 2 * 3 * 5 * 4
