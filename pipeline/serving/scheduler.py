@@ -162,7 +162,7 @@ class Scheduler:
         """Steps 1 and 2 of the module docstring."""
         released = self.retire()
         admitted, spent, budget = [], 0, self.limits.prefill_tokens
-        while self.waiting and self._free_slots and self.waiting[0].reserved <= self.kv_free:
+        while self.can_admit:
             prefilled = self._prefilled(self.waiting[0])
             if admitted and budget and spent + prefilled > budget:
                 break  # the next iteration's first admission: after a decode step
@@ -211,6 +211,11 @@ class Scheduler:
     @property
     def kv_held(self) -> int:
         return sum(s.held for s in self.running)
+
+    @property
+    def can_admit(self) -> bool:
+        """plan() would admit the head of the queue now (a free slot, its reservation fits)."""
+        return bool(self.waiting and self._free_slots and self.waiting[0].reserved <= self.kv_free)
 
     @property
     def idle(self) -> bool:
