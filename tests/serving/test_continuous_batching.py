@@ -188,6 +188,39 @@ def test_a_burst_is_prefilled_a_prompt_per_step_and_each_reply_is_as_alone(gqa):
         else:       # all eight decode together until the shortest reply ends
             assert steps.get(8) == shortest - 1, steps
 
+def test_a_request_arriving_while_steps_run_back_to_back_joins_at_the_next_step(gqa):
+    """A reply of 60 tokens decodes back to back on the engine thread; a request submitted
+    after its third token interrupts that run: its first token comes while the long reply
+    still has most of its tokens to go, and both replies are as alone."""
+    from pipeline.generation.sampling import SamplingParams
+
+    long, short = ([5, 6, 7], SamplingParams(60, ignore_eos=True)), ([9, 10, 11, 12], SamplingParams(5, ignore_eos=True))
+
+    async def main(replica):
+        alone = [await _reply(replica, *long), await _reply(replica, *short)]
+        seen: list[int] = []
+        third = asyncio.Event()
+
+        async def watched():
+            async for item in replica.generate(*long):
+                if "token" in item:
+                    seen.append(item["token"])
+                    if len(seen) == 3:
+                        third.set()
+            return seen
+
+        first_run = asyncio.create_task(watched())
+        await third.wait()
+        items = replica.generate(*short)
+        first = await anext(items)
+        tokens_then = len(seen)
+        rest = [item["token"] async for item in items if "token" in item]
+        return alone, await first_run, [first["token"], *rest], tokens_then
+
+    alone, long_reply, short_reply, tokens_then = _drive(_replica(gqa), main)
+    assert long_reply == alone[0][0] and short_reply == alone[1][0]
+    assert tokens_then < 30, f"the long reply had {tokens_then} of 60 tokens when the short one began"
+
 def test_seeded_sampling_does_not_depend_on_batch_mates_either(gqa):
     from pipeline.generation.sampling import SamplingParams
 
