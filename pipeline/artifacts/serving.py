@@ -9,7 +9,10 @@ served recipe (pipeline/loadgen), read back by report.md and `compare --load`.
         queue_ms / compute_ms, batch_sizes, slo: [SloVerdict], resources: Resources,
         generation: TokenTimings, server_metrics: ServerMetrics (its /metrics' movement)
       capacity: Capacity | None    soak: Soak (windows: [SoakWindow], verdict) | None
-      plot: the knee / soak PNG
+      tasks: TaskLoad | None  (`--tasks`: multi-turn chat tasks; then `points` is empty)
+        points: [TaskPoint]  time per task, per-turn token timings, goodput in tasks/s,
+          answers under load beside the batch-1 score; capacity: Capacity (tasks/s)
+      plot: the knee / soak / tasks PNG
 
 pipeline/loadgen builds these where it measures (summary.summarize makes the LoadPoint) and
 the store dumps them.
@@ -21,7 +24,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from pipeline.artifacts.base import Closed, Count, Device, FileName
+from pipeline.artifacts.base import Closed, Count, Device, FileName, Share
 
 SCHEMA = 1
 
@@ -36,7 +39,7 @@ class Quantile(Closed):
 
 class SloVerdict(Closed):
     term: str
-    metric: Literal["latency", "ttft", "tpot"]
+    metric: Literal["latency", "ttft", "tpot", "task"]
     percentile: float
     bound_ms: float
     over: Count = Field(description="Requests over the bound (failed ones included).")
@@ -182,6 +185,81 @@ class Soak(Closed):
     verdict: SoakVerdict
 
 
+class TaskTurn(Closed):
+    """The n-th turn of every measured task: the conversation the server was given (its
+    usage's prompt_tokens) and the time to its first token."""
+
+    turn: Count = Field(description="1-based position in the task.")
+    turns: Count = Field(description="Measured tasks that reached this turn.")
+    prompt_tokens_mean: float | None = Field(description="The server's usage: the conversation so far.")
+    prompt_tokens_min: Count | None
+    prompt_tokens_max: Count | None
+    ttft_ms: Percentiles
+
+
+class TaskAnswers(Closed):
+    """The measured turns' replies graded as generation's task score grades them (a reply is
+    right when an accepted answer appears in it as whole words), beside the engine's batch-1
+    answers from report.json when the folder has them."""
+
+    right: Count
+    of: Count
+    share: Share
+    ci95: list[float] = Field(description="Wilson 95% interval of the share.")
+    questions: Count = Field(description="Distinct questions asked.")
+    batch1_share: Share | None = Field(description="report.json's share over the same questions.")
+    batch1_questions: Count | None
+    identical_to_batch1: Count | None = Field(description="Replies equal to the batch-1 reply.")
+    compared: Count | None = Field(description="Replies with a batch-1 reply to compare to.")
+
+
+class TaskPoint(Closed):
+    """One load point of chat tasks: tasks arrive (open loop, offered tasks/s) or N task-users
+    run them back to back (closed loop); a task's turns run in order, each carrying the
+    conversation so far."""
+
+    offered_rate: float = Field(description="Tasks/s asked for (closed loop: the scheduled rate).")
+    scheduled_rate: float = Field(description="Tasks/s the measured schedule holds.")
+    achieved_rate: float = Field(description="Completed tasks/s over the measured span.")
+    goodput: float = Field(description="Tasks/s whose every turn (and the task) met the SLO.")
+    goodput_share: Share = Field(description="Share of measured tasks that met the SLO.")
+    concurrency: Count | None = None
+    think_time_s: float
+    tasks: Count
+    tasks_ok: Count
+    warmup_tasks: Count
+    window_s: float
+    turns: Count = Field(description="Turns sent by the measured tasks.")
+    turns_ok: Count
+    rejected: Count
+    errors: Count
+    timeouts: Count
+    error_examples: list[str] = []
+    time_per_task_ms: Percentiles = Field(description="Scheduled start to the last turn's last "
+                                          "token; a failed task is infinitely late.")
+    turn_timings: TokenTimings = Field(description="Every measured turn pooled.")
+    per_turn: list[TaskTurn]
+    answers: TaskAnswers
+    late: Late
+    slo: list[SloVerdict] = []
+    passed: bool | None = Field(description="The capacity criterion; None without an SLO.")
+    resources: Resources | None = None
+    server_metrics: ServerMetrics | None = None
+
+
+class TaskLoad(Closed):
+    """`pipeline load --tasks`: the recipe's multi-turn chat scripts as the load."""
+
+    source: str = Field(description="The scripts and questions files.")
+    scripts: Count
+    turns_per_task: list[Count] = Field(description="[fewest, most] turns in a script.")
+    answer_tokens: Count = Field(description="max_tokens of each turn (workload.chat.answer_tokens).")
+    min_tasks: Count = Field(description="Measured tasks per point (at least), and why.")
+    min_tasks_why: str
+    points: list[TaskPoint]
+    capacity: Capacity | None = Field(None, description="In tasks/s.")
+
+
 class LoadResult(Closed):
     schema_: Literal[1] = Field(SCHEMA, alias="schema")
     recipe: str
@@ -200,6 +278,7 @@ class LoadResult(Closed):
     points: list[LoadPoint]
     capacity: Capacity | None = None
     soak: Soak | None = None
+    tasks: TaskLoad | None = None
     plot: FileName | None = None
     device: Device
     extra: dict[str, Any] | None = None

@@ -10,7 +10,9 @@ import click
 from pipeline.cli.options import debug_option, engines_dir_option
 
 MODES_HELP = """Modes: --rate R (one point), --sweep R1,R2,... (the knee), --slo alone (capacity
-search), --concurrency N (closed loop), --rate R --soak (drift over --duration)."""
+search), --concurrency N (closed loop), --rate R --soak (drift over --duration). With --tasks
+the load is the recipe's multi-turn chat tasks: rates in tasks/s, --concurrency task-users,
+--slo ttft=...,tpot=...[,task=...] the capacity in tasks/s."""
 
 
 # Bounds: what one client process can send (~400-800 requests/s here: benchmarks/results/
@@ -95,23 +97,34 @@ def _positive(most: float) -> Finite:
               help="Soak: time windows.")
 @click.option("--leak-threshold", type=Finite(min=0, min_open=True), default=10.0, show_default=True,
               help="Soak: MiB/hour of memory growth that is a leak.")
+@click.option("--tasks", "tasks", is_flag=True,
+              help="Send the recipe's multi-turn chat tasks (workload.chat.tasks), each turn "
+              "carrying the conversation so far; rates count tasks/s.")
+@click.option("--think-time", type=Finite(min=0, max=3600.0), default=0.0, show_default=True,
+              help="With --tasks: seconds between a turn's answer and the next turn.")
+@click.option("--min-tasks", type=click.IntRange(min=1, max=MAX_REQUESTS), default=None,
+              help="With --tasks: measured tasks per point (default: what the SLO's early "
+              "stopping needs, 153 tasks of 3 turns for TTFT/TPOT, 459 with a task term).")
 @click.option("--server-pid", type=click.IntRange(min=1), default=None,
               help="With --url: sample this server process (and its children) for CPU and memory.")
 @debug_option
 def load_command(recipe, overrides, engines_dir, url, model, api, start_server, engine, name, rate, sweep, slo,
                  concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
-                 max_points, tolerance, start_rate, soak, windows, leak_threshold, server_pid):
+                 max_points, tolerance, start_rate, soak, windows, leak_threshold, tasks,
+                 think_time, min_tasks, server_pid):
     """Load-test a served recipe from this (separate) process: latency from each request's
     scheduled send time, capacity at an SLO (MLPerf's early-stopping rule), soak drift.
 
     Writes engines/RECIPE/load-<engine>.json and a PNG; report.md shows them.
     """
-    from pipeline.loadgen.command import Request, run
+    from pipeline.loadgen import command, task_command
+    from pipeline.loadgen.command import Request
 
+    run = task_command.run if tasks else command.run  # chat tasks, or single requests
     run(Request(recipe=recipe, overrides=overrides, engines_dir=engines_dir, url=url, model=model, api=api,
                 start_server=start_server, engine=engine, name=name, rate=rate, sweep=sweep,
                 slo=slo, concurrency=concurrency, arrival=arrival, burstiness=burstiness,
                 duration=duration, warmup=warmup, min_requests=min_requests, timeout=timeout,
                 seed=seed, max_points=max_points, tolerance=tolerance, start_rate=start_rate,
                 soak=soak, windows=windows, leak_threshold=leak_threshold,
-                server_pid=server_pid))
+                server_pid=server_pid, tasks=tasks, think_time=think_time, min_tasks=min_tasks))

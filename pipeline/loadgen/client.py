@@ -25,10 +25,12 @@ from pipeline.loadgen import replies
 from pipeline.loadgen.outcome import Outcome
 from pipeline.loadgen.protocol import HEADER_LENGTH, Payload, Target
 
-__all__ = ["Outcome", "Target", "closed_loop", "open_loop", "run_closed", "run_open"]
+__all__ = ["Outcome", "Target", "closed_loop", "http_session", "one", "open_loop", "run_closed",
+           "run_open"]
 
 
-async def _exchange(session, target: Target, body: Payload, out: Outcome, t0: float) -> None:
+async def _exchange(session, target: Target, body: Payload, out: Outcome, t0: float,
+                    empty_ok: bool) -> None:
     async with session.post(target.endpoint, data=body.data, headers=body.headers) as resp:
         if resp.status in (429, 503):  # the server's queue was full (vLLM and OpenAI say 429)
             out.status = "rejected"
@@ -38,20 +40,22 @@ async def _exchange(session, target: Target, body: Payload, out: Outcome, t0: fl
             out.status, out.error = "error", f"HTTP {resp.status}: {(await resp.text())[:200]}"
             return
         if target.generate:
-            await replies.read_stream(resp.content, target.api == "chat", out, t0)
+            await replies.read_stream(resp.content, target.api == "chat", out, t0, empty_ok)
         else:
             replies.read_kserve(await resp.read(), resp.headers.get(HEADER_LENGTH), out)
         out.status = "ok"
 
 
-async def _one(session, target: Target, body: Payload, t0: float, due: float,
-               timeout: float) -> Outcome:
+async def one(session, target: Target, body: Payload, t0: float, due: float,
+              timeout: float, empty_ok: bool = False) -> Outcome:
+    """One request, resolved: sent now, due at `due` (seconds after t0), timed out `timeout`
+    seconds after it was due. empty_ok: a streamed reply without text is an answer."""
     out = Outcome(due=due, sent=time.perf_counter() - t0)
     left = t0 + due + timeout - time.perf_counter()  # the timeout runs from the scheduled time
     try:
         if left <= 0:
             raise asyncio.TimeoutError
-        await asyncio.wait_for(_exchange(session, target, body, out, t0), left)
+        await asyncio.wait_for(_exchange(session, target, body, out, t0, empty_ok), left)
     except asyncio.TimeoutError:
         out.status, out.error = "timeout", f"no answer {timeout:g} s after it was due"
     except replies.BadReply as e:  # an answer whose figures cannot be counted: failed, with why
@@ -71,7 +75,7 @@ async def _until(when: float) -> None:
         await asyncio.sleep(delay)
 
 
-def _session(connections: int):
+def http_session(connections: int):
     import aiohttp
 
     return aiohttp.ClientSession(
@@ -83,13 +87,13 @@ async def open_loop(target: Target, times: Iterable[float], bodies: list[Payload
                     connections: int = 1024, start: float | None = None) -> list[Outcome]:
     """Send request i at times[i] seconds after `start` (a time.perf_counter() value; default:
     now + a short lead), bodies in turn."""
-    async with _session(connections) as session:
+    async with http_session(connections) as session:
         t0 = time.perf_counter() + 0.05 if start is None else start  # the lead: no negative sleep
         tasks = []
         for i, due in enumerate(times):
             await _until(t0 + float(due))
             body = bodies[i % len(bodies)]
-            tasks.append(asyncio.create_task(_one(session, target, body, t0, float(due), timeout)))
+            tasks.append(asyncio.create_task(one(session, target, body, t0, float(due), timeout)))
         return list(await asyncio.gather(*tasks))
 
 
@@ -97,7 +101,7 @@ async def closed_loop(target: Target, users: int, duration: float, bodies: list[
                       timeout: float) -> list[Outcome]:
     """`users` concurrent users, each sending its next request as soon as the last is
     answered, until `duration` seconds have passed."""
-    async with _session(users) as session:
+    async with http_session(users) as session:
         t0 = time.perf_counter()
         counter = iter(range(1 << 62))
 
@@ -105,7 +109,7 @@ async def closed_loop(target: Target, users: int, duration: float, bodies: list[
             mine = []
             while (now := time.perf_counter() - t0) < duration:
                 body = bodies[next(counter) % len(bodies)]
-                mine.append(await _one(session, target, body, t0, now, timeout))
+                mine.append(await one(session, target, body, t0, now, timeout))
             return mine
 
         per_user = await asyncio.gather(*(user() for _ in range(users)))

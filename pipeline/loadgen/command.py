@@ -42,6 +42,9 @@ class Request:
     windows: int
     leak_threshold: float
     server_pid: int | None
+    tasks: bool = False          # --tasks: the recipe's multi-turn chat scripts
+    think_time: float = 0.0      # seconds between a task's turns
+    min_tasks: int | None = None  # measured tasks per point (default: what the SLO needs)
 
 
 def mode_of(req: Request) -> str:
@@ -57,6 +60,15 @@ def mode_of(req: Request) -> str:
     if len(asked) > 1:
         raise InputError(f"--{' and --'.join('concurrency' if m == 'closed' else m for m in asked)} "
                          "ask for two modes", "give one of --rate, --sweep, --concurrency")
+    if req.tasks and req.soak:
+        raise InputError("--soak with --tasks: a soak holds single requests at a rate",
+                         "drop --soak, or drop --tasks")
+    if req.tasks and req.api not in (None, "chat"):
+        raise InputError(f"--api {req.api} with --tasks: tasks are chats, sent to "
+                         "/v1/chat/completions", "drop --api")
+    if not req.tasks and (req.think_time or req.min_tasks):
+        raise InputError(f"--{'think-time' if req.think_time else 'min-tasks'} needs --tasks",
+                         "add --tasks to send the recipe's multi-turn chat tasks")
     if req.soak and asked != ["rate"]:
         raise InputError("--soak needs --rate (the rate held for --duration)", "add --rate R")
     bad = [o for o in req.overrides if not o.startswith("serve.") or "=" not in o]
@@ -81,12 +93,59 @@ def mode_of(req: Request) -> str:
                      "e.g. --slo p99=50ms finds the capacity")
 
 
+@dataclass
+class Reached:
+    """The server as this run reached it: started here (proc) or running at --url."""
+
+    proc: object | None  # server.ServeProcess when started here
+    base: str
+    model: str
+    info: JsonObject     # its readiness answer
+    target: object       # protocol.Target
+    stats: JsonObject | None
+    pid: int | None      # the server process sampled for CPU and memory
+    engine: str
+
+    def headline(self) -> str:
+        how = f"started here, {self.proc.started_s:.1f} s to ready" if self.proc else "running"
+        return f"{self.target.endpoint} ({how})"
+
+    def record(self, req: Request, protocol_name: str, metrics_why: str | None) -> JsonObject:
+        """LoadResult.server: how it was reached or started, and what it said of itself."""
+        return {"started_here": bool(req.start_server), "base_url": self.base, "model": self.model,
+                "protocol": protocol_name, "ready": self.info,
+                "ready_after_s": self.proc.started_s if self.proc else None,
+                "sampled_pid": self.pid, "serve_overrides": list(req.overrides),
+                "stats": self.stats,
+                "metrics": (f"{self.base}/metrics scraped around each point" if metrics_why is None
+                            else f"not scraped: {metrics_why}")}
+
+
+@contextlib.contextmanager
+def reach(req: Request, recipe, api: str, logs: Path):
+    """The server (started with --serve, stopped when the block ends) as a Reached; its
+    `stats` are read again at the end of the block (its batches, its memory)."""
+    from pipeline.loadgen import protocol, server
+
+    with server_for(req, api, logs) as proc:
+        base, model = (proc.url, recipe.name) if proc else \
+            protocol.resolve(req.url, req.model, recipe.name)
+        info = proc.ready_info if proc else server.wait_ready(server.ready_route(base, api), 30.0)
+        target = target_for(base, model, api, info)
+        stats = server.stats(base, model)  # `pipeline serve`'s own view, if that is the server
+        pid = proc.pid if proc else (req.server_pid or _replica_pid(stats))
+        engine = req.engine or (stats or {}).get("engine") or recipe.targets[0].id
+        reached = Reached(proc, base, model, info, target, stats, pid, engine)
+        yield reached
+        reached.stats = server.stats(base, model) or stats
+
+
 def run(req: Request) -> None:
     """Measure as `req` asks, write load-*.json (and its plot) into the recipe's folder, print
     the points as they come and where the result went."""
     from pipeline.core import deps
     from pipeline.core.ui import console
-    from pipeline.loadgen import artifact, payloads, protocol, schedule, server, slo
+    from pipeline.loadgen import artifact, payloads, schedule, slo
     from pipeline.loadgen.loadtest import LoadTest, Settings
     from pipeline.store import folder_names as folders
     from pipeline.store.recipe_folder import Store, now
@@ -96,65 +155,52 @@ def run(req: Request) -> None:
     generation = payloads.is_generation(recipe)
     api = payloads.api_of(recipe, req.api)
     terms = slo.parse(req.slo, generation)
-    _check_engine(req, recipe)
+    check_engine(req, recipe)
     folder = folders.folder_name(recipe)
     settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
                         warmup=req.warmup, min_requests=req.min_requests, timeout=req.timeout,
                         seed=req.seed, terms=terms, generation=generation)
     logs = Path(tempfile.mkdtemp(prefix="pipeline-load-"))
-    with _server(req, api, logs) as proc:
-        base, model = (proc.url, recipe.name) if proc else \
-            protocol.resolve(req.url, req.model, recipe.name)
-        info = proc.ready_info if proc else server.wait_ready(server.ready_route(base, api), 30.0)
-        target = _target(base, model, api, info)
-        bodies, requests_info = payloads.bodies(recipe, target)
-        stats = server.stats(base, model)  # `pipeline serve`'s own view, if that is the server
-        pid = proc.pid if proc else (req.server_pid or _replica_pid(stats))
-        engine = req.engine or (stats or {}).get("engine") or recipe.targets[0].id
-        console.print(f"load: {target.endpoint} ({'started here, ' + f'{proc.started_s:.1f} s to ready' if proc else 'running'}); "
-                      f"{len(bodies)} request bodies from {requests_info['source']}; "
-                      f"{requests_info['protocol']}")
-        test = LoadTest(target, bodies, settings, pid, on_point=lambda p: console.print(_line(p)))
+    with reach(req, recipe, api, logs) as got:
+        bodies, requests_info = payloads.bodies(recipe, got.target)
+        console.print(f"load: {got.headline()}; {len(bodies)} request bodies from "
+                      f"{requests_info['source']}; {requests_info['protocol']}")
+        test = LoadTest(got.target, bodies, settings, got.pid,
+                        on_point=lambda p: console.print(_line(p)))
         measured = _measure(test, mode, req)
-        stats = server.stats(base, model) or stats  # after the run: its batches, its memory
     _refuse_all_failed(measured.points)
     result = LoadResult.model_validate({  # a capacity or soak only where the mode has one
         "points": measured.points, **({"capacity": measured.capacity} if measured.capacity else {}),
         **({"soak": measured.soak} if measured.soak else {}),
-        "schema": 1, "recipe": folder, "engine": engine, "name": req.name, "created": now(),
-        "url": target.endpoint, "mode": mode, "arrival": schedule.describe(req.arrival, req.burstiness),
+        "schema": 1, "recipe": folder, "engine": got.engine, "name": req.name, "created": now(),
+        "url": got.target.endpoint, "mode": mode,
+        "arrival": schedule.describe(req.arrival, req.burstiness),
         "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
-        "requests": requests_info, "device": deps.device(),
-        "client": _client_info(req),
-        "server": {"started_here": bool(req.start_server), "base_url": base, "model": model,
-                   "protocol": requests_info["protocol"], "ready": info,
-                   "ready_after_s": proc.started_s if proc else None, "sampled_pid": pid,
-                   "serve_overrides": list(req.overrides), "stats": stats,
-                   "metrics": (f"{base}/metrics scraped around each point" if test.metrics_why is None
-                               else f"not scraped: {test.metrics_why}")},
+        "requests": requests_info, "device": deps.device(), "client": client_info(req),
+        "server": got.record(req, requests_info["protocol"], test.metrics_why),
     })
     png = logs / "plot.png"
-    _plot(png, result, req, mode, terms, folder, engine)
+    _plot(png, result, req, mode, terms, folder, got.engine)
     from pipeline import workloads
 
     path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
-    _print_outcome(result, path)
+    print_outcome(result, path)
 
 
-def _client_info(req: Request) -> JsonObject:  # LoadResult.client: the generator's own limits
+def client_info(req: Request) -> JsonObject:  # LoadResult.client: the generator's own limits
     return {"duration_s": req.duration, "warmup_s": req.warmup, "min_requests": req.min_requests,
             "timeout_s": req.timeout,
             "process": "pipeline load (its own process; aiohttp, one event loop)"}
 
 
-def _check_engine(req: Request, recipe) -> None:
+def check_engine(req: Request, recipe) -> None:
     """InputError when --engine names no target of the recipe."""
     if req.engine and req.engine not in {t.id for t in recipe.targets}:
         raise InputError(f"--engine {req.engine}: `{recipe.name}` has no such target",
                          f"one of {', '.join(t.id for t in recipe.targets)}")
 
 
-def _server(req: Request, api: str, logs: Path):
+def server_for(req: Request, api: str, logs: Path):
     """With --serve, the server process to start (its context manager); else a context that
     yields None (the server at --url runs already)."""
     from pipeline.loadgen import server
@@ -165,7 +211,7 @@ def _server(req: Request, api: str, logs: Path):
     return contextlib.nullcontext()
 
 
-def _target(base: str, model: str, api: str, ready: dict):
+def target_for(base: str, model: str, api: str, ready: dict):
     """The Target, once the server is known to serve `model` in that protocol: KServe v2's
     model metadata answers (and binary tensors where GET /v2 lists the extension), or the
     OpenAI API's model list names it. InputError naming what the server does serve."""
@@ -213,7 +259,7 @@ def _plot(png: Path, result: LoadResult, req: Request, mode: str, terms, folder:
         plots.knee_png(png, result.points, f"{folder} ({engine}): {mode}", bound)
 
 
-def _print_outcome(result: LoadResult, path: Path) -> None:
+def print_outcome(result: LoadResult, path: Path) -> None:
     """The capacity found or the soak's verdict, when measured, then where the result went."""
     from pipeline.core.ui import console
 

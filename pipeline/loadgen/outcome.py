@@ -20,6 +20,12 @@ class Outcome:
     completion_tokens: int | None = None  # the OpenAI stream's `usage`, when it sends one
     prompt_tokens: int | None = None
     error: str | None = None
+    text: list[str] = field(default_factory=list)  # the reply's text pieces (chat tasks grade them)
+    ended: float = float("nan")  # the stream's [DONE]: a reply that ended at once has no chunk
+
+    @property
+    def reply(self) -> str:
+        return "".join(self.text)
 
     @property
     def latency(self) -> float:

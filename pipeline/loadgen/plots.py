@@ -1,6 +1,7 @@
 """PNGs of a load test (matplotlib, Agg: no display): the knee (latency against offered
 load, with each percentile's 95% interval, the SLO bound and each point's verdict, achieved
-rate beside it) and the soak (p99 and server memory per window)."""
+rate beside it), the soak (p99 and server memory per window) and chat tasks (time per task
+and TTFT against the offered task rate, completed tasks and goodput beside)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.artifacts.serving import LoadPoint, SoakWindow
+from pipeline.artifacts.serving import LoadPoint, Quantile, SoakWindow, TaskPoint
 
 
 def _plt():
@@ -78,6 +79,48 @@ def soak_png(path: Path, windows: list[SoakWindow], title: str) -> Path:
     ax_m.plot(mid, rss, "s--", color="tab:orange", label="server RSS (MiB)")
     ax_m.set_ylabel("server RSS (MiB)")
     fig.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _values(qs: list[Quantile]) -> tuple[np.ndarray, np.ndarray]:
+    """(values, [2, n] error bars) of quantiles; nan where unknown or unbounded."""
+    nan = lambda x: np.nan if x is None else x  # noqa: E731
+    v = np.asarray([nan(q.value) for q in qs], dtype=float)
+    lo = np.asarray([nan(q.lo) for q in qs], dtype=float)
+    hi = np.asarray([nan(q.hi) for q in qs], dtype=float)
+    return v, np.nan_to_num(np.vstack([np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)]))
+
+
+def tasks_png(path: Path, points: list[TaskPoint], title: str) -> Path:
+    """Time per task p50/p99 and turn TTFT p99 against the task rate; tasks/s beside."""
+    plt = _plt()
+    pts = sorted(points, key=lambda p: p.offered_rate)
+    x = np.asarray([p.offered_rate for p in pts])
+    fig, (ax, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=100)
+    lines = (("time per task p50", "o-", [p.time_per_task_ms["p50"] for p in pts]),
+             ("time per task p99", "s-", [p.time_per_task_ms["p99"] for p in pts]),
+             ("turn TTFT p99", "^--", [p.turn_timings.ttft_ms["p99"] for p in pts]))
+    for label, style, qs in lines:
+        v, err = _values(qs)
+        ax.errorbar(x, v, yerr=err, fmt=style, capsize=3, label=f"{label} (95% CI)")
+    for xi, p in zip(x, pts):
+        if p.passed is not None:
+            ax.annotate("pass" if p.passed else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
+                        ha="center", fontsize=7, color="green" if p.passed else "red")
+    ax.set(xlabel="offered task rate (tasks/s)", ylabel="ms",
+           title="chat tasks: latency vs offered load (failed tasks count as infinite)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax_r.plot(x, x, color="grey", linestyle=":", label="completed = offered")
+    ax_r.plot(x, [p.achieved_rate for p in pts], "o-", label="completed tasks/s")
+    ax_r.plot(x, [p.goodput for p in pts], "^-", label="goodput (every turn within SLO)")
+    ax_r.set(xlabel="offered task rate (tasks/s)", ylabel="tasks/s", title="throughput")
+    ax_r.grid(alpha=0.3)
+    ax_r.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)

@@ -82,19 +82,21 @@ def read_kserve(body: bytes, header_length: str | None, out: Outcome) -> None:
     out.batch_size = figure_count("batch_size", parameters.get("batch_size"), least=1)
 
 
-async def read_stream(lines, chat: bool, out: Outcome, t0: float) -> None:
-    """An OpenAI stream (`data: {chunk}` events, then `data: [DONE]`): the arrival time of
-    each chunk that carries text, the usage's token counts. An error event fails the request;
-    so does a stream that ends before [DONE] or without any text (no first token to time,
-    as vLLM's benchmark counts it)."""
+async def read_stream(lines, chat: bool, out: Outcome, t0: float, empty_ok: bool = False) -> None:
+    """An OpenAI stream (`data: {chunk}` events, then `data: [DONE]`): the arrival time and
+    text of each chunk that carries text, the usage's token counts, when [DONE] came. An
+    error event fails the request; so does a stream that ends before [DONE], or without any
+    text (no first token to time, as vLLM's benchmark counts it) unless `empty_ok`: a turn of
+    a chat task whose model ended its reply at once is an answer (an empty one)."""
     async for raw in lines:
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue  # blank separators, `: comments`, `event:` lines
         data = line[5:].strip()
-        if data == b"[DONE]":
-            break
         now = time.perf_counter() - t0
+        if data == b"[DONE]":
+            out.ended = now
+            break
         chunk = strict_json(data)
         if not isinstance(chunk, dict):
             raise BadReply("a stream event is not a JSON object")
@@ -102,29 +104,33 @@ async def read_stream(lines, chat: bool, out: Outcome, t0: float) -> None:
             error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
             raise BadReply(f"the stream ended in an error: {str(message)[:160]}")
-        if _text(chunk, chat):
+        piece = _text(chunk, chat)
+        if piece:
             out.chunks.append(now)
+            out.text.append(piece)
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             out.completion_tokens = figure_count("completion_tokens", usage.get("completion_tokens"))
             out.prompt_tokens = figure_count("prompt_tokens", usage.get("prompt_tokens"))
     else:
         raise BadReply("the stream ended before `data: [DONE]`")
-    if not out.chunks:
+    if not out.chunks and not empty_ok:
         said = "" if out.completion_tokens is None else \
             f"; usage: {out.completion_tokens} completion tokens, the model ended at once"
         raise BadReply(f"the stream carried no text (no first token to time{said})")
-    if out.completion_tokens is not None and out.completion_tokens < 1:
+    if out.chunks and out.completion_tokens is not None and out.completion_tokens < 1:
         raise BadReply(f"text came, yet the usage counts {out.completion_tokens} completion tokens")
 
 
-def _text(chunk: dict, chat: bool) -> bool:
-    """Whether the chunk's first choice carries text (a chat's role-only chunk does not)."""
+def _text(chunk: dict, chat: bool) -> str:
+    """The text the chunk's first choice carries ("" for none: a chat's role-only chunk)."""
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return False
+        return ""
     choice = choices[0]
     if chat:
         delta = choice.get("delta")
-        return isinstance(delta, dict) and bool(delta.get("content"))
-    return bool(choice.get("text"))
+        piece = delta.get("content") if isinstance(delta, dict) else None
+    else:
+        piece = choice.get("text")
+    return piece if isinstance(piece, str) else ""

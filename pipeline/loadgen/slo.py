@@ -1,5 +1,6 @@
 """A service-level objective: `--slo p99=50ms` (end-to-end latency at a percentile) and,
-for generation, `ttft=500ms` / `tpot=80ms` (p99 of time to first token / per output token).
+for generation, `ttft=500ms` / `tpot=80ms` (p99 of time to first token / per output token);
+with `--tasks`, also `task=20s` (p99 of time per task: a whole multi-turn conversation).
 
 Each term is judged the way MLPerf LoadGen's Server scenario judges its latency target
 (early_stopping.py): the sample percentile within the bound, and the early-stopping rule
@@ -14,24 +15,25 @@ from dataclasses import dataclass
 
 from pipeline.core.errors import InputError
 
-_TERM = re.compile(r"^(p\d+(?:\.\d+)?|ttft|tpot)=(\d+(?:\.\d+)?)(ms|s)$")
+_TERM = re.compile(r"^(p\d+(?:\.\d+)?|ttft|tpot|task)=(\d+(?:\.\d+)?)(ms|s)$")
 HINT = "write e.g. --slo p99=50ms, or for generation --slo ttft=500ms,tpot=100ms"
 
 
 @dataclass(frozen=True)
 class Term:
-    metric: str         # "latency", "ttft" or "tpot"
+    metric: str         # "latency", "ttft", "tpot" or "task" (time per task)
     percentile: float   # 0.99 for p99
     bound_ms: float
 
     @property
     def label(self) -> str:
-        name = "latency" if self.metric == "latency" else self.metric.upper()
+        name = {"latency": "latency", "task": "time per task"}.get(self.metric, self.metric.upper())
         return f"{name} p{self.percentile * 100:g} <= {self.bound_ms:g} ms"
 
 
-def parse(text: str | None, generation: bool = False) -> tuple[Term, ...]:
-    """`p99=50ms[,ttft=...,tpot=...]` -> terms; InputError naming the bad part."""
+def parse(text: str | None, generation: bool = False, tasks: bool = False) -> tuple[Term, ...]:
+    """`p99=50ms[,ttft=...,tpot=...,task=...]` -> terms; InputError naming the bad part.
+    With `tasks` (chat tasks): ttft, tpot and task only (a task's turns have no one latency)."""
     if not text:
         return ()
     terms = []
@@ -43,7 +45,13 @@ def parse(text: str | None, generation: bool = False) -> tuple[Term, ...]:
         bound = float(value) * (1000.0 if unit == "s" else 1.0)
         if bound <= 0:
             raise InputError(f"--slo {text!r}: the bound of `{key}` must be > 0", HINT)
-        if key in ("ttft", "tpot"):
+        if key == "task" and not tasks:
+            raise InputError(f"--slo {text!r}: `task` (time per task) needs --tasks",
+                             "add --tasks, or drop the task term")
+        if tasks and key.startswith("p"):
+            raise InputError(f"--slo {text!r}: with --tasks, bound ttft, tpot and task "
+                             f"(time per task), not `{key}`", "e.g. --slo ttft=1s,tpot=100ms,task=20s")
+        if key in ("ttft", "tpot", "task"):
             if not generation:
                 raise InputError(f"--slo {text!r}: `{key}` applies to generation recipes only",
                                  "use p99=... for this recipe")

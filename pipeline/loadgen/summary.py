@@ -95,7 +95,7 @@ class TokenTimes:
     itl: np.ndarray
 
 
-def _tpot_ms(o: Outcome) -> float:
+def tpot_ms(o: Outcome) -> float:
     """Time per output token after the first: the first to the last text chunk over the
     tokens between them (the usage's count when the server sends it, else the chunks), as
     vLLM's benchmark computes it; NaN with a single token."""
@@ -109,7 +109,7 @@ def _tokens(measured: list[Outcome]) -> TokenTimes:
     for o in measured:
         ok = o.status == "ok" and o.chunks
         ttft.append((o.chunks[0] - o.due) * 1e3 if ok else np.inf)
-        tpot.append(_tpot_ms(o) if ok else np.inf)  # one token: no TPOT, not a failure
+        tpot.append(tpot_ms(o) if ok else np.inf)  # one token: no TPOT, not a failure
         if ok:
             itl.extend((np.diff(o.chunks) * 1e3).tolist())
     return TokenTimes(np.asarray(ttft), np.asarray(tpot), np.asarray(itl))

@@ -1,5 +1,6 @@
 """report.md's Serving section: what `pipeline load` measured, one table per load file
-(points, capacity, generation timings, soak verdict, the plot)."""
+(points, capacity, generation timings, soak verdict, the plot; chat tasks: time per task,
+per-turn token timings, goodput in tasks/s, answers under load)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def markdown(loads: list[dict]) -> list[str]:
     lines = ["", "## Serving", ""]
     for r in loads:
         title = f"{r['engine']}{' (' + r['name'] + ')' if r.get('name') else ''}"
+        if r.get("tasks"):
+            lines += _tasks(r, title)
+            continue
         lines += [f"### {title}: {r['mode']} at {r['url']}", "",
                   f"{r['arrival']}, seed {r['seed']}; SLO {r['slo'] or 'none'}; requests from "
                   f"{r['requests'].get('source')}; latency from the scheduled send time, 95% "
@@ -96,3 +100,51 @@ def _metrics_table(points: list[dict]) -> list[str]:
 def _move(metrics: dict, gauge: str) -> str:
     g = metrics["gauges"].get(gauge)
     return "—" if not g else " / ".join(_num(g.get(k), ".0f") for k in ("before", "peak", "after"))
+
+
+def _tasks(r: dict, title: str) -> list[str]:
+    """A `pipeline load --tasks` result: the capacity in tasks/s, one row per point (tasks,
+    time per task, turn token timings, goodput, answers under load beside batch 1)."""
+    t = r["tasks"]
+    lines = [f"### {title}: chat tasks, {r['mode']} at {r['url']}", "",
+             f"{t['scripts']} tasks of {t['turns_per_task'][0]}-{t['turns_per_task'][1]} turns "
+             f"({t['source']}; each turn carries the conversation so far, greedy, at most "
+             f"{t['answer_tokens']} tokens); {r['arrival']} of tasks, seed {r['seed']}; SLO "
+             f"{r['slo'] or 'none'}; at least {t['min_tasks']} tasks a point ({t['min_tasks_why']}). "
+             "Time per task from its scheduled start to its last token; 95% order-statistic "
+             "intervals; a failed task counts as infinitely late.", ""]
+    cap = t.get("capacity")
+    if cap:
+        lo, hi = cap["bracket"]
+        value = "none found" if cap["capacity"] is None else f"**{cap['capacity']:.3g} tasks/s**"
+        lines += [f"Capacity at the SLO: {value} (bracket [{lo}, {hi}] tasks/s; {cap['why']}).", ""]
+    lines += ["| offered tasks/s | users | tasks | failed | completed/s | goodput/s (share) "
+              "| time per task p50 / p99 s | TTFT p50 / p99 ms | TPOT p99 ms | ITL p99 ms "
+              "| prompt tokens by turn | answers right (95% CI) | batch 1 | same as batch 1 | SLO |",
+              "|" + "---|" * 15]
+    for p in t["points"]:
+        g, a = p["turn_timings"], p["answers"]
+        prompts = " / ".join(_num(x.get("prompt_tokens_mean"), ".0f") for x in p["per_turn"])
+        same = "—" if a.get("compared") is None else f"{a['identical_to_batch1']}/{a['compared']}"
+        lines.append(
+            f"| {p['offered_rate']:.3g} | {p.get('concurrency') or '—'} | {p['tasks']} | "
+            f"{p['tasks'] - p['tasks_ok']} | {p['achieved_rate']:.3g} | {p['goodput']:.3g} "
+            f"({p['goodput_share']:.0%}) | {_s(p['time_per_task_ms']['p50'])} / "
+            f"{_s(p['time_per_task_ms']['p99'])} | {_ms(g['ttft_ms']['p50'])} / "
+            f"{_ms(g['ttft_ms']['p99'])} | {_ms(g['tpot_ms']['p99'])} | {_ms(g['itl_ms']['p99'])} | "
+            f"{prompts} | {a['right']}/{a['of']} = {a['share']:.0%} [{a['ci95'][0]:.0%}, "
+            f"{a['ci95'][1]:.0%}] | {_num(a.get('batch1_share'), '.0%')} | {same} | "
+            f"{'—' if p['passed'] is None else ('pass' if p['passed'] else 'fail')} |")
+    lines += _metrics_table(t["points"])
+    if r.get("plot"):
+        lines += ["", f"![tasks]({r['plot']})"]
+    return lines + [""]
+
+
+def _s(q: dict | None) -> str:
+    """A quantile in ms shown in seconds with its interval."""
+    if not q or q.get("value") is None:
+        return "—"
+    hi = q.get("hi")
+    return f"{q['value'] / 1e3:.2f} [{_num(q.get('lo') and q['lo'] / 1e3, '.2f')}, " \
+           f"{'∞' if hi is None else f'{hi / 1e3:.2f}'}]"
