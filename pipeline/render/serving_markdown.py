@@ -106,10 +106,11 @@ def _tasks(r: dict, title: str) -> list[str]:
     """A `pipeline load --tasks` result: the capacity in tasks/s, one row per point (tasks,
     time per task, turn token timings, goodput, answers under load beside batch 1)."""
     t = r["tasks"]
+    arrivals = "closed loop (task-users)" if r["mode"] == "closed" else f"{r['arrival']} of tasks"
     lines = [f"### {title}: chat tasks, {r['mode']} at {r['url']}", "",
              f"{t['scripts']} tasks of {t['turns_per_task'][0]}-{t['turns_per_task'][1]} turns "
              f"({t['source']}; each turn carries the conversation so far, greedy, at most "
-             f"{t['answer_tokens']} tokens); {r['arrival']} of tasks, seed {r['seed']}; SLO "
+             f"{t['answer_tokens']} tokens); {arrivals}, seed {r['seed']}; SLO "
              f"{r['slo'] or 'none'}; at least {t['min_tasks']} tasks a point ({t['min_tasks_why']}). "
              "Time per task from its scheduled start to its last token; 95% order-statistic "
              "intervals; a failed task counts as infinitely late.", ""]
