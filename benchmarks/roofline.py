@@ -58,14 +58,12 @@ class Engine:
 
 
 def _points(recipe, long: int | None):
+    """The points each build profiles (the workload's, roofline/points.py), every forward batch
+    (min/opt/max), and a prefill of `long` tokens."""
+    from pipeline import workloads
     from pipeline.roofline import points
 
-    if recipe.workload.kind != "generation":
-        return points.forward_points(recipe)
-    spec, first = recipe.workload, recipe.workload.prompt_lengths[0]
-    found = [points.Point(f"prefill {first}", "prefill", points.prefill_dims(first), report_key=f"b1-p{first}"),
-             points.Point(f"decode @{first + spec.new_tokens // 2}", "decode",
-                          points.decode_dims(first + spec.new_tokens // 2), report_key=f"b1-p{first}")]
+    found = [p for p in workloads.of(recipe).roofline_points(recipe).points if p.profiled or p.phase == "forward"]
     if long:
         found.append(points.Point(f"prefill {long}", "prefill", points.prefill_dims(long)))
     return found
@@ -235,6 +233,7 @@ def markdown(rows: list[Row], roots: list[Path], skipped: dict[str, str]) -> str
 def sections(roots: list[Path], names: list[str]) -> str:
     """Each engine's report section ("where the time goes against the floor") as the validate
     stage now writes it, made on the built folders (those built before it have none)."""
+    from pipeline import workloads
     from pipeline.render import roofline_markdown
     from pipeline.roofline import report_section
 
@@ -249,7 +248,8 @@ def sections(roots: list[Path], names: list[str]) -> str:
         recipe, store = found
         for engine in engines_of(recipe, store):
             e, t0 = engine.entry, time.time()
-            section = report_section.check(recipe, "onnxruntime", engine.path, e.device if e else "cpu",
+            section = report_section.check(recipe, workloads.of(recipe), "onnxruntime", engine.path,
+                                           e.device if e else "cpu",
                                            engine.threads, e.generation if e else None,
                                            e.latency_ms.p50 if e and e.latency_ms else None)
             out += [f"## {name}/{engine.target} ({store.dir})", "",

@@ -7,11 +7,18 @@ batches (the decode curve: one step serves `batch` sequences), and the task scri
 recipe: one forward at each of the batch dim's min / opt / max with every other dim at opt.
 Dim names are the export's: batch, sequence, past_sequence, total_sequence (a KV-cache
 graph), or the recipe's own `name:` for each input dim.
+
+Which of the two a recipe gets is its workload's to say: each workload module names its
+`roofline_points` (the Workload contract, workloads/base.py; the PointSource protocol here),
+one of `generation` and `forward` below, so the roofline's users (predict.py, the report
+section) take a workload and never test its kind. The points a build profiles are marked
+`profiled`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from pipeline.recipe import Recipe
 
@@ -26,6 +33,7 @@ class Point:
     batch: int = 1
     tokens: int = 1  # tokens a step produces per sequence (decode), or processes (prefill)
     report_key: str | None = None  # the report's workload point it corresponds to (b1-p128)
+    profiled: bool = False  # each build profiles it (the report's roofline section)
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,41 @@ class TaskTurn:
     prefill: Point
     decode: Point
     steps: int
+
+
+@dataclass(frozen=True)
+class Points:
+    """A workload's roofline points: each one `pipeline predict` floors, in order; the task
+    script's turns (none for a forward workload)."""
+
+    points: list[Point]
+    task: list[TaskTurn] = field(default_factory=list)
+
+    def profiled(self) -> list[Point]:
+        """What each build profiles: the first prompt's prefill and its decode step, or the
+        forward request at the dims' opt."""
+        return [p for p in self.points if p.profiled]
+
+    def longest_prefill(self) -> Point | None:
+        """The longest prompt the workload times (the long point's on a tie); None without a prefill."""
+        prefills = [p for p in self.points if p.phase == "prefill"]
+        return max(prefills, key=lambda p: (p.tokens, p.report_key == "long")) if prefills else None
+
+
+class PointSource(Protocol):
+    """What a workload provides the roofline (workloads/base.py's Workload has it)."""
+
+    def roofline_points(self, recipe: Recipe, context: int | None = None) -> Points: ...
+
+
+def generation(recipe: Recipe, context: int | None = None) -> Points:
+    """A generation workload's points and task turns (its `roofline_points`)."""
+    return Points(generation_points(recipe, context), task_turns(recipe))
+
+
+def forward(recipe: Recipe, context: int | None = None) -> Points:
+    """A forward workload's points (its `roofline_points`; no KV cache: `context` is unused)."""
+    return Points(forward_points(recipe))
 
 
 def decode_dims(context: int, batch: int = 1) -> dict[str, int]:
@@ -56,14 +99,16 @@ def generation_points(recipe: Recipe, context: int | None = None,
     context its TPOT covers), then the decode curve over `batches` at the first prompt's."""
     spec, points = recipe.workload, []
     for prompt in spec.prompt_lengths:
-        key = f"b1-p{prompt}"
+        key, first = f"b1-p{prompt}", prompt == spec.prompt_lengths[0]
         ctx = context if context is not None else prompt + spec.new_tokens // 2
-        points.append(Point(f"prefill {prompt}", "prefill", prefill_dims(prompt), tokens=prompt, report_key=key))
-        points.append(Point(f"decode @{ctx}", "decode", decode_dims(ctx), report_key=key))
+        points.append(Point(f"prefill {prompt}", "prefill", prefill_dims(prompt), tokens=prompt, report_key=key,
+                            profiled=first))
+        points.append(Point(f"decode @{ctx}", "decode", decode_dims(ctx), report_key=key, profiled=first))
     if spec.long is not None:  # the long generation: its prompt's prefill, a step at its middle
         long, ctx = spec.long, context if context is not None else spec.long.prompt + spec.long.new_tokens // 2
-        points.append(Point(f"prefill {long.prompt}", "prefill", prefill_dims(long.prompt), tokens=long.prompt))
-        points.append(Point(f"decode @{ctx}", "decode", decode_dims(ctx)))
+        points.append(Point(f"prefill {long.prompt}", "prefill", prefill_dims(long.prompt), tokens=long.prompt,
+                            report_key="long"))
+        points.append(Point(f"decode @{ctx}", "decode", decode_dims(ctx), report_key="long"))
     ctx = context if context is not None else spec.prompt_lengths[0] + spec.new_tokens // 2
     points += [Point(f"decode @{ctx} x{b}", "decode", decode_dims(ctx, b), batch=b) for b in batches if b > 1]
     return points
@@ -96,6 +141,7 @@ def forward_points(recipe: Recipe) -> list[Point]:
     opt = {name: d.opt for name, d in dims.items()}
     batch = dims.get("batch")
     sizes = sorted({batch.min, batch.opt, batch.max}) if batch else [None]
+    opt_batch = batch.opt if batch else None  # the request shape the report times (no batch dim: the one point)
     return [Point(f"batch {b}" if b else "forward", "forward", {**opt, **({"batch": b} if b else {})},
-                  batch=b or 1, report_key="opt" if b == (batch.opt if batch else None) else None)
+                  batch=b or 1, report_key="opt" if b == opt_batch else None, profiled=b == opt_batch)
             for b in sizes]

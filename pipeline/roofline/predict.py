@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline.hardware.database import Looked
 from pipeline.recipe import Recipe
-from pipeline.roofline import costs, model, points, shapes, support
+from pipeline.roofline import costs, model, points, serve_suggestion, shapes, support
 
 GRAPH_SOURCES = ("typed.onnx", "optimized.onnx", "model.onnx")  # the last graph a target builds from
 
@@ -97,9 +97,9 @@ def _measured(entry, point: points.Point) -> float | None:
     return summary.p50 if summary else None
 
 
-def _task(skel, recipe: Recipe, looked: Looked, threads: int | None) -> float:
+def _task(skel, turns: list[points.TaskTurn], looked: Looked, threads: int | None) -> float:
     total = 0.0
-    for turn in points.task_turns(recipe):
+    for turn in turns:
         total += _floor(skel, turn.prefill, looked, threads)[0].floor_ms
         if turn.steps:
             total += turn.steps * _floor(skel, turn.decode, looked, threads)[0].floor_ms
@@ -107,7 +107,7 @@ def _task(skel, recipe: Recipe, looked: Looked, threads: int | None) -> float:
 
 
 def engine(recipe: Recipe, entry, folder: Path, files: list[str], looked: Looked,
-           context: int | None, here: bool) -> EnginePrediction:
+           workload: points.Points, here: bool) -> EnginePrediction:
     """One built engine's floors at the workload's points on `looked`'s device."""
     name, graph_note = _graph(entry.kind, Path(entry.path).name, files)
     notes = [n for n in (graph_note, support.engine_kind_note(entry.kind, looked.entry)) if n]
@@ -115,15 +115,13 @@ def engine(recipe: Recipe, entry, folder: Path, files: list[str], looked: Looked
         return EnginePrediction(entry.target, entry.kind, "-", [], None, None, [], notes=notes)
     skel = shapes.skeleton(folder / name)
     threads = (entry.threads or recipe.validate_.threads) if here else None
-    generation = recipe.workload.kind == "generation"
-    todo = points.generation_points(recipe, context) if generation else points.forward_points(recipe)
     floors, fallbacks, unknown, method = [], set(), 0, ""
-    for point in todo:
+    for point in workload.points:
         floor, roof, cost = _floor(skel, point, looked, threads, _measured(entry, point) if here else None)
         floors.append(floor)
         fallbacks.update(roof.fallbacks)
         unknown, method = max(unknown, cost.unknown), cost.shape_method
-    task = _task(skel, recipe, looked, threads) if generation else None
+    task = _task(skel, workload.task, looked, threads) if workload.task else None
     gen = entry.generation
     task_measured = gen.time_per_task_s * 1e3 if here and gen and gen.time_per_task_s else None
     notes += sorted(fallbacks)
@@ -134,23 +132,31 @@ def engine(recipe: Recipe, entry, folder: Path, files: list[str], looked: Looked
                             support.support(skel, looked.entry), threads, notes, furthest)
 
 
-def predict(recipe: Recipe, folder: Path, looked: Looked, context: int | None = None) -> Prediction:
-    """Every built engine of the recipe's folder (verified against its manifest) on the device."""
+def built_engines(folder: Path) -> tuple[list, list[str]]:
+    """(the report's built engines, the folder's files), each engine's graph to cost verified
+    against the manifest."""
     from pipeline.artifacts import recorded
     from pipeline.store.recipe_folder import Store
 
     store = Store(folder.parent, folder.name)
     report = recorded.report(store.read_json("report.json"))
     files = sorted(store.manifest.files)
-    here = looked.entry.provenance == "measured"
-    engines = []
-    for entry in report.engines:
-        if entry.status != "built" or not entry.path:
-            continue
+    built = [e for e in report.engines if e.status == "built" and e.path]
+    for entry in built:
         name, _ = _graph(entry.kind, Path(entry.path).name, files)
         if name is not None:
             store.verify(name)  # the costed graph is the one the manifest recorded
-        engines.append(engine(recipe, entry, folder, files, looked, context, here))
+    return built, files
+
+
+def predict(recipe: Recipe, folder: Path, looked: Looked, source: points.PointSource,
+            context: int | None = None) -> Prediction:
+    """Every built engine of the recipe's folder (verified against its manifest) on the device,
+    at the points `source` (the recipe's workload) gives."""
+    built, files = built_engines(folder)
+    here = looked.entry.provenance == "measured"
+    engines = [engine(recipe, entry, folder, files, looked, source.roofline_points(recipe, context), here)
+               for entry in built]
     e = looked.entry
     src = e.source
     return Prediction(
@@ -159,3 +165,26 @@ def predict(recipe: Recipe, folder: Path, looked: Looked, context: int | None = 
                else "floor on this machine's measured figures"),
         source=f"{src.document}{f' <{src.url}>' if src.url else ''}, {src.date}",
         bandwidth_bytes_per_s=e.memory().bytes_per_s, engines=engines)
+
+
+def serve_suggestions(recipe: Recipe, folder: Path,
+                      looked: Looked) -> list[tuple[str, serve_suggestion.ServeSuggestion | str]]:
+    """(target, its ServeSuggestion or why there is none) per built engine: the decode curve at
+    the workload's longest context, with a serving replica's threads on this machine."""
+    built, files = built_engines(folder)
+    here = looked.entry.provenance == "measured"
+    threads = (recipe.serve.threads or max(1, int(recipe.serve.replica_cpus))) if here else None
+    memory, memory_source = serve_suggestion.memory_of(looked.entry)
+    out: list[tuple[str, serve_suggestion.ServeSuggestion | str]] = []
+    for entry in built:
+        name, note = _graph(entry.kind, Path(entry.path).name, files)
+        if name is None:
+            out.append((entry.target, note))
+            continue
+        try:
+            out.append((entry.target, serve_suggestion.suggest(shapes.skeleton(folder / name), looked.entry, threads,
+                                                               recipe.workload.context_max(), memory,
+                                                               memory_source)))
+        except ValueError as e:
+            out.append((entry.target, str(e)))
+    return out

@@ -128,3 +128,21 @@ def markdown(pred: Prediction) -> str:
         out += ["| " + " | ".join(row) + " |" for row in rows(engine, here)]
         out += ["", *[f"- {line.strip()}" for line in support_lines(engine, str) + furthest_lines(engine, str)], ""]
     return "\n".join(out)
+
+
+def serve_parts(target: str, got) -> list:
+    """`predict --serve` for one engine: its decode curve and the `serve:` lines to paste, or
+    why there is none (`got`: a ServeSuggestion or a reason)."""
+    if isinstance(got, str):
+        return [f"{escape(target)}: no serve suggestion: {escape(got)}"]
+    from pipeline.roofline import serve_suggestion
+
+    table = Table(title=f"{escape(target)}: decode step floor by batch on {escape(got.device)} "
+                        f"(context {got.context}; a model, not a measurement)")
+    for col in ("sequences", "step floor", "tokens/s", "compute-bound share", "tokens/s vs previous"):
+        table.add_column(col, justify="right")
+    for p in got.curve:
+        mark = " ◀" if p.batch == got.max_running_sequences else ""
+        table.add_row(f"{p.batch}{mark}", _ms(p.step_ms), f"{p.tokens_per_s:,.0f}", f"{p.compute_bound_share:.0%}",
+                      f"{p.gain:.2f}x" if p.gain else "-")
+    return [table, *[escape(line) for line in serve_suggestion.yaml_lines(got, target)]]

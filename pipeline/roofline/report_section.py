@@ -33,17 +33,6 @@ def hardware_line(looked: Looked) -> tuple[str, str]:
     return entry, where
 
 
-def workload_points(recipe: Recipe) -> list[points.Point]:
-    """What each build profiles: the first prompt's prefill and its middle decode step, or the
-    forward request at the dims' opt."""
-    if recipe.workload.kind != "generation":
-        return [p for p in points.forward_points(recipe) if p.report_key == "opt"] or points.forward_points(recipe)[:1]
-    spec, first = recipe.workload, recipe.workload.prompt_lengths[0]
-    ctx, key = first + spec.new_tokens // 2, f"b1-p{first}"
-    return [points.Point(f"prefill {first}", "prefill", points.prefill_dims(first), tokens=first, report_key=key),
-            points.Point(f"decode @{ctx}", "decode", points.decode_dims(ctx), report_key=key)]
-
-
 def _report_p50(point: points.Point, generation: Generation | None, latency_p50: float | None) -> float | None:
     if point.phase == "forward":
         return latency_p50
@@ -68,19 +57,16 @@ def _point(check: measured.PointCheck, roof: model.Roofline, point: points.Point
         report_p50_ms=p50, categories=cats)
 
 
-def long_prefill(skel: shapes.Skeleton, recipe: Recipe, looked: Looked, threads: int | None,
+def long_prefill(skel: shapes.Skeleton, workload: points.Points, looked: Looked, threads: int | None,
                  generation: Generation | None) -> LongPrefill | None:
     """The longest prompt the workload timed (the long point's, else the longest prompt length),
-    its floor and compute floor beside the workload's p50 TTFT there."""
-    spec = recipe.workload
-    if spec.kind != "generation":
+    its floor and compute floor beside the workload's p50 TTFT there; None without a prefill."""
+    longest = workload.longest_prefill()
+    if longest is None:
         return None
-    lengths = {p: f"b1-p{p}" for p in spec.prompt_lengths}
-    if spec.long is not None:
-        lengths[spec.long.prompt] = "long"
-    tokens = max(lengths)
-    roof = model.roofline(costs.graph_cost(skel, points.prefill_dims(tokens)), looked.entry, threads)
-    at = (generation.points if generation else {}).get(lengths[tokens])
+    tokens = longest.tokens
+    roof = model.roofline(costs.graph_cost(skel, longest.dims), looked.entry, threads)
+    at = (generation.points if generation else {}).get(longest.report_key or "")
     got = at.ttft_ms.p50 if at is not None else None
     floor, compute = roof.time_s * 1e3, sum(n.compute_s for n in roof.nodes) * 1e3
     return LongPrefill(point=f"prefill {tokens}", tokens=tokens, floor_ms=floor, compute_floor_ms=compute,
@@ -98,27 +84,29 @@ def furthest(found: list[PointVsFloor], top: int = FURTHEST) -> list[str]:
             for c, p in rows if c.efficiency is not None]
 
 
-def check(recipe: Recipe, kind: str, engine: Path, device: str | None, threads: int | None,
-          generation: Generation | None = None, latency_p50: float | None = None) -> RooflineCheck:
-    """The section for one engine (a reason instead of points where there is nothing to profile)."""
+def check(recipe: Recipe, source: points.PointSource, kind: str, engine: Path, device: str | None,
+          threads: int | None, generation: Generation | None = None,
+          latency_p50: float | None = None) -> RooflineCheck:
+    """The section for one engine at the points `source` (the recipe's workload) marks
+    profiled (a reason instead of points where there is nothing to profile)."""
     if kind != "onnxruntime" or engine.suffix != ".onnx" or (device or "cpu") != "cpu":
         return RooflineCheck(reason=f"{kind} on {device or 'cpu'}: the profile and floors cover ONNX Runtime "
                              "engines on this machine's CPU")
     try:
-        return _check(recipe, engine, threads, generation, latency_p50)
+        return _check(recipe, source.roofline_points(recipe), engine, threads, generation, latency_p50)
     except Exception as e:  # noqa: BLE001  (a report section: never the reason a build the gates passed fails)
         return RooflineCheck(reason=f"not computed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
 
 
-def _check(recipe: Recipe, engine: Path, threads: int | None, generation: Generation | None,
-           latency_p50: float | None) -> RooflineCheck:
+def _check(recipe: Recipe, workload: points.Points, engine: Path, threads: int | None,
+           generation: Generation | None, latency_p50: float | None) -> RooflineCheck:
     from pipeline.hardware import database
 
     looked = database.this_machine()
     entry, where = hardware_line(looked)
     skel = shapes.skeleton(engine)
     found, method, notes = [], "", set()
-    for point in workload_points(recipe):
+    for point in workload.profiled():
         one, roof = measured.point_check(skel, recipe, "", engine, looked.entry, point, threads, RUNS[1], RUNS[0])
         found.append(_point(one, roof, point, _report_p50(point, generation, latency_p50)))
         method, notes = one.method, notes | set(roof.fallbacks)
@@ -133,5 +121,5 @@ def _check(recipe: Recipe, engine: Path, threads: int | None, generation: Genera
         peaks={p: v.ops_per_s / 1e9 for p, v in peaks.items() if v is not None and v.ops_per_s},
         method="floor per node = max(FLOPs / the peak of its type, bytes / DRAM bandwidth), summed "
                f"(pipeline/roofline); measured: {method}",
-        points=found, long_prefill=long_prefill(skel, recipe, looked, threads, generation),
+        points=found, long_prefill=long_prefill(skel, workload, looked, threads, generation),
         furthest=furthest(found), notes=sorted(notes))

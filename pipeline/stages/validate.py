@@ -92,10 +92,11 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
 def roofline_check(recipe: Recipe, target, engine: Artifact, fields: FieldValues):
     """Where the time goes against the floor (roofline/report_section.py): the workload's
     points profiled and costed on this machine's cached hardware entry; seconds, not minutes."""
+    from pipeline import workloads
     from pipeline.roofline import report_section
 
     latency = fields.get("latency_ms")
-    return report_section.check(recipe, target.kind, engine.path, fields.get("device"),
+    return report_section.check(recipe, workloads.of(recipe), target.kind, engine.path, fields.get("device"),
                                 fields.get("threads") or recipe.validate_.threads, fields.get("generation"),
                                 latency.p50 if latency is not None else None)
 

@@ -13,6 +13,10 @@ the workload (stages: baseline, validate, report)
     engine_markdown(entry) -> [line]   report.md's workload section of one built engine
     headlines(report) -> [line]        what the terminal table's caption and report.md show
                                        first, one line per built engine ([] when the table says it)
+    roofline_points(recipe, context=None) -> roofline.points.Points
+                  the shapes the roofline floors (`pipeline predict`) and each build profiles
+                  (the report's roofline section), marked `profiled`; the roofline takes the
+                  workload (roofline.points.PointSource) and never tests its kind
 
 its comparer (the `pipeline compare` command; no stage's cache key holds its code)
     check_comparable(recipes)          before anything is built: exit 2 when they are not
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import Field
 
@@ -44,6 +48,9 @@ from pipeline.artifacts.report import (
     TaskMetric,
 )
 from pipeline.core.errors import DependencyError
+
+if TYPE_CHECKING:
+    from pipeline.roofline.points import Points
 
 EntriesByTarget = dict[str, dict]  # target id -> its engine entry in report.json
 FieldValues = dict[str, Any]  # EngineResult field name -> its value
@@ -118,6 +125,8 @@ class Workload(Protocol):
 
     def headlines(self, report: dict) -> list[str]: ...
 
+    def roofline_points(self, recipe, context: int | None = None) -> Points: ...
+
 
 class Comparer(Protocol):
     def check_comparable(self, recipes: list) -> None: ...
@@ -125,7 +134,7 @@ class Comparer(Protocol):
     def compare(self, recipes: list, reports: dict, root: Path, progress) -> Compared: ...
 
 
-WORKLOAD_NEEDS = ("KIND", "BASELINE", "baseline", "measure", "engine_markdown", "headlines")
+WORKLOAD_NEEDS = ("KIND", "BASELINE", "baseline", "measure", "engine_markdown", "headlines", "roofline_points")
 COMPARER_NEEDS = ("check_comparable", "compare")
 
 

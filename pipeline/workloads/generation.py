@@ -45,3 +45,11 @@ def engine_markdown(entry: dict) -> list[str]:
         return []
     return markdown(entry, BASELINE) + ["", f"Runners: {', '.join(g['runners']['engine'])} (engine), "
                                         f"{g['runners']['baseline']} (baseline)."]
+
+
+def roofline_points(recipe: Recipe, context: int | None = None):
+    """The roofline's points (roofline/points.py): prefill and a decode step at each prompt and
+    the long point, the decode curve over batch sizes, the task script's turns."""
+    from pipeline.roofline import points
+
+    return points.generation(recipe, context)

@@ -213,3 +213,11 @@ def engine_markdown(entry: dict) -> list[str]:
             lines.append(f"| {s['shape']} | {el['p50']:.3f} / {el['p99']:.3f} | {bl['p50']:.3f} / "
                          f"{bl['p99']:.3f} | {speedup(sp['ratio'], sp['ci95'])} |")
     return lines
+
+
+def roofline_points(recipe: Recipe, context: int | None = None):
+    """The roofline's points (roofline/points.py): one forward at the batch dim's min, opt and
+    max, every other dim at its opt (`context`: no KV cache here, unused)."""
+    from pipeline.roofline import points
+
+    return points.forward(recipe, context)

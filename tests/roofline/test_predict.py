@@ -39,6 +39,27 @@ def test_generation_points_follow_the_workload():
     assert second.decode.dims["past_sequence"] == 13
 
 
+def test_each_workload_gives_its_points_and_marks_what_a_build_profiles():
+    """The one interface (workloads' roofline_points): the generation workload's points are
+    generation_points and its task turns; the forward one's the batch dim's min/opt/max; the
+    points a build profiles are the first prompt's prefill and decode, or the opt request."""
+    from pipeline import workloads
+    from pipeline.recipe import load
+    from pipeline.roofline import points
+
+    gen = load("standard-gen", ["workload.prompt_lengths=[8, 12]", "workload.new_tokens=4"])
+    found = workloads.of(gen).roofline_points(gen)
+    assert found.points == points.generation_points(gen) and found.task == points.task_turns(gen)
+    assert [p.label for p in found.profiled()] == ["prefill 8", "decode @10"]
+    longest = found.longest_prefill()  # standard-gen's long point: a 32-token prompt, its report key
+    assert (longest.tokens, longest.report_key) == (32, "long")
+    fwd = load("standard", [])
+    flat = workloads.of(fwd).roofline_points(fwd)
+    batch = next(d for d in fwd.inputs[0].shape if getattr(d, "name", None) == "batch")
+    assert [p.batch for p in flat.points] == sorted({batch.min, batch.opt, batch.max}) and flat.task == []
+    assert [p.batch for p in flat.profiled()] == [batch.opt] and flat.longest_prefill() is None
+
+
 def test_predict_a_decoder_on_h100_is_a_lower_bound_naming_what_would_not_run(built_gen: Project, tmp_path):
     name = built_gen.built.name
     result = built_gen.run("predict", name, "--device", "h100", env=_cached_here(tmp_path))
