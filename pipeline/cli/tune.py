@@ -28,13 +28,16 @@ from pipeline.cli.options import debug_option, engines_dir_option
               help="SmoothQuant alphas searched besides none (default 0.5).")
 @click.option("--no-exclusions", is_flag=True, help="Do not try keeping sensitive nodes in float.")
 @click.option("--within-only", is_flag=True, help="Time only candidates within the budget.")
+@click.option("--rank-by-prediction", is_flag=True, help="Build the candidates in order of their predicted "
+              "gain (roofline floors on this machine's `pipeline hw` entry); the predictions and how they "
+              "ranked against the measured gains are in the result either way.")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Where the chosen recipe goes (default: RECIPE-tuned.yaml beside RECIPE).")
 @engines_dir_option()
 @click.option("-v", "--verbose", is_flag=True, help="Show the tools' own output.")
 @debug_option
 def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, max_task_loss, schemes,
-                 alphas, no_exclusions, within_only, out, engines_dir, verbose):
+                 alphas, no_exclusions, within_only, rank_by_prediction, out, engines_dir, verbose):
     """Search INT8 settings for the fastest engine within an accuracy budget (A/B timed)."""
     from pipeline import recipe as recipe_mod
     from pipeline.commands import tune
@@ -46,7 +49,7 @@ def tune_command(recipe, overrides, feeds_ref, worst_cosine, mean_cosine, max_ta
     result, folder, written = tune.command(
         loaded, engines_dir, feeds_ref, Budget(worst_cosine, mean_cosine),
         schemes or ("dynamic", "static"), (None, *(alphas or (0.5,))), not no_exclusions, out, verbose,
-        not within_only, _task_loss_value(max_task_loss))
+        not within_only, _task_loss_value(max_task_loss), rank_by_prediction)
     stdout.print(tune.table(result))
     console.print(f"tune: {folder / 'tune.md'}" + (f"; chosen recipe: {written}" if written else
                                                     "; nothing beat FP32 within the budget"))

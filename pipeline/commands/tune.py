@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.commands.tune_prediction import Predictions, gains, prediction_line
 from pipeline.core import safe_files
 from pipeline.core.json_object import JsonObject
 from pipeline.metrics import budget as tune_metrics
@@ -88,7 +89,8 @@ def candidate_overrides(c: Candidate, target) -> list[str]:
 class Search:
     def __init__(self, recipe, engines_root: Path, feeds: list[dict], budget: tune_metrics.Budget,
                  progress, verbose: bool = False, time_all: bool = True,
-                 task: tune_metrics.Task | None = None, task_bound: tuple[float, bool] | None = None):
+                 task: tune_metrics.Task | None = None, task_bound: tuple[float, bool] | None = None,
+                 rank_by_prediction: bool = False):
         from pipeline.recipe import OnnxRuntimeTarget
 
         self.recipe, self.feeds, self.budget, self.progress, self.verbose = (
@@ -101,6 +103,8 @@ class Search:
         # a real folder, never a link (safe_files.folder): tune.json and tune.md are written here
         self.folder = safe_files.folder(Path(engines_root), recipe.name, "tune")
         self.time_all = time_all  # also time candidates over budget (never chosen): what it costs
+        self.rank_by_prediction = rank_by_prediction  # build in order of predicted gain (else the grid's)
+        self.predictions: Predictions | None = None
 
     # ---------------------------------------------------------------- one candidate
     def prepare(self) -> None:
@@ -134,11 +138,11 @@ class Search:
         with backends.get(target.kind).open(engine, target, recipe) as runner:
             actual = [dict(runner.infer(f, check_inputs=False)) for f in self.feeds]
         c.scores = tune_metrics.measure(self.reference, actual, self.feeds, self.task)
-        c.result = {"accuracy": c.scores.dump(),
-                    "excluded": [e["node"] for e in meta.get("excluded", [])],
-                    "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
-                    "quantized_nodes": meta.get("quantized_nodes"),
-                    "engines": outcome.store.dir.name, "engine": str(engine)}
+        c.result.update({"accuracy": c.scores.dump(),  # update: the prediction made before the build stays
+                         "excluded": [e["node"] for e in meta.get("excluded", [])],
+                         "speed_cost_of_kept_nodes": (meta.get("sensitivity") or {}).get("speed_cost"),
+                         "quantized_nodes": meta.get("quantized_nodes"),
+                         "engines": outcome.store.dir.name, "engine": str(engine)})
         return engine
 
     # ---------------------------------------------------------------- the search
@@ -158,6 +162,7 @@ class Search:
                 backend.open(engine, self.target, self.recipe, threads=threads, spin=False) as b:
             blocks = timing.time_interleaved([a, b], feed, spec).blocks
             result = stats.compare(blocks[0], blocks[1], noise=spec.noise_threshold)
+            pooled = [np.asarray(blocks[0]), np.asarray(blocks[1])]
             if result["verdict"] == "indistinguishable":
                 # A few blocks leave an interval of several percent: two candidates that close
                 # get one longer look (EXTEND times the requests, pooled with the first) before
@@ -165,9 +170,10 @@ class Search:
                 longer = spec.model_copy(update={"warmup": 0, "iterations": spec.iterations * EXTEND,
                                                  "min_seconds": spec.min_seconds * EXTEND})
                 more = timing.time_interleaved([a, b], feed, longer).blocks
-                result = stats.compare(np.concatenate([blocks[0], more[0]]), np.concatenate([blocks[1], more[1]]),
-                                       noise=spec.noise_threshold)
+                pooled = [np.concatenate([blocks[0], more[0]]), np.concatenate([blocks[1], more[1]])]
+                result = stats.compare(pooled[0], pooled[1], noise=spec.noise_threshold)
                 result["extended"] = True
+        result["median_ms"] = [float(np.median(p)) / 1e6 for p in pooled]  # [best, candidate] per request
         return result
 
     def run(self, candidates: list[Candidate], timing_feed: dict, exclusions: bool = True) -> JsonObject:
@@ -180,38 +186,70 @@ class Search:
             baseline = fp32.result["accuracy"]["task"]["baseline"]
             self.budget.task_loss = bound * abs(baseline) if relative else bound
         fp32.result.update(vs=None, chained=1.0, within=tune_metrics.within(fp32.scores, self.budget).dump())
+        self.predictions = Predictions.of(best_engine, timing_feed, self.recipe.validate_.threads, self.progress)
+        self._predict(fp32, best_engine)
         done = [fp32]
-        queue = list(candidates)
+        queue = self._ordered(list(candidates))
         while queue:
             c = queue.pop(0)
             with self.progress.stage(f"tune: {c.name} ({len(done)}/{len(done) + len(queue)})"):
                 engine = self.build(c)
+                self._predict(c, engine)
                 c.result["within"] = tune_metrics.within(c.scores, self.budget).dump()
                 if c.result["within"]["ok"] or self.time_all:
                     ab = self.time_pair(best_engine, engine, timing_feed)
                     c.result.update(vs=best.name, ab=ab, chained=best.result["chained"] * ab["time_ratio"])
                     if ab["verdict"] == "faster" and c.result["within"]["ok"]:
                         best, best_engine = c, engine
-            acc = c.result["accuracy"]
-            self.progress.note(f"{c.name}: worst cosine {acc['worst_cosine']:.4f}, mean "
-                               f"{acc['mean_cosine']:.5f}" + (f", {_task_text(acc)}" if "task" in acc else "")
-                               + (f", time x{c.result['ab']['time_ratio']:.3f} vs {c.result['vs']} "
-                                  f"({c.result['ab']['verdict']})" if "ab" in c.result else "")
-                               + ("" if c.result["within"]["ok"] else ", over budget"))
+            self.progress.note(_candidate_note(c))
             done.append(c)
             if not queue and exclusions and not any("sensitivity" in d.precision for d in done):
                 closest = _closest_over_budget(done)
                 if closest is not None:
-                    queue.extend(with_exclusions(closest, self.budget, 4))
+                    queue.extend(self._ordered(with_exclusions(closest, self.budget, 4)))
         return {"budget": self.budget.describe(), "chosen": best.name,
                 "candidates": [{"name": c.name, "precision": c.precision, **c.result} for c in done],
                 "feeds": {"samples": len(self.feeds), "shapes": sorted({str(list(v.shape)) for f in self.feeds
                                                                       for v in f.values()})},
                 "timing_feed": {k: list(v.shape) for k, v in timing_feed.items()},
+                "prediction": (self.predictions.summary(done, self.rank_by_prediction) if self.predictions
+                               else {"reason": "no prediction: the FP32 engine could not be costed"}),
                 "protocol": "each candidate timed interleaved with the current best "
                             "(bench.timing.time_interleaved, the recipe's validate.latency); best "
                             "replaced on verdict `faster` within budget only; `chained` multiplies the ratios "
                             "back to the FP32 engine (an estimate, the pairs were timed apart)"}
+
+    def _ordered(self, candidates: list[Candidate]) -> list[Candidate]:
+        """Each candidate's prediction made before its build; with rank_by_prediction, the
+        candidates in order of predicted gain (ties keep the grid's order)."""
+        if self.predictions is None:
+            return candidates
+        for c in candidates:
+            c.result.update(self.predictions.before(c))
+        if not self.rank_by_prediction:
+            return candidates
+        return sorted(candidates, key=lambda c: -(c.result.get("predicted_speedup") or 0.0))
+
+    def _predict(self, c: Candidate, engine: Path) -> None:
+        """After the build: the prediction made before it (FP32's now) and the built graph's floor."""
+        if self.predictions is None:
+            return
+        if "predicted_ms" not in c.result:
+            c.result.update(self.predictions.before(c))
+        c.result["built_floor_ms"] = self.predictions.built_floor(engine)
+
+
+def _candidate_note(c: Candidate) -> str:
+    """One line per candidate as it is done: accuracy, time vs the best, predicted vs measured."""
+    acc = c.result["accuracy"]
+    text = (f"{c.name}: worst cosine {acc['worst_cosine']:.4f}, mean {acc['mean_cosine']:.5f}"
+            + (f", {_task_text(acc)}" if "task" in acc else ""))
+    if "ab" in c.result:
+        text += f", time x{c.result['ab']['time_ratio']:.3f} vs {c.result['vs']} ({c.result['ab']['verdict']})"
+    if c.result.get("predicted_speedup") and c.result.get("chained"):
+        text += (f", predicted {c.result['predicted_speedup']:.2f}x vs fp32, measured "
+                 f"{1 / c.result['chained']:.2f}x")
+    return text + ("" if c.result["within"]["ok"] else ", over budget")
 
 
 def _closest_over_budget(done: list[Candidate]) -> Candidate | None:
@@ -254,8 +292,8 @@ def table(result: dict):
 
     t = Table(title=f"tune: fastest within budget ({', '.join(_bound_text(result['budget']))})")
     task = _task_column(result)
-    for col in ("", "candidate", "vs", "time ratio [95% CI]", "verdict", "≈ vs fp32", "worst cos",
-                "mean cos", *([task] if task else []), "within budget"):
+    for col in ("", "candidate", "vs", "time ratio [95% CI]", "verdict", "≈ vs fp32", "predicted gain",
+                "measured gain", "worst cos", "mean cos", *([task] if task else []), "within budget"):
         t.add_column(col)
     for c in result["candidates"]:
         ab = c.get("ab")
@@ -263,9 +301,10 @@ def table(result: dict):
         t.add_row("★" if c["name"] == result["chosen"] else "", c["name"], c.get("vs") or "—",
                   f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}]" if ab else "—",
                   ab["verdict"] if ab else ("reference" if c["name"] == FP32 else "not timed"),
-                  fmt(c.get("chained"), ".3f"), f"{acc['worst_cosine']:.4f}", f"{acc['mean_cosine']:.5f}",
-                  *([_task_cell(acc)] if task else []),
+                  fmt(c.get("chained"), ".3f"), *gains(c), f"{acc['worst_cosine']:.4f}",
+                  f"{acc['mean_cosine']:.5f}", *([_task_cell(acc)] if task else []),
                   "yes" if c["within"]["ok"] else "no: " + "; ".join(c["within"]["misses"]))
+    t.caption = prediction_line(result)
     return t
 
 
@@ -294,24 +333,25 @@ def _bound_text(budget: dict) -> list[str]:
 
 def markdown_lines(result: dict) -> list[str]:
     task = _task_column(result)
-    lines = ["| | candidate | vs | time ratio [95% CI] | verdict | ≈ vs fp32 | worst cos | mean cos | "
-             + (f"{task} | " if task else "") + "within |",
-             "|---" * (10 if task else 9) + "|"]
+    lines = ["| | candidate | vs | time ratio [95% CI] | verdict | ≈ vs fp32 | predicted gain | measured gain "
+             "| worst cos | mean cos | " + (f"{task} | " if task else "") + "within |",
+             "|---" * (12 if task else 11) + "|"]
     for c in result["candidates"]:
         ab, acc = c.get("ab"), c["accuracy"]
         timed = (f"{ab['time_ratio']:.3f} [{ab['ci95'][0]:.3f}, {ab['ci95'][1]:.3f}] | {ab['verdict']}" if ab
                  else "— | " + ("reference" if c["name"] == FP32 else "not timed"))
         chained = f"{c['chained']:.3f}" if c.get("chained") is not None else "—"
         lines.append(f"| {'★' if c['name'] == result['chosen'] else ''} | {c['name']} | "
-                     f"{c.get('vs') or '—'} | {timed} | {chained} | {acc['worst_cosine']:.4f} | "
+                     f"{c.get('vs') or '—'} | {timed} | {chained} | {' | '.join(gains(c))} | "
+                     f"{acc['worst_cosine']:.4f} | "
                      f"{acc['mean_cosine']:.5f} | " + (f"{_task_cell(acc)} | " if task else "")
                      + f"{'yes' if c['within']['ok'] else 'no'} |")
-    return lines
+    return lines + ["", prediction_line(result)]
 
 
 def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metrics.Budget,
             schemes, alphas, exclusions: bool, out: Path | None, verbose: bool, time_all: bool = True,
-            max_task_loss: float | str | None = None):
+            max_task_loss: float | str | None = None, rank_by_prediction: bool = False):
     """Run the search; write tune.json/tune.md beside the engines and the chosen recipe.
     max_task_loss (default: the recipe's expect.max_task_loss) bounds the task metric."""
     from pipeline import data
@@ -337,7 +377,7 @@ def command(recipe, engines_root: Path, feeds_ref: str | None, budget: tune_metr
                           "data.calibration (held-out feeds stay separate)")
     candidates = space(schemes=schemes, alphas=alphas)
     search = Search(recipe, engines_root, feeds, budget, Progress(verbose), verbose, time_all,
-                    task, None if bound is None else parse_task_loss(bound))
+                    task, None if bound is None else parse_task_loss(bound), rank_by_prediction)
     result = search.run(candidates, feeds[0], exclusions)
     chosen = next(c for c in result["candidates"] if c["name"] == result["chosen"])
     folder = search.folder

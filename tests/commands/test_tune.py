@@ -171,3 +171,35 @@ def test_max_task_loss_takes_a_number_or_a_percentage(tmp_path):
     proj.write("recipes/mlp.yaml", MLP)
     result = proj.run("tune", "mlp", "--max-task-loss", "lots", *SEARCH)
     assert result.code == 2 and "neither a number nor a percentage" in result.err
+
+
+def test_rank_by_prediction_builds_in_order_of_predicted_gain_and_reports_how_it_fared(tmp_path):
+    """Each candidate's floor is predicted before its build (the FP32 engine re-priced at its
+    precision, this machine's `pipeline hw` entry) and built in order of predicted gain (ties
+    in the grid's order); after the builds and timings, predicted and measured gains stand
+    side by side and their rank correlation is Spearman's rho of the two."""
+    from scipy import stats
+
+    from pipeline.commands import tune
+
+    proj = Project(tmp_path)
+    proj.write("recipes/mlp.yaml", MLP)
+    result = proj.run("tune", "mlp", "--rank-by-prediction", "--scheme", "dynamic", "--scheme", "static",
+                      "--alpha", "0.5", "--no-exclusions", "--worst-cosine", "0.9", "--mean-cosine", "0.9")
+    assert result.code == 0, result.err
+    out = json.loads((proj.engines / "mlp" / "tune" / "tune.json").read_text())
+    fp32, *rest = out["candidates"]
+    grid = [c.name for c in tune.space(schemes=("dynamic", "static"), alphas=(None, 0.5))]
+    speedups = {c["name"]: c["predicted_speedup"] for c in rest}
+    assert sorted(speedups) == sorted(grid) and len(set(speedups.values())) > 1  # the model tells some apart
+    assert [c["name"] for c in rest] == sorted(grid, key=lambda n: -speedups[n])  # stable: ties in grid order
+    assert fp32["predicted_ms"] == fp32["built_floor_ms"] and fp32["predicted_speedup"] == 1.0
+    for c in rest:
+        assert "re-priced" in c["prediction"] and c["predicted_ms"] > 0 and c["built_floor_ms"] > 0
+    timed = [c for c in out["candidates"] if c.get("chained")]
+    rho = stats.spearmanr([c["predicted_speedup"] for c in timed], [1 / c["chained"] for c in timed])[0]
+    pred = out["prediction"]
+    assert pred["order"] == "by predicted gain" and pred["compared"] == len(timed) == len(grid) + 1
+    assert pred["rank_correlation"] == pytest.approx(rho)
+    md = (proj.engines / "mlp" / "tune" / "tune.md").read_text()
+    assert "predicted gain | measured gain" in md and f"Spearman's rho {rho:+.2f}" in md
