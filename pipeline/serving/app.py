@@ -1,12 +1,19 @@
-"""The Ray Serve application: one deployment whose replicas each hold a Replica (engine +
-batcher), with the HTTP API as its FastAPI ingress; plus starting Ray locally or joining a
-cluster, and an in-process handle for the load generator and tests.
+"""The Ray Serve application: an ingress deployment (serving/ingress.py: the HTTP routes'
+front, a process of its own, so a replica's death is answered in the API's shapes) in front
+of the engine deployment, whose replicas each hold a Replica (engine + batcher) and the HTTP
+API's FastAPI app over it; plus starting Ray locally or joining a cluster, and an in-process
+handle (to the engine deployment) for the load generator and tests.
 
     with local_ray(num_cpus=2):                      # or ray.init(address=...) by the caller
         server = start(recipe, engines_root, port=8000, replicas=2)
         server.handle.infer({"input_ids": ids, "attention_mask": mask})   # no HTTP
         requests.post(server.url + "/infer", json=...)                    # HTTP
         server.stop()
+
+`separate_ingress=False` serves the routes from the engine replicas themselves (Serve's
+late-bound ingress, the layout before issue 39): one hop fewer, but a replica that dies
+takes its streams with it (cut, no final line) and Serve's proxy answers text/plain 500.
+benchmarks/results/ingress-hop-2026-12-05.md measured the hop.
 
 Ray Serve's own `@serve.batch` is not used: it has no preferred batch sizes, no bounded
 queue (503) and no length buckets. The replica runs the batcher itself, so Ray must hand it
@@ -74,9 +81,15 @@ def max_ongoing(spec, max_batch: int) -> int:
     return ONGOING_CAP
 
 
+SEPARATE_INGRESS = True  # the default: the routes' ingress in a process of its own (ingress.py)
+CHUNK_WINDOW_S = 0.0     # the replica sends each body piece once ready (ingress.py's window)
+
+
 def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: int,
-               max_replicas_per_node: int | None = None, api_key: str | None = None):
-    """The bound Ray Serve application (not yet running)."""
+               max_replicas_per_node: int | None = None, api_key: str | None = None,
+               separate_ingress: bool = SEPARATE_INGRESS, window_s: float = CHUNK_WINDOW_S):
+    """The bound Ray Serve application (not yet running): the ingress deployment in front of
+    the engine deployment (separate_ingress), or the engine deployment as its own ingress."""
     from ray import serve
 
     from pipeline.recipe.serve import batch_dim
@@ -89,27 +102,52 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
                "health_check_period_s": 5}
     if max_replicas_per_node:
         options["max_replicas_per_node"] = max_replicas_per_node
+    engine_class = _engine_server(recipe, Path(engines_root), engine, spec, threads, api_key, window_s)
+    if not separate_ingress:  # Ray Serve's late-bound ingress: the app built in each replica
+        return serve.deployment(name=f"{recipe.name}", **options)(serve.ingress()(engine_class)).bind()
+    engine_server = serve.deployment(name=f"{recipe.name}", **options)(engine_class)
+    ingress = serve.deployment(name="ingress", num_replicas=1, max_ongoing_requests=ONGOING_CAP,
+                               ray_actor_options={"num_cpus": 0})(serve.ingress()(_ingress(api_key)))
+    return ingress.bind(engine_server.bind())
 
-    # The FastAPI app is built in each replica, after its engine loaded (Ray Serve's late-bound
-    # ingress): its routes reach this replica's own Replica object.
-    @serve.deployment(name=f"{recipe.name}", **options)
-    @serve.ingress()
+
+def _engine_server(recipe, engines_root: Path, engine: str | None, spec, threads: int,
+                   api_key: str | None, window_s: float):
+    """The engine deployment's class: each replica holds a Replica and http_api's FastAPI
+    app over it, built after its engine loaded; the ingress (or Serve's proxy, as its own
+    ingress) reaches the routes through `http`."""
+
     class EngineServer:
         def __init__(self):
+            from pipeline.serving import ingress
             from pipeline.serving.ray_node import keep_replica_grpc_home
             from pipeline.serving.replica import Replica
 
             keep_replica_grpc_home()
-            self.replica = Replica(recipe, Path(engines_root), engine, spec, threads)
+            self.replica = Replica(recipe, engines_root, engine, spec, threads)
+            self.api = self.__serve_build_asgi_app__()
+            self.forwarded = ingress.ReplicaHttp(self.api, window_s)
 
         def __serve_build_asgi_app__(self):
             from fastapi import FastAPI
 
             from pipeline.serving import http_api
 
+            if getattr(self, "api", None) is not None:
+                return self.api
             api = FastAPI(title=f"pipeline serve {recipe.name}")
             http_api.routes(api, lambda: self.replica, recipe.name, api_key)
             return api
+
+        async def http(self, request: dict):
+            """One HTTP request forwarded by the ingress: its answer's Items (ingress.py)."""
+            async for item in self.forwarded.answer(request):
+                yield item
+
+        async def body_limit(self) -> int:
+            from pipeline.serving import guard
+
+            return guard.body_limit(self.replica)
 
         async def infer_arrays(self, inputs: dict) -> InferAnswer:
             """The in-process handle's call: arrays in, the same answer as HTTP's."""
@@ -131,7 +169,28 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
             with contextlib.suppress(Exception):
                 self.replica.close()
 
-    return EngineServer.bind()
+    return EngineServer
+
+
+def _ingress(api_key: str | None):
+    """The ingress deployment's class: ingress.Ingress over a streaming handle to the engine
+    deployment, with the engine's body limit (asked once, when Serve builds the app)."""
+
+    class IngressServer:
+        def __init__(self, engine_handle):
+            from pipeline.serving.ray_node import keep_replica_grpc_home
+
+            keep_replica_grpc_home()
+            self.engine = engine_handle.options(stream=True)
+            self.limit = 0  # the engine's body limit, asked when the app is built
+
+        async def __serve_build_asgi_app__(self):
+            from pipeline.serving import ingress
+
+            self.limit = await self.engine.options(stream=False).body_limit.remote()
+            return ingress.Ingress(self.engine.http.remote, lambda: self.limit, api_key)
+
+    return IngressServer
 
 
 class Handle:
@@ -181,7 +240,8 @@ class Server:
 def start(recipe, engines_root: Path, engine: str | None = None, spec=None, replicas: int | None = None,
           host: str = "127.0.0.1", port: int | None = None, every_node: bool = False,
           max_replicas_per_node: int | None = None, owns_serve: bool = True,
-          api_key: str | None = None) -> Server:
+          api_key: str | None = None, separate_ingress: bool = SEPARATE_INGRESS,
+          window_s: float = CHUNK_WINDOW_S) -> Server:
     """Run the application on the Ray this process is connected to; returns once every
     replica has loaded its engine (serve.run waits for them). `owns_serve`: Serve (its HTTP
     proxy on `port`) is ours, shut down by stop(); False on a cluster whose Serve others use
@@ -193,6 +253,7 @@ def start(recipe, engines_root: Path, engine: str | None = None, spec=None, repl
     serve.start(http_options={"host": host, "port": port},
                 proxy_location="EveryNode" if every_node else "HeadOnly")
     app = deployment(recipe, Path(engines_root).resolve(), engine, spec, replicas or spec.replicas,
-                     max_replicas_per_node, api_key)
-    handle = serve.run(app, name=APP, route_prefix="/", blocking=False)
-    return Server(recipe.name, host, port, Handle(handle), owns_serve, api_key)
+                     max_replicas_per_node, api_key, separate_ingress, window_s)
+    serve.run(app, name=APP, route_prefix="/", blocking=False)
+    engine_handle = serve.get_deployment_handle(recipe.name, app_name=APP)
+    return Server(recipe.name, host, port, Handle(engine_handle), owns_serve, api_key)

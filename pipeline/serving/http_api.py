@@ -10,7 +10,7 @@
                                         then {"done": true, "ttft_ms", "tokens", ...};
                                         greedy, EOS ignored: exactly n tokens
     GET  /v1/models/<recipe>/ready      200 {"ready": true} once the engine is loaded
-    GET  /v1/models/<recipe>/stats      the replica's load time, memory, batch sizes
+    GET  /v1/models/<recipe>/stats      the replica's load time, memory, batch sizes, pid
     GET  /health                        200 {"status": "ok"}
     GET  /metrics                       the replica's Prometheus metrics (serving/metrics.py)
     /v2/...                             Triton's KServe v2 protocol for tensor models
@@ -31,12 +31,13 @@ through `get_replica()` (the Ray Serve deployment's, or a test's).
 # as objects; as strings they would not resolve inside routes() and become query parameters.
 import io
 import json
+import os
 
 import numpy as np
 
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import InvalidSampling, SamplingParams
-from pipeline.serving import errors, guard, kserve
+from pipeline.serving import errors, guard, ingress, kserve
 from pipeline.serving.batcher import QueueFull
 from pipeline.serving.collate import BadRequest
 from pipeline.serving.replica import EngineFailed
@@ -106,8 +107,12 @@ def routes(app, get_replica, recipe_name: str, api_key: str | None = None) -> No
         return _other(name) or {"ready": True, "engine": get_replica().choice.target}
 
     @app.get("/v1/models/{name}/stats")
-    async def stats(name: str):
-        return _other(name) or {**get_replica().stats(), "receiving": receiving.count}
+    async def stats(name: str, request: Request):
+        # receiving: bodies being read here, or by the ingress in front (ingress.RECEIVING);
+        # pid: the replica's process (a test or an operator signals it; the ingress is another)
+        ahead = request.scope.get(ingress.RECEIVING, 0)
+        return _other(name) or {**get_replica().stats(), "receiving": receiving.count + ahead,
+                                "pid": os.getpid()}
 
     @app.post("/v1/models/{name}/infer")
     async def infer(name: str, request: Request):
