@@ -12,7 +12,8 @@ request. One replica per --variants entry, all in this process: `after` is the r
 served (serve.prefill_tokens_per_step's default budget, decode steps back to back on the engine
 thread), `before` the loop as it was (every admitted prompt prefilled before the next decode
 step, one decode step per visit of the engine thread), `budget-N` the served loop with a budget
-of N. They take turns ABBA at each level for --rounds rounds; a variant's figures pool
+of N; `+no-prefix-cache` after any of them turns serve.prefix_cache off (every prompt prefilled
+whole: the shipped questions share a 29-token system prompt). They take turns ABBA at each level for --rounds rounds; a variant's figures pool
 its rounds (tokens/s: all tokens / all wall time; percentiles over all its requests), with
 each round's tokens/s beside them for the spread. TTFT p99 is given over all requests and
 over the steady state (each client's first request left out: those arrive together, a burst
@@ -172,13 +173,16 @@ def variant(recipe, engines_dir: Path, threads: int, name: str):
     """The replica a --variants entry names (the module docstring says which)."""
     from pipeline.serving.replica import Replica
 
-    update = {"before": {"prefill_tokens_per_step": 0}, "after": {}}.get(name)
-    if update is None and name.startswith("budget-"):
-        update = {"prefill_tokens_per_step": int(name.removeprefix("budget-"))}
-    if update is None:
-        raise SystemExit(f"unknown variant {name}: before, after or budget-N")
+    base, _, cache = name.partition("+")
+    update = {"before": {"prefill_tokens_per_step": 0}, "after": {}}.get(base)
+    if update is None and base.startswith("budget-"):
+        update = {"prefill_tokens_per_step": int(base.removeprefix("budget-"))}
+    if update is None or cache not in ("", "no-prefix-cache"):
+        raise SystemExit(f"unknown variant {name}: before, after or budget-N, each maybe +no-prefix-cache")
+    if cache:
+        update["prefix_cache"] = False
     replica = Replica(recipe, engines_dir, None, recipe.serve.model_copy(update=update), threads)
-    replica.generation.back_to_back = name != "before"
+    replica.generation.back_to_back = base != "before"
     replica.decode_timer = DecodeTimer(replica.generation.slots)
     return replica
 
