@@ -43,8 +43,9 @@ def test_two_replicas_are_placed_on_both_nodes_of_a_two_node_cluster(tiny, tmp_p
             # the replicas are actors of the cluster: where each one runs, Ray's state says
             from ray._private import state
 
-            replicas = [a for a in state.actors().values()
-                        if a["ActorClassName"].startswith("ServeReplica") and a["State"] == "ALIVE"]
+            # the engine's replicas (the ingress deployment in front of them is another actor)
+            replicas = [a for a in state.actors().values() if a["State"] == "ALIVE"
+                        and a["ActorClassName"] == f"ServeReplica:{app.APP}:{recipe.name}"]
             placed = {a["Address"]["NodeID"] for a in replicas}
             assert len(replicas) == 2 and placed == nodes
             answer = server.handle.infer(_sample(np.random.default_rng(0), 8))
