@@ -232,6 +232,8 @@ def versions(peers: Path) -> dict:
             "cpu_model": next((ln.split(":", 1)[1].strip() for ln in out(["lscpu"]).splitlines()
                                if ln.startswith("Model name")), None),
             "cpus": os.cpu_count(),
+            "pipeline_dirty": out(["git", "status", "--short", "pipeline/"]),
+            "engine_manifest_sha256": out(["sha256sum", "engines/smollm2-int4/manifest.json"])[:64],
             "isa": sorted(f for f in flags if f.startswith(("avx512", "amx")) or f == "avx2")}
 
 
@@ -324,6 +326,7 @@ def run_points(chosen: list[Server], args, scratch: Path, record: dict) -> None:
                     for s in others:
                         pause(s, False)
                 record["runs"].append({"round": rnd + 1, "concurrency": users, "server": name,
+                                       "loadavg_1m_after": float(open("/proc/loadavg").read().split()[0]),
                                        "slot": rotated(names, k).index(name), **figs,
                                        "wall_s": time.monotonic() - t0})
                 print(json.dumps(record["runs"][-1]), flush=True)
