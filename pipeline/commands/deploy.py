@@ -11,9 +11,8 @@ Only engines the report vouches for are deployed: built, gates passed (unless al
 the file's sha256 still the manifest's. Inputs come from the recipe (names, dynamic dims);
 data types and output shapes from the ONNX graph the engine was built from.
 
-The engines folder is untrusted input (a downloaded CI artifact): the whole folder is
-verified first, as `pipeline verify --files-only` does, before any file of it is read; a
-report target must be one of the recipe's targets and a plain name, every file read (engine and source graph) is
+The engines folder is untrusted input (a downloaded CI artifact): a report target must be
+one of the recipe's targets and a plain name, every file read (engine and source graph) is
 a regular file in the folder with the manifest's sha256, and each model folder is written
 under a temporary name inside OUT and renamed into place whole. config.pbtxt is written by
 protobuf's text_format from Triton's own schema (tritonclient's model_config_pb2), so no
@@ -266,7 +265,6 @@ def deploy(recipe: Recipe, engines_root: Path, out: Path, wanted: tuple[str, ...
     """Write one model per engine into the repository OUT; returns the model folders."""
     model_config()  # DependencyError before anything is read or written
     store = Store(engines_root, folder_name(recipe))
-    _verify_first(store)
     chosen = engines(recipe, store, wanted, allow_failed)
     written = []
     for e in chosen:
@@ -295,19 +293,6 @@ def deploy(recipe: Recipe, engines_root: Path, out: Path, wanted: tuple[str, ...
             _keep_other_versions(out / model, folder, version)
         written.append(out / model)
     return written
-
-
-def _verify_first(store: Store) -> None:
-    """The whole folder checked as `pipeline verify --files-only` checks it (every recorded
-    file, the report's engines) before any of it is read: a tampered file deploy would never
-    open still refuses the folder, and no library (protobuf, onnx) sees a byte of a changed
-    one. A folder without a manifest is left to engines(), which says what to run."""
-    from pipeline.store import integrity
-    from pipeline.store.recipe_folder import MANIFEST
-
-    store.check_folder()  # a link in the folder's place is refused, never read through
-    if os.path.lexists(store.dir / MANIFEST):
-        integrity.refuse_unverified(store.dir, "deploy")
 
 
 @contextlib.contextmanager
