@@ -95,8 +95,23 @@ def _is_loopback(ip: str) -> bool:
     return (getattr(address, "ipv4_mapped", None) or address).is_loopback
 
 
-def _listening_ports() -> set[int]:
-    return {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+def _held_since_before(ports: set[int], moment: float) -> list[tuple[int, int | None, str]]:
+    """(port, pid, name) of each of `ports` still listening in a process that existed before
+    `moment` (time.time()). Ports are ephemeral: once the server let one go, another test's Ray
+    on another xdist worker may be given it; a process started after `moment` cannot hold a
+    socket the server left open, so such a listener is reuse, not a leak."""
+    held = []
+    for c in psutil.net_connections(kind="inet"):
+        if c.status != psutil.CONN_LISTEN or c.laddr.port not in ports:
+            continue
+        try:
+            owner = psutil.Process(c.pid) if c.pid else None
+            if owner is not None and owner.create_time() >= moment:
+                continue
+            held.append((c.laddr.port, c.pid, owner.name() if owner else "?"))
+        except psutil.NoSuchProcess:
+            continue  # gone since: it holds nothing now
+    return held
 
 
 @pytest.fixture(scope="module")
@@ -145,13 +160,15 @@ def test_sigterm_while_serving_stops_it_with_exit_0_leaving_nothing_behind(serve
     processes = _session(served.proc.pid)
     ports = {port for *_, port in _listening(processes)}
     assert len(processes) >= 8 and served.port in ports  # Ray's processes were seen
+    stopped_at = time.time()
     served.proc.send_signal(signal.SIGTERM)
     assert wait_exit(served.proc, 120) == 0, served.output()
     out = served.output()
     assert "Traceback" not in out and "SIGTERM received" not in out, out
     left = [(p.pid, p.name()) for p in processes if _alive(p)]
     assert not left and not _session(served.proc.pid), f"left behind: {left}"
-    assert not ports & _listening_ports(), "a port of the stopped server still listens"
+    held = _held_since_before(ports, stopped_at)
+    assert not held, f"ports of the stopped server still listen: {held}"
 
 
 def test_sigint_while_it_starts_interrupts_it_with_130_leaving_nothing_behind(tiny, tmp_path):  # noqa: F811
