@@ -198,6 +198,34 @@ def test_a_body_that_never_arrives_is_408(replica, base, monkeypatch):
     assert b" 408 " in answer.partition(b"\r\n")[0], answer[:300]
 
 
+def test_300_connections_holding_half_sent_headers_do_not_starve_the_others(replica, base):
+    """Slowloris. No header timeout can be set on Ray Serve's proxy (docs/threat-model.md: a
+    reverse proxy in front bounds it), so what is tested is the part the server owns: slow
+    clients hold a socket each, not a worker, and every other request is still answered."""
+    port = int(base.rsplit(":", 1)[1])
+    slow = []
+    try:
+        for _ in range(300):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.sendall(b"POST /v1/models/x/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # never ends
+            slow.append(sock)
+        good = {"inputs": sample(np.random.default_rng(3), 8)}
+        with ThreadPoolExecutor(4) as pool:  # a full batch of 4, while all 300 are held
+            answers = list(pool.map(lambda _: post(f"{base}/v1/models/{replica.recipe.name}/infer",
+                                                   good), range(4)))
+        assert [status for status, *_ in answers] == [200] * 4, answers
+        assert all(body["batch_size"] == 4 for _, body, _ in answers)
+        # the slow ones were held, not answered or dropped: each still waits for its head
+        sample_of_slow = slow[::50]
+        for sock in sample_of_slow:
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)  # nothing sent back, and not closed (a close reads b"")
+    finally:
+        for sock in slow:
+            sock.close()
+
+
 def test_an_npz_or_gzip_bomb_is_refused_without_inflating_it(replica, base):
     name = replica.recipe.name
     buffer = io.BytesIO()
