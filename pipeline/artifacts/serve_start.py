@@ -31,6 +31,8 @@ class ServeStart(Closed):
     kind: str
     sha256: Sha256 | None = Field(description="The engine file's sha256 (null: pytorch).")
     replicas: Count
+    threads: Count | None = Field(None, description="Intra-op threads of each replica's engine "
+                                  "(null: on a cluster, replica_cpus; or a record older than this field).")
     cluster: Literal["local", "address"] = Field(description="A Ray started by serve, or joined.")
     ray_start_s: float = Field(description="Command start to Ray up (0 when joined).")
     ready_s: float = Field(description="Command start to every replica loaded.")

@@ -71,7 +71,8 @@ class ServeSpec(Strict):
     replica_cpus: float = Field(1.0, gt=0, le=256, description="CPUs Ray reserves per replica "
                                 "(places replicas on a cluster's nodes).")
     threads: int | None = Field(None, ge=1, le=256, description="Intra-op threads of each "
-                                "replica's engine (default: replica_cpus, at least 1).")
+                                "replica's engine (default: a local `pipeline serve` splits its Ray's CPUs among the "
+                                "replicas; on a cluster, replica_cpus, at least 1).")
 
     @model_validator(mode="after")
     def _sorted(self) -> ServeSpec:

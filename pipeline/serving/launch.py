@@ -18,6 +18,7 @@ one that aborts: exit 134), so ours are installed again once Ray is up.
 from __future__ import annotations
 
 import errno
+import os
 import signal
 import socket
 import threading
@@ -71,6 +72,8 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
     when = now()
     loaded = load(recipe, (), engines_dir)
     spec = serve_overrides(loaded, overrides)
+    if spec.threads is None and not address:
+        spec = spec.model_copy(update={"threads": local_threads(num_cpus, replicas or spec.replicas)})
     choice = choose(loaded, engines_dir, engine)  # exit 5 before Ray starts, as verify would
     if not address:  # a cluster's Serve listens on its own nodes
         check_port(host, port)
@@ -87,6 +90,7 @@ def serve(recipe: str, engine: str | None, replicas: int | None, address: str | 
         checked = coldstart.check(loaded, engines_dir, choice.target, body, answer, spec.threads)
         fields = {"recipe": loaded.name, "engine": choice.target, "kind": choice.kind,
                   "sha256": choice.sha256, "replicas": replicas or spec.replicas,
+                  "threads": spec.threads,
                   "cluster": "address" if address else "local", "ray_start_s": 0.0 if address else ray_up,
                   "ready_s": ready, "cold_start_s": cold, "first_request_ms": first_ms,
                   "checked": checked, "started": when}
@@ -159,6 +163,14 @@ def check_port(host: str, port: int) -> None:
                                  "server", "stop it, or pick another --port") from None
             raise InputError(f"--host {host} --port {port}: cannot listen there ({e.strerror})",
                              "pick another --host or --port") from None
+
+
+def local_threads(num_cpus: int | None, replicas: int) -> int:
+    """Intra-op threads per replica of a local server when the recipe names none: the local
+    Ray's CPUs split among its replicas, as llama-server, vLLM's CPU backend and ONNX Runtime
+    take every core by default (one thread left the chat engine at half a 2-core machine)."""
+    cores = num_cpus or len(os.sched_getaffinity(0))
+    return max(1, cores // max(1, replicas))
 
 
 def _replica(stats: JsonObject) -> JsonObject:

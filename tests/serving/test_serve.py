@@ -128,6 +128,7 @@ def test_the_cli_answers_as_the_engine_in_process_and_records_its_cold_start(tin
     assert result.code == 0, result.err
     record = json.loads((tiny.engines / FOLDER / "serve-start-onnxruntime.json").read_text())
     assert record["checked"].startswith("max |diff|") and record["cold_start_s"] >= record["ready_s"] > 0
+    assert record["threads"] == 2  # no serve.threads: the local Ray's 2 CPUs, its one replica's
     (replica,) = record["replica"]
     assert replica["peak_rss_mb"] >= replica["rss_at_load_mb"] > 0 and replica["requests"] >= 1
     assert tiny.run("verify", str(tiny.engines / FOLDER)).code == 0  # recorded like any artifact
