@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from pipeline.loadgen import replies
 from pipeline.loadgen.outcome import Outcome
 from pipeline.loadgen.protocol import HEADER_LENGTH, Payload, Target
 
-__all__ = ["Outcome", "Target", "closed_loop", "http_session", "one", "open_loop", "run_closed",
-           "run_open"]
+__all__ = ["Outcome", "Target", "closed_loop", "drive_closed", "drive_open", "http_session", "one",
+           "open_loop", "run_closed", "run_open"]
+
+Unit = TypeVar("Unit")
 
 
 async def _exchange(session, target: Target, body: Payload, out: Outcome, t0: float,
@@ -83,37 +86,58 @@ def http_session(connections: int):
         timeout=aiohttp.ClientTimeout(total=None))
 
 
-async def open_loop(target: Target, times: Iterable[float], bodies: list[Payload], timeout: float,
-                    connections: int = 1024, start: float | None = None) -> list[Outcome]:
-    """Send request i at times[i] seconds after `start` (a time.perf_counter() value; default:
-    now + a short lead), bodies in turn."""
+Send = Callable[[object, int, float, float], Awaitable[Unit]]  # (session, i, t0, due) -> unit
+
+
+async def drive_open(times: Iterable[float], send: Send, connections: int = 1024,
+                     start: float | None = None) -> list[Unit]:
+    """Start unit i, send(session, i, t0, due), at t0 + times[i] (t0: `start`, a
+    time.perf_counter() value; default now + a short lead), never waiting for earlier ones.
+    A unit is one request (open_loop) or one multi-turn task (task_client.py)."""
     async with http_session(connections) as session:
         t0 = time.perf_counter() + 0.05 if start is None else start  # the lead: no negative sleep
-        tasks = []
+        running = []
         for i, due in enumerate(times):
             await _until(t0 + float(due))
-            body = bodies[i % len(bodies)]
-            tasks.append(asyncio.create_task(one(session, target, body, t0, float(due), timeout)))
-        return list(await asyncio.gather(*tasks))
+            running.append(asyncio.create_task(send(session, i, t0, float(due))))
+        return list(await asyncio.gather(*running))
+
+
+async def drive_closed(users: int, duration: float, send: Send) -> list[Unit]:
+    """`users` concurrent users, each starting its next unit as soon as its last one ended,
+    until `duration` seconds have passed (a unit started then runs to its end); sorted by
+    when each was due (its `due`)."""
+    async with http_session(users) as session:
+        t0 = time.perf_counter()
+        counter = iter(range(1 << 62))
+
+        async def user() -> list[Unit]:
+            mine = []
+            while (now := time.perf_counter() - t0) < duration:
+                mine.append(await send(session, next(counter), t0, now))
+            return mine
+
+        per_user = await asyncio.gather(*(user() for _ in range(users)))
+    return sorted((unit for units in per_user for unit in units), key=lambda unit: unit.due)
+
+
+async def open_loop(target: Target, times: Iterable[float], bodies: list[Payload], timeout: float,
+                    connections: int = 1024, start: float | None = None) -> list[Outcome]:
+    """Send request i at times[i] seconds after `start`, bodies in turn."""
+    async def send(session, i: int, t0: float, due: float) -> Outcome:
+        return await one(session, target, bodies[i % len(bodies)], t0, due, timeout)
+
+    return await drive_open(times, send, connections, start)
 
 
 async def closed_loop(target: Target, users: int, duration: float, bodies: list[Payload],
                       timeout: float) -> list[Outcome]:
     """`users` concurrent users, each sending its next request as soon as the last is
     answered, until `duration` seconds have passed."""
-    async with http_session(users) as session:
-        t0 = time.perf_counter()
-        counter = iter(range(1 << 62))
+    async def send(session, i: int, t0: float, due: float) -> Outcome:
+        return await one(session, target, bodies[i % len(bodies)], t0, due, timeout)
 
-        async def user() -> list[Outcome]:
-            mine = []
-            while (now := time.perf_counter() - t0) < duration:
-                body = bodies[next(counter) % len(bodies)]
-                mine.append(await one(session, target, body, t0, now, timeout))
-            return mine
-
-        per_user = await asyncio.gather(*(user() for _ in range(users)))
-    return sorted((o for outs in per_user for o in outs), key=lambda o: o.due)
+    return await drive_closed(users, duration, send)
 
 
 def run_open(target: Target, times: Iterable[float], bodies: list[Payload], timeout: float) -> list[Outcome]:

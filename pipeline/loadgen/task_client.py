@@ -76,35 +76,20 @@ async def run_task(session, target: Target, script: Script, t0: float, due: floa
 async def open_tasks(target: Target, times: Iterable[float], scripts: list[Script], pace: Pace,
                      connections: int = 1024) -> list[TaskOutcome]:
     """Start task i at times[i] seconds after t0 (now + a short lead), scripts in turn."""
-    async with client.http_session(connections) as session:
-        t0 = time.perf_counter() + 0.05
-        running = []
-        for i, due in enumerate(times):
-            delay = t0 + float(due) - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            script = scripts[i % len(scripts)]
-            running.append(asyncio.create_task(run_task(session, target, script, t0, float(due), pace)))
-        return list(await asyncio.gather(*running))
+    async def send(session, i: int, t0: float, due: float) -> TaskOutcome:
+        return await run_task(session, target, scripts[i % len(scripts)], t0, due, pace)
+
+    return await client.drive_open(times, send, connections)
 
 
 async def closed_tasks(target: Target, users: int, duration: float, scripts: list[Script],
                        pace: Pace) -> list[TaskOutcome]:
     """`users` task-users, each starting its next task when the last one ended, until
     `duration` seconds have passed (a task started then runs to its end)."""
-    async with client.http_session(users) as session:
-        t0 = time.perf_counter()
-        counter = iter(range(1 << 62))
+    async def send(session, i: int, t0: float, due: float) -> TaskOutcome:
+        return await run_task(session, target, scripts[i % len(scripts)], t0, due, pace)
 
-        async def user() -> list[TaskOutcome]:
-            mine = []
-            while (now := time.perf_counter() - t0) < duration:
-                script = scripts[next(counter) % len(scripts)]
-                mine.append(await run_task(session, target, script, t0, now, pace))
-            return mine
-
-        per_user = await asyncio.gather(*(user() for _ in range(users)))
-    return sorted((t for tasks in per_user for t in tasks), key=lambda t: t.due)
+    return await client.drive_closed(users, duration, send)
 
 
 def run_open(target: Target, times: Iterable[float], scripts: list[Script], pace: Pace) -> list[TaskOutcome]:
