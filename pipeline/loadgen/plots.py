@@ -43,27 +43,15 @@ def knee_png(path: Path, points: list[LoadPoint], title: str, bound_ms: float | 
         ax.errorbar(x, shown, yerr=np.nan_to_num(err), fmt=style, capsize=3, label=f"{name} (95% CI)")
     if bound_ms:
         ax.axhline(bound_ms, color="red", linestyle="--", linewidth=1, label=f"SLO {bound_ms:g} ms")
-    for xi, p in zip(x, pts):
-        if p.passed is not None:
-            ax.annotate("pass" if p.passed else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
-                        ha="center", fontsize=7, color="green" if p.passed else "red")
+    _verdicts(ax, x, pts)
     ax.set(xlabel="offered rate (requests/s)", ylabel="latency from scheduled send (ms)",
            title="latency vs offered load (failed requests count as infinite)")
     if finite:  # a point where every request failed has no latency to draw
         ax.set_yscale("log")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    ax_r.plot(x, x, color="grey", linestyle=":", label="achieved = offered")
-    ax_r.plot(x, [p.achieved_rate for p in pts], "o-", label="achieved")
-    ax_r.plot(x, [p.goodput for p in pts], "^-", label="goodput (within SLO)")
-    ax_r.set(xlabel="offered rate (requests/s)", ylabel="requests/s", title="throughput")
-    ax_r.grid(alpha=0.3)
-    ax_r.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    _throughput(ax_r, x, pts, "requests/s", "achieved", "goodput (within SLO)")
+    return _save(plt, fig, path, title)
 
 
 def soak_png(path: Path, windows: list[SoakWindow], title: str) -> Path:
@@ -79,6 +67,28 @@ def soak_png(path: Path, windows: list[SoakWindow], title: str) -> Path:
     ax_m.plot(mid, rss, "s--", color="tab:orange", label="server RSS (MiB)")
     ax_m.set_ylabel("server RSS (MiB)")
     fig.legend(fontsize=8, loc="upper left")
+    return _save(plt, fig, path, title)
+
+
+def _verdicts(ax, x: np.ndarray, pts: list) -> None:
+    """Each point's SLO verdict written under it (none where no SLO was set)."""
+    for xi, p in zip(x, pts):
+        if p.passed is not None:
+            ax.annotate("pass" if p.passed else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
+                        ha="center", fontsize=7, color="green" if p.passed else "red")
+
+
+def _throughput(ax, x: np.ndarray, pts: list, unit: str, achieved: str, goodput: str) -> None:
+    """Achieved rate and goodput against the offered rate (`unit`: requests/s or tasks/s)."""
+    ax.plot(x, x, color="grey", linestyle=":", label=f"{achieved} = offered")
+    ax.plot(x, [p.achieved_rate for p in pts], "o-", label=f"{achieved} {unit}")
+    ax.plot(x, [p.goodput for p in pts], "^-", label=goodput)
+    ax.set(xlabel=f"offered rate ({unit})", ylabel=unit, title="throughput")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(plt, fig, path: Path, title: str) -> Path:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
@@ -107,22 +117,10 @@ def tasks_png(path: Path, points: list[TaskPoint], title: str) -> Path:
     for label, style, qs in lines:
         v, err = _values(qs)
         ax.errorbar(x, v, yerr=err, fmt=style, capsize=3, label=f"{label} (95% CI)")
-    for xi, p in zip(x, pts):
-        if p.passed is not None:
-            ax.annotate("pass" if p.passed else "fail", (xi, 0.02), xycoords=("data", "axes fraction"),
-                        ha="center", fontsize=7, color="green" if p.passed else "red")
+    _verdicts(ax, x, pts)
     ax.set(xlabel="offered task rate (tasks/s)", ylabel="ms",
            title="chat tasks: latency vs offered load (failed tasks count as infinite)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    ax_r.plot(x, x, color="grey", linestyle=":", label="completed = offered")
-    ax_r.plot(x, [p.achieved_rate for p in pts], "o-", label="completed tasks/s")
-    ax_r.plot(x, [p.goodput for p in pts], "^-", label="goodput (every turn within SLO)")
-    ax_r.set(xlabel="offered task rate (tasks/s)", ylabel="tasks/s", title="throughput")
-    ax_r.grid(alpha=0.3)
-    ax_r.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    _throughput(ax_r, x, pts, "tasks/s", "completed", "goodput (every turn within SLO)")
+    return _save(plt, fig, path, title)

@@ -31,11 +31,7 @@ def markdown(loads: list[dict]) -> list[str]:
                   f"{r['arrival']}, seed {r['seed']}; SLO {r['slo'] or 'none'}; requests from "
                   f"{r['requests'].get('source')}; latency from the scheduled send time, 95% "
                   "order-statistic intervals; failed requests count as infinitely late.", ""]
-        cap = r.get("capacity")
-        if cap:
-            lo, hi = cap["bracket"]
-            value = "none found" if cap["capacity"] is None else f"**{cap['capacity']:.2f} requests/s**"
-            lines += [f"Capacity at the SLO: {value} (bracket [{lo}, {hi}] requests/s; {cap['why']}).", ""]
+        lines += _capacity(r.get("capacity"), "requests/s", ".2f")
         lines += ["| offered/s | achieved/s | goodput/s | n | failed | p50 ms | p99 ms | p99.9 ms "
                   "| queue p50 ms | compute p50 ms | batch sizes | late | server CPU % | RSS MiB | SLO |",
                   "|" + "---|" * 15]
@@ -102,6 +98,15 @@ def _move(metrics: dict, gauge: str) -> str:
     return "—" if not g else " / ".join(_num(g.get(k), ".0f") for k in ("before", "peak", "after"))
 
 
+def _capacity(cap: dict | None, unit: str, fmt: str) -> list[str]:
+    """The capacity line of a load result that searched for one (none: no line)."""
+    if not cap:
+        return []
+    lo, hi = cap["bracket"]
+    value = "none found" if cap["capacity"] is None else f"**{cap['capacity']:{fmt}} {unit}**"
+    return [f"Capacity at the SLO: {value} (bracket [{lo}, {hi}] {unit}; {cap['why']}).", ""]
+
+
 def _tasks(r: dict, title: str) -> list[str]:
     """A `pipeline load --tasks` result: the capacity in tasks/s, one row per point (tasks,
     time per task, turn token timings, goodput, answers under load beside batch 1)."""
@@ -114,11 +119,7 @@ def _tasks(r: dict, title: str) -> list[str]:
              f"{r['slo'] or 'none'}; at least {t['min_tasks']} tasks a point ({t['min_tasks_why']}). "
              "Time per task from its scheduled start to its last token; 95% order-statistic "
              "intervals; a failed task counts as infinitely late.", ""]
-    cap = t.get("capacity")
-    if cap:
-        lo, hi = cap["bracket"]
-        value = "none found" if cap["capacity"] is None else f"**{cap['capacity']:.3g} tasks/s**"
-        lines += [f"Capacity at the SLO: {value} (bracket [{lo}, {hi}] tasks/s; {cap['why']}).", ""]
+    lines += _capacity(t.get("capacity"), "tasks/s", ".3g")
     lines += ["| offered tasks/s | users | tasks | failed | completed/s | goodput/s (share) "
               "| time per task p50 / p99 s | TTFT p50 / p99 ms | TPOT p99 ms | ITL p99 ms "
               "| prompt tokens by turn | answers right (95% CI) | batch 1 | same as batch 1 | SLO |",
