@@ -12,7 +12,8 @@ from pipeline.cli.options import debug_option, engines_dir_option
 MODES_HELP = """Modes: --rate R (one point), --sweep R1,R2,... (the knee), --slo alone (capacity
 search), --concurrency N (closed loop), --rate R --soak (drift over --duration). With --tasks
 the load is the recipe's multi-turn chat tasks: rates in tasks/s, --concurrency task-users,
---slo ttft=...,tpot=...[,task=...] the capacity in tasks/s."""
+--slo ttft=...,tpot=...[,task=...] the capacity in tasks/s. --versus B measures a second
+recipe in the same run, point by point in turns with the first."""
 
 
 # Bounds: what one client process can send (~400-800 requests/s here: benchmarks/results/
@@ -105,26 +106,37 @@ def _positive(most: float) -> Finite:
 @click.option("--min-tasks", type=click.IntRange(min=1, max=MAX_REQUESTS), default=None,
               help="With --tasks: measured tasks per point (default: what the SLO's early "
               "stopping needs, 153 tasks of 3 turns for TTFT/TPOT, 459 with a task term).")
+@click.option("--versus", default=None, metavar="RECIPE[:NAME]",
+              help="Measure this recipe too, in the same run, taking turns point by point with "
+              "RECIPE (ABAB: both see the same machine), then compare them as `pipeline compare "
+              "A B --load` does. Every other setting is the same for both.")
+@click.option("--versus-url", default=None,
+              help="With --url and --versus: the running server of --versus's recipe.")
 @click.option("--server-pid", type=click.IntRange(min=1), default=None,
               help="With --url: sample this server process (and its children) for CPU and memory.")
 @debug_option
 def load_command(recipe, overrides, engines_dir, url, model, api, start_server, engine, name, rate, sweep, slo,
                  concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
                  max_points, tolerance, start_rate, soak, windows, leak_threshold, tasks,
-                 think_time, min_tasks, server_pid):
+                 think_time, min_tasks, versus, versus_url, server_pid):
     """Load-test a served recipe from this (separate) process: latency from each request's
     scheduled send time, capacity at an SLO (MLPerf's early-stopping rule), soak drift.
 
     Writes engines/RECIPE/load-<engine>.json and a PNG; report.md shows them.
     """
     from pipeline.loadgen import command, task_command
+    from pipeline.loadgen import versus as in_turns
     from pipeline.loadgen.command import Request
 
-    run = task_command.run if tasks else command.run  # chat tasks, or single requests
-    run(Request(recipe=recipe, overrides=overrides, engines_dir=engines_dir, url=url, model=model, api=api,
+    req = Request(recipe=recipe, overrides=overrides, engines_dir=engines_dir, url=url, model=model, api=api,
                 start_server=start_server, engine=engine, name=name, rate=rate, sweep=sweep,
                 slo=slo, concurrency=concurrency, arrival=arrival, burstiness=burstiness,
                 duration=duration, warmup=warmup, min_requests=min_requests, timeout=timeout,
                 seed=seed, max_points=max_points, tolerance=tolerance, start_rate=start_rate,
                 soak=soak, windows=windows, leak_threshold=leak_threshold,
-                server_pid=server_pid, tasks=tasks, think_time=think_time, min_tasks=min_tasks))
+                server_pid=server_pid, tasks=tasks, think_time=think_time, min_tasks=min_tasks)
+    in_turns.check(req, versus, versus_url)
+    if versus:
+        return in_turns.run(req, versus, versus_url)
+    run = task_command.run if tasks else command.run  # chat tasks, or single requests
+    run(req)

@@ -16,7 +16,7 @@ the tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Protocol, TypeVar
 
 from pipeline.artifacts.serving import Capacity
@@ -44,21 +44,35 @@ def search(measure: Callable[[float], P], start: float, *, max_points: int = MAX
            on_point: Callable[[P], None] | None = None) -> tuple[Capacity, list[P]]:
     """(the capacity with its bracket [passing, failing], whether it converged and why; the
     points measured, by offered rate)."""
+    steps = search_steps(start, max_points=max_points, tolerance=tolerance)
+    rate = next(steps)
+    while True:
+        point = measure(rate)
+        if on_point:
+            on_point(point)
+        try:
+            rate = steps.send(point)
+        except StopIteration as done:
+            return done.value
+
+
+def search_steps(start: float, *, max_points: int = MAX_POINTS, tolerance: float = TOLERANCE
+                 ) -> Generator[float, P, tuple[Capacity, list[P]]]:
+    """The search as a generator: it yields the next rate to measure and is sent that point;
+    it returns what search() returns. So whoever measures decides when (two searches can take
+    turns point by point: turns.py)."""
     if start <= 0:
         raise ValueError("the start rate must be > 0")
     points: list[P] = []
 
-    def passes(rate: float) -> bool:
-        point = measure(rate)
+    def passes(point: P) -> bool:
         points.append(point)
-        if on_point:
-            on_point(point)
         return bool(point.passed)
 
     good, bad = None, None
     rate = start
     while len(points) < max_points and (good is None or bad is None):
-        if passes(rate):
+        if passes((yield rate)):
             good = rate
             rate = rate * 2 if bad is None else rate
         else:
@@ -71,7 +85,7 @@ def search(measure: Callable[[float], P], start: float, *, max_points: int = MAX
     while (good is not None and bad is not None and len(points) < max_points
            and (bad - good) / good > tolerance):
         mid = (good + bad) / 2
-        if passes(mid):
+        if passes((yield mid)):
             good = mid
         else:
             bad = mid

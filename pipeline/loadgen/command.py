@@ -7,6 +7,7 @@ import contextlib
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from pipeline.artifacts.serving import Capacity, LoadPoint, LoadResult, Soak
 from pipeline.core.errors import InputError, StageFailed
@@ -143,54 +144,123 @@ def reach(req: Request, recipe, api: str, logs: Path):
 def run(req: Request) -> None:
     """Measure as `req` asks, write load-*.json (and its plot) into the recipe's folder, print
     the points as they come and where the result went."""
-    from pipeline.core import deps
-    from pipeline.core.ui import console
-    from pipeline.loadgen import artifact, payloads, schedule, slo
-    from pipeline.loadgen.loadtest import LoadTest, Settings
-    from pipeline.store import folder_names as folders
-    from pipeline.store.recipe_folder import Store, now
+    from pipeline.loadgen import turns
 
-    mode = mode_of(req)
-    recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
-    generation = payloads.is_generation(recipe)
-    api = payloads.api_of(recipe, req.api)
-    terms = slo.parse(req.slo, generation)
-    check_engine(req, recipe)
-    folder = folders.folder_name(recipe)
-    settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
-                        warmup=req.warmup, min_requests=req.min_requests, timeout=req.timeout,
-                        seed=req.seed, terms=terms, generation=generation)
+    side = RequestRun.prepare(req)
     logs = Path(tempfile.mkdtemp(prefix="pipeline-load-"))
-    with reach(req, recipe, api, logs) as got:
-        bodies, requests_info = payloads.bodies(recipe, got.target)
-        console.print(f"load: {got.headline()}; {len(bodies)} request bodies from "
-                      f"{requests_info['source']}; {requests_info['protocol']}")
-        test = LoadTest(got.target, bodies, settings, got.pid,
-                        on_point=lambda p: console.print(_line(p)))
-        measured = _measure(test, mode, req)
-    _refuse_all_failed(measured.points)
-    result = LoadResult.model_validate({  # a capacity or soak only where the mode has one
-        "points": measured.points, **({"capacity": measured.capacity} if measured.capacity else {}),
-        **({"soak": measured.soak} if measured.soak else {}),
-        "schema": 1, "recipe": folder, "engine": got.engine, "name": req.name, "created": now(),
-        "url": got.target.endpoint, "mode": mode,
-        "arrival": schedule.describe(req.arrival, req.burstiness),
-        "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
-        "requests": requests_info, "device": deps.device(), "client": client_info(req),
-        "server": got.record(req, requests_info["protocol"], test.metrics_why),
-    })
-    png = logs / "plot.png"
-    _plot(png, result, req, mode, terms, folder, got.engine)
-    from pipeline import workloads
-
-    path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
-    print_outcome(result, path)
+    with reach(req, side.recipe, side.api, logs) as got:
+        side.start(got)
+        measured = turns.alone(side.plan())
+    side.write(measured, got, logs)
 
 
-def client_info(req: Request) -> JsonObject:  # LoadResult.client: the generator's own limits
-    return {"duration_s": req.duration, "warmup_s": req.warmup, "min_requests": req.min_requests,
+@dataclass
+class RequestRun:
+    """One recipe's load run of single requests: prepared before any server is reached,
+    started on the server, its mode a plan (turns.py), its result written."""
+
+    req: Request
+    mode: str
+    recipe: object
+    folder: str
+    api: str
+    settings: object   # loadtest.Settings
+    label: str = ""    # printed before each point's line (two runs in turns: which one)
+    test: object = None
+    requests_info: JsonObject | None = None
+    default_name: ClassVar[str | None] = None  # the result's name without --name
+
+    @classmethod
+    def prepare(cls, req: Request, label: str = "") -> RequestRun:
+        from pipeline.loadgen import payloads, slo
+        from pipeline.loadgen.loadtest import Settings
+        from pipeline.store import folder_names as folders
+
+        mode = mode_of(req)
+        recipe = folders.load(req.recipe, (), req.engines_dir)  # RECIPE or its <name>@<digest> folder
+        generation = payloads.is_generation(recipe)
+        terms = slo.parse(req.slo, generation)
+        check_engine(req, recipe)
+        settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
+                            warmup=req.warmup, min_requests=req.min_requests, timeout=req.timeout,
+                            seed=req.seed, terms=terms, generation=generation)
+        return cls(req, mode, recipe, folders.folder_name(recipe), payloads.api_of(recipe, req.api),
+                   settings, label)
+
+    def start(self, got: Reached) -> None:
+        from pipeline.core.ui import console
+        from pipeline.loadgen import payloads
+        from pipeline.loadgen.loadtest import LoadTest
+
+        bodies, self.requests_info = payloads.bodies(self.recipe, got.target)
+        console.print(f"load{self.label}: {got.headline()}; {len(bodies)} request bodies from "
+                      f"{self.requests_info['source']}; {self.requests_info['protocol']}")
+        self.test = LoadTest(got.target, bodies, self.settings, got.pid,
+                             on_point=lambda p: console.print(self.label + _line(p)))
+
+    def plan(self):
+        return plan(self.test, self.mode, self.req)
+
+    def write(self, measured: _Measured, got: Reached, logs: Path,
+              interleaved_with: str | None = None) -> Path:
+        from pipeline import workloads
+        from pipeline.core import deps
+        from pipeline.loadgen import artifact, schedule, slo
+        from pipeline.store.recipe_folder import Store, now
+
+        req, terms = self.req, self.settings.terms
+        _refuse_all_failed(measured.points)
+        result = LoadResult.model_validate({  # a capacity or soak only where the mode has one
+            "points": measured.points,
+            **({"capacity": measured.capacity} if measured.capacity else {}),
+            **({"soak": measured.soak} if measured.soak else {}),
+            "schema": 1, "recipe": self.folder, "engine": got.engine, "name": req.name,
+            "created": now(), "url": got.target.endpoint, "mode": self.mode,
+            "arrival": schedule.describe(req.arrival, req.burstiness),
+            "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
+            "requests": self.requests_info, "device": deps.device(),
+            "client": client_info(req, interleaved_with),
+            "server": got.record(req, self.requests_info["protocol"], self.test.metrics_why),
+        })
+        png = logs / "plot.png"
+        _plot(png, result, req, self.mode, terms, self.folder, got.engine)
+        path = artifact.write(result, png, Store(req.engines_dir, self.folder),
+                              workloads.of(self.recipe))
+        print_outcome(result, path)
+        return path
+
+
+def plan(test, mode: str, req: Request):
+    """The mode's points as a plan (turns.py: one step per point), for a LoadTest or a
+    TaskLoadTest (at(rate), closed(users), probe_rate(); soak: LoadTest only)."""
+    from pipeline.loadgen import capacity, turns
+
+    if mode == "closed":
+        return _Measured([(yield lambda: test.closed(req.concurrency))])
+    if mode == "rate":
+        return _Measured([(yield lambda: test.at(req.rate))])
+    if mode == "sweep":
+        points = []
+        for rate in req.sweep:
+            points.append((yield lambda rate=rate: test.at(rate)))
+        return _Measured(points)
+    if mode == "soak":
+        point, soak = yield lambda: test.soak(req.rate, req.windows, req.leak_threshold)
+        return _Measured([point], soak=soak)
+    start = req.start_rate or (yield test.probe_rate)
+    found, points = yield from turns.each(
+        capacity.search_steps(start, max_points=req.max_points, tolerance=req.tolerance), test.at)
+    return _Measured(points, capacity=found)
+
+
+def client_info(req: Request, interleaved_with: str | None = None) -> JsonObject:
+    """LoadResult.client: the generator's own limits, and the run measured in turns with it."""
+    info = {"duration_s": req.duration, "warmup_s": req.warmup, "min_requests": req.min_requests,
             "timeout_s": req.timeout,
             "process": "pipeline load (its own process; aiohttp, one event loop)"}
+    if interleaved_with:
+        info["interleaved_with"] = interleaved_with
+    return info
 
 
 def check_engine(req: Request, recipe) -> None:
@@ -279,35 +349,6 @@ class _Measured:
     points: list[LoadPoint]
     capacity: Capacity | None = None
     soak: Soak | None = None
-
-
-def _measure(test, mode: str, req: Request) -> _Measured:
-    if mode == "closed":
-        return _Measured([test.closed(req.concurrency)])
-    if mode == "rate":
-        return _Measured([test.point(req.rate)[0]])
-    if mode == "sweep":
-        return _Measured(test.sweep(req.sweep))
-    if mode == "soak":
-        point, soak = test.soak(req.rate, req.windows, req.leak_threshold)
-        return _Measured([point], soak=soak)
-    start = req.start_rate or _probe_rate(test)
-    found, points = test.capacity(start, req.max_points, req.tolerance)
-    return _Measured(points, capacity=found)
-
-
-def _probe_rate(test) -> float:
-    """A first rate for the capacity search: what one closed-loop user gets, over 3 s."""
-    from dataclasses import replace
-
-    saved = test.settings
-    test.settings = replace(saved, duration=3.0, warmup=1.0, terms=())
-    on_point, test.on_point = test.on_point, None
-    try:
-        point = test.closed(1)
-    finally:
-        test.settings, test.on_point = saved, on_point
-    return max(point.achieved_rate, 0.1)
 
 
 def _replica_pid(stats: dict | None) -> int | None:

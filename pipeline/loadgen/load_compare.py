@@ -10,6 +10,11 @@ store) are pooled: the capacity from the one that searched for it, and every mea
   interval from the two p99s' order-statistic intervals; B "slower" when the whole interval
   is above 1, "faster" when below.
 
+Chat-task results (`pipeline load --tasks`) compare the same way in tasks/s, with the time
+per task's p99. The table says whether the two were measured in one run taking turns point
+by point (`pipeline load A --versus B`, versus.py), or in separate runs, which on a shared
+machine compare its moods as much as the engines.
+
 Writes engines/compare/<A>-vs-<B>/compare-load.md and .json.
 """
 
@@ -69,9 +74,13 @@ class LoadComparison:
     b: str
     capacity: CapacityLine | None
     same_rate: list[RateLine]
+    unit: str = "requests/s"          # or tasks/s: what the rates and capacities count
+    figure: str = "p99 latency"       # what the same-rate lines compare
+    in_turns: bool = False            # measured in one run, point by point (load --versus)
 
     def dump(self) -> JsonObject:
-        return {"a": self.a, "b": self.b,
+        return {"a": self.a, "b": self.b, "unit": self.unit, "figure": self.figure,
+                "in_turns": self.in_turns,
                 "capacity": self.capacity.dump() if self.capacity else None,
                 "same_rate": [r.dump() for r in self.same_rate]}
 
@@ -117,9 +126,22 @@ def _verdict(lo, hi, above: str, below: str) -> str:
     return "indistinguishable"
 
 
+def _capacity(r: LoadResult) -> Capacity | None:
+    """The result's capacity: in requests/s, or in tasks/s for chat tasks."""
+    return r.tasks.capacity if r.tasks else r.capacity
+
+
+def _p99s(results: list[LoadResult]) -> list[tuple[float, Quantile, bool | None]]:
+    """(offered rate, p99, passed) of each open-loop point: the request latency's p99, or for
+    chat tasks the time per task's."""
+    return [(p.offered_rate, p.time_per_task_ms["p99"], p.passed) if r.tasks else
+            (p.offered_rate, p.latency_ms["p99"], p.passed)
+            for r in results for p in (r.tasks.points if r.tasks else r.points) if not p.concurrency]
+
+
 def capacity_line(a: list[LoadResult], b: list[LoadResult]) -> CapacityLine | None:
-    ca = next((r.capacity for r in a if r.capacity), None)
-    cb = next((r.capacity for r in b if r.capacity), None)
+    ca = next((_capacity(r) for r in a if _capacity(r)), None)
+    cb = next((_capacity(r) for r in b if _capacity(r)), None)
     if not ca or not cb or ca.capacity is None or cb.capacity is None:
         return None
     ratio, lo, hi = _ratio_interval((ca.capacity, ca.bracket[0], ca.bracket[1]),
@@ -128,18 +150,16 @@ def capacity_line(a: list[LoadResult], b: list[LoadResult]) -> CapacityLine | No
 
 
 def same_rate_lines(a: list[LoadResult], b: list[LoadResult]) -> list[RateLine]:
-    pa = [p for r in a for p in r.points if not p.concurrency]
-    pb = [p for r in b for p in r.points if not p.concurrency]
     out = []
-    for x in pa:
-        y = next((y for y in pb if abs(y.offered_rate - x.offered_rate)
-                  <= SAME_RATE * x.offered_rate), None)
+    pb = _p99s(b)
+    for rate, qa, a_passed in _p99s(a):
+        y = next((y for y in pb if abs(y[0] - rate) <= SAME_RATE * rate), None)
         if y is None:
             continue
-        qa, qb = x.latency_ms["p99"], y.latency_ms["p99"]
+        _, qb, b_passed = y
         ratio, lo, hi = _ratio_interval((qa.value, qa.lo, qa.hi), (qb.value, qb.lo, qb.hi))
-        out.append(RateLine(x.offered_rate, qa, qb, ratio, (lo, hi),
-                            _verdict(lo, hi, "B slower", "B faster"), x.passed, y.passed))
+        out.append(RateLine(rate, qa, qb, ratio, (lo, hi),
+                            _verdict(lo, hi, "B slower", "B faster"), a_passed, b_passed))
     return sorted(out, key=lambda r: r.rate)
 
 
@@ -159,7 +179,17 @@ def compare_loads(refs: list[str], overrides: tuple[str, ...],
         raise InputError(f"compare --load {refs[0]} {refs[1]}: the same results twice",
                          "name a serving variant, e.g. minilm-int8 minilm-int8:b1")
     a, b = (_loads(r, n, root) for r, (_, n) in zip(recipes, parts))
-    result = LoadComparison(names[0], names[1], capacity_line(a, b), same_rate_lines(a, b))
+    if any(r.tasks for r in a) != any(r.tasks for r in b):
+        raise InputError(f"{names[0]} and {names[1]}: one holds chat-task results, the other "
+                         "single requests; they count different things",
+                         "compare results of the same kind (name them RECIPE:NAME)")
+    tasks = any(r.tasks for r in a)
+    ref_a, ref_b = (folders.folder_name(r) + (f":{n}" if n else "") for r, (_, n) in zip(recipes, parts))
+    in_turns = all(r.client.get("interleaved_with") == ref_b for r in a) and \
+        all(r.client.get("interleaved_with") == ref_a for r in b)  # every result, none pooled from elsewhere
+    result = LoadComparison(names[0], names[1], capacity_line(a, b), same_rate_lines(a, b),
+                            "tasks/s" if tasks else "requests/s",
+                            "time per task p99" if tasks else "p99 latency", in_turns)
     if result.capacity is None and not result.same_rate:
         raise InputError(f"{names[0]} and {names[1]}: neither both capacities nor a common "
                          "offered rate to compare",
@@ -180,17 +210,23 @@ def _pair(bracket: list) -> str:
 
 
 def lines(result: LoadComparison) -> list[str]:
-    out = [f"# Serving: {result.b} (B) against {result.a} (A)", ""]
-    c = result.capacity
+    out = [f"# Serving: {result.b} (B) against {result.a} (A)", "",
+           ("Measured in one run, taking turns point by point (A, B, A, B...: `pipeline load A "
+            "--versus B`): both saw the same machine." if result.in_turns else
+            "Measured in separate runs: the machine may have changed between them (this "
+            "machine's capacity for one engine moved 4x in 13 minutes); measure both in turns "
+            "with `pipeline load A --serve --versus B`."), ""]
+    c, unit = result.capacity, result.unit
     if c:
         lo, hi = c.interval
-        out += [f"Capacity at the SLO: A {c.a.capacity:.2f}/s (bracket {_pair(c.a.bracket)}), "
-                f"B {c.b.capacity:.2f}/s (bracket {_pair(c.b.bracket)}): B/A "
+        out += [f"Capacity at the SLO: A {c.a.capacity:.3g} {unit} (bracket {_pair(c.a.bracket)}), "
+                f"B {c.b.capacity:.3g} {unit} (bracket {_pair(c.b.bracket)}): B/A "
                 f"**{_f(c.ratio)}x** [{_f(lo)}, {_f(hi, '.2f') if hi else '∞'}] (from the "
                 f"search brackets): **{c.verdict}**.", ""]
     if result.same_rate:
-        out += ["| offered/s | A p99 ms [95% CI] | B p99 ms [95% CI] | B/A [interval] | verdict |",
-                "|---|---|---|---|---|"]
+        what = result.figure
+        out += [f"| offered {unit} | A {what} ms [95% CI] | B {what} ms [95% CI] | B/A [interval] "
+                "| verdict |", "|---|---|---|---|---|"]
         for r in result.same_rate:
             qa, qb = r.a_p99, r.b_p99
             out.append(f"| {r.rate:.2f} | {_f(qa.value, '.1f')} [{_f(qa.lo, '.1f')}, "

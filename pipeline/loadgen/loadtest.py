@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from pipeline.artifacts.serving import Capacity, LoadPoint, Soak
-from pipeline.loadgen import capacity, client, resources, schedule, scrape, soak, summary
+from pipeline.artifacts.serving import LoadPoint, Soak
+from pipeline.loadgen import client, resources, schedule, scrape, soak, summary
 from pipeline.loadgen.protocol import Payload
 from pipeline.loadgen.slo import Term
 
@@ -77,6 +77,10 @@ class LoadTest:
             self.on_point(point)
         return point, outcomes
 
+    def at(self, rate: float) -> LoadPoint:
+        """One open-loop point at `rate` requests/s (its summary only)."""
+        return self.point(rate)[0]
+
     def closed(self, users: int) -> LoadPoint:
         s = self.settings
         with self._scraper() as scraper, resources.ServerSampler(self.server_pid) as sampler:
@@ -94,13 +98,18 @@ class LoadTest:
             self.on_point(point)
         return point
 
-    def sweep(self, rates: list[float]) -> list[LoadPoint]:
-        return [self.point(r)[0] for r in rates]
+    def probe_rate(self) -> float:
+        """A first rate for the capacity search: what one closed-loop user gets over 3 s,
+        without the SLO."""
+        from dataclasses import replace
 
-    def capacity(self, start: float, max_points: int,
-                 tolerance: float) -> tuple[Capacity, list[LoadPoint]]:
-        return capacity.search(lambda r: self.point(r)[0], start, max_points=max_points,
-                               tolerance=tolerance)
+        saved, on_point = self.settings, self.on_point
+        self.settings, self.on_point = replace(saved, duration=3.0, warmup=1.0, terms=()), None
+        try:
+            point = self.closed(1)
+        finally:
+            self.settings, self.on_point = saved, on_point
+        return max(point.achieved_rate, 0.1)
 
     def soak(self, rate: float, count: int, threshold: float) -> tuple[LoadPoint, Soak]:
         """A point as long as `duration`, cut into `count` windows: (point, soak)."""

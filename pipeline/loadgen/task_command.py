@@ -7,15 +7,19 @@ load result of the same engine stays) with a LoadResult whose `tasks` holds the 
 from __future__ import annotations
 
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-from pipeline.artifacts.serving import Capacity, LoadResult, TaskPoint
+from pipeline.artifacts.serving import LoadResult, TaskPoint
 from pipeline.core.errors import StageFailed
 from pipeline.loadgen.command import (
+    Reached,
     Request,
     check_engine,
     client_info,
     mode_of,
+    plan,
     print_outcome,
     reach,
 )
@@ -24,73 +28,104 @@ DEFAULT_NAME = "tasks"
 
 
 def run(req: Request) -> None:
-    from pipeline.core import deps
-    from pipeline.core.ui import console
-    from pipeline.loadgen import artifact, schedule, slo, tasks
-    from pipeline.loadgen.loadtest import Settings
-    from pipeline.loadgen.task_client import Pace
-    from pipeline.loadgen.task_loadtest import TaskLoadTest
-    from pipeline.store import folder_names as folders
-    from pipeline.store.recipe_folder import Store, now
+    from pipeline.loadgen import turns
 
-    mode = mode_of(req)
-    recipe = folders.load(req.recipe, (), req.engines_dir)
-    work = tasks.load(recipe)  # InputError, before any server starts, when it has no tasks
-    terms = slo.parse(req.slo, generation=True, tasks=True)
-    check_engine(req, recipe)
-    folder = folders.folder_name(recipe)
-    least, why = (req.min_tasks, "--min-tasks") if req.min_tasks else \
-        tasks.min_tasks(terms, work.turns[0])
-    settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
-                        warmup=req.warmup, min_requests=least, timeout=req.timeout,
-                        seed=req.seed, terms=terms, generation=True)
+    side = TaskRun.prepare(req)
     logs = Path(tempfile.mkdtemp(prefix="pipeline-load-"))
-    with reach(req, recipe, "chat", logs) as got:
-        console.print(f"load: {got.headline()}; {len(work.scripts)} tasks of {work.turns[0]}-"
-                      f"{work.turns[1]} turns from {work.source}; at least {least} tasks a point "
-                      f"({why})")
-        test = TaskLoadTest(got.target, work.scripts, settings,
-                            Pace(work.answer_tokens, req.think_time, req.timeout), got.pid,
-                            batch1=batch1_answers(Store(req.engines_dir, folder), got.engine),
-                            on_point=lambda p: console.print(line(p)))
-        points, found = _measure(test, mode, req)
-    _refuse_all_failed(points)
-    name = req.name or DEFAULT_NAME
-    result = LoadResult.model_validate({
-        "points": [], "schema": 1, "recipe": folder, "engine": got.engine, "name": name,
-        "created": now(), "url": got.target.endpoint, "mode": mode,
-        "arrival": schedule.describe(req.arrival, req.burstiness), "burstiness": req.burstiness,
-        "seed": req.seed, "slo": slo.text(terms) or None, "device": deps.device(),
-        "requests": {"source": work.source, "requests": len(work.scripts),
-                     "protocol": "OpenAI /v1/chat/completions, streamed, greedy; multi-turn tasks"},
-        "client": {**client_info(req), "min_tasks": least, "think_time_s": req.think_time},
-        "server": got.record(req, "OpenAI /v1/chat/completions", test.metrics_why),
-        "tasks": {"source": work.source, "scripts": len(work.scripts),
-                  "turns_per_task": list(work.turns), "answer_tokens": work.answer_tokens,
-                  "min_tasks": least, "min_tasks_why": why, "points": points,
-                  **({"capacity": found} if found else {})},
-    })
-    from pipeline import workloads
-    from pipeline.loadgen import plots
-
-    png = plots.tasks_png(logs / "plot.png", points, f"{folder} ({got.engine}): tasks, {mode}")
-    # a Store read now: the server's own record at its stop (serve-start-*.json) is in it
-    path = artifact.write(result, png, Store(req.engines_dir, folder), workloads.of(recipe))
-    if found:
-        console.print(f"capacity: {found.capacity} tasks/s (bracket {found.bracket}; {found.why})")
-    print_outcome(result, path)
+    with reach(req, side.recipe, "chat", logs) as got:
+        side.start(got)
+        measured = turns.alone(side.plan())
+    side.write(measured, got, logs)
 
 
-def _measure(test, mode: str, req: Request) -> tuple[list[TaskPoint], Capacity | None]:
-    if mode == "closed":
-        return [test.closed(req.concurrency)], None
-    if mode == "rate":
-        return [test.point(req.rate)], None
-    if mode == "sweep":
-        return test.sweep(req.sweep), None
-    found, points = test.capacity(req.start_rate or test.probe_rate(), req.max_points,
-                                  req.tolerance)
-    return points, found
+@dataclass
+class TaskRun:
+    """One recipe's load run of chat tasks: as command.RequestRun, for --tasks."""
+
+    req: Request
+    mode: str
+    recipe: object
+    folder: str
+    work: object        # tasks.Tasks
+    least: int          # measured tasks per point
+    least_why: str
+    settings: object    # loadtest.Settings
+    label: str = ""
+    api: str = "chat"
+    test: object = None
+    default_name: ClassVar[str | None] = DEFAULT_NAME  # the result's name without --name
+
+    @classmethod
+    def prepare(cls, req: Request, label: str = "") -> TaskRun:
+        from pipeline.loadgen import slo, tasks
+        from pipeline.loadgen.loadtest import Settings
+        from pipeline.store import folder_names as folders
+
+        mode = mode_of(req)
+        recipe = folders.load(req.recipe, (), req.engines_dir)
+        work = tasks.load(recipe)  # InputError, before any server starts, when it has no tasks
+        terms = slo.parse(req.slo, generation=True, tasks=True)
+        check_engine(req, recipe)
+        least, why = (req.min_tasks, "--min-tasks") if req.min_tasks else \
+            tasks.min_tasks(terms, work.turns[0])
+        settings = Settings(arrival=req.arrival, burstiness=req.burstiness, duration=req.duration,
+                            warmup=req.warmup, min_requests=least, timeout=req.timeout,
+                            seed=req.seed, terms=terms, generation=True)
+        return cls(req, mode, recipe, folders.folder_name(recipe), work, least, why, settings, label)
+
+    def start(self, got: Reached) -> None:
+        from pipeline.core.ui import console
+        from pipeline.loadgen.task_client import Pace
+        from pipeline.loadgen.task_loadtest import TaskLoadTest
+        from pipeline.store.recipe_folder import Store
+
+        work, req = self.work, self.req
+        console.print(f"load{self.label}: {got.headline()}; {len(work.scripts)} tasks of "
+                      f"{work.turns[0]}-{work.turns[1]} turns from {work.source}; at least "
+                      f"{self.least} tasks a point ({self.least_why})")
+        self.test = TaskLoadTest(got.target, work.scripts, self.settings,
+                                 Pace(work.answer_tokens, req.think_time, req.timeout), got.pid,
+                                 batch1=batch1_answers(Store(req.engines_dir, self.folder), got.engine),
+                                 on_point=lambda p: console.print(self.label + line(p)))
+
+    def plan(self):
+        return plan(self.test, self.mode, self.req)
+
+    def write(self, measured, got: Reached, logs: Path, interleaved_with: str | None = None) -> Path:
+        from pipeline import workloads
+        from pipeline.core import deps
+        from pipeline.core.ui import console
+        from pipeline.loadgen import artifact, plots, schedule, slo
+        from pipeline.store.recipe_folder import Store, now
+
+        req, work, terms = self.req, self.work, self.settings.terms
+        points, found = measured.points, measured.capacity
+        _refuse_all_failed(points)
+        result = LoadResult.model_validate({
+            "points": [], "schema": 1, "recipe": self.folder, "engine": got.engine,
+            "name": req.name or DEFAULT_NAME, "created": now(), "url": got.target.endpoint,
+            "mode": self.mode, "arrival": schedule.describe(req.arrival, req.burstiness),
+            "burstiness": req.burstiness, "seed": req.seed, "slo": slo.text(terms) or None,
+            "device": deps.device(),
+            "requests": {"source": work.source, "requests": len(work.scripts),
+                         "protocol": "OpenAI /v1/chat/completions, streamed, greedy; multi-turn tasks"},
+            "client": {**client_info(req, interleaved_with), "min_tasks": self.least,
+                       "think_time_s": req.think_time},
+            "server": got.record(req, "OpenAI /v1/chat/completions", self.test.metrics_why),
+            "tasks": {"source": work.source, "scripts": len(work.scripts),
+                      "turns_per_task": list(work.turns), "answer_tokens": work.answer_tokens,
+                      "min_tasks": self.least, "min_tasks_why": self.least_why, "points": points,
+                      **({"capacity": found} if found else {})},
+        })
+        png = plots.tasks_png(logs / "plot.png", points,
+                              f"{self.folder} ({got.engine}): tasks, {self.mode}")
+        # a Store read now: the server's own record at its stop (serve-start-*.json) is in it
+        path = artifact.write(result, png, Store(req.engines_dir, self.folder), workloads.of(self.recipe))
+        if found:
+            console.print(f"capacity{self.label}: {found.capacity} tasks/s (bracket {found.bracket}; "
+                          f"{found.why})")
+        print_outcome(result, path)
+        return path
 
 
 def batch1_answers(store, engine: str) -> dict[int, tuple[str, bool]] | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.artifacts.serving import Capacity, TaskPoint
-from pipeline.loadgen import capacity, resources, schedule, scrape, task_client, task_summary
+from pipeline.artifacts.serving import TaskPoint
+from pipeline.loadgen import resources, schedule, scrape, task_client, task_summary
 from pipeline.loadgen.loadtest import Settings
 from pipeline.loadgen.protocol import Target
 from pipeline.loadgen.tasks import Script
@@ -52,6 +52,8 @@ class TaskLoadTest:
                                        think=self.pace.think, terms=s.terms, batch1=self.batch1)
         return self._finish(point, scraper, sampler, window)
 
+    at = point  # what a plan (command.plan) calls for one open-loop point
+
     def closed(self, users: int) -> TaskPoint:
         """`users` task-users for warmup + duration seconds, each task after the last."""
         s = self.settings
@@ -64,13 +66,6 @@ class TaskLoadTest:
                                        batch1=self.batch1)
         point = point.model_copy(update={"concurrency": users, "offered_rate": point.scheduled_rate})
         return self._finish(point, scraper, sampler, s.duration)
-
-    def sweep(self, rates: list[float]) -> list[TaskPoint]:
-        return [self.point(r) for r in rates]
-
-    def capacity(self, start: float, max_points: int,
-                 tolerance: float) -> tuple[Capacity, list[TaskPoint]]:
-        return capacity.search(self.point, start, max_points=max_points, tolerance=tolerance)
 
     def probe_rate(self) -> float:
         """A first rate for the capacity search: what one closed-loop task-user gets in ~3 s

@@ -166,6 +166,56 @@ def test_compare_load_puts_two_results_side_by_side(project):
     assert same.code == 2 and "digits:b1" not in same.err and "twice" in same.err
 
 
+def test_load_versus_measures_two_servers_in_turns_and_compares_them(project):
+    """`pipeline load A --versus B`: the points go A, B, A, B (each server sees its requests in
+    blocks that alternate), both results are written, each naming the other, and the
+    comparison says it was measured in turns; a comparison of separate runs says it was not."""
+    with FakeServer(Behaviour(service=0.001), model="digits") as fast, \
+            FakeServer(Behaviour(service=0.2), model="digits") as slow:
+        result = project.run("load", "digits", "--url", fast.url, "--name", "fast", "--versus",
+                             "digits:slow", "--versus-url", slow.url, "--sweep", "8,12",
+                             "--duration", "1", "--warmup", "0.2", "--min-requests", "8",
+                             timeout=180)
+        assert result.code == 0, result.err
+        blocks = [side for _, side in sorted([(t, "A") for t in fast.behaviour.arrivals] +
+                                             [(t, "B") for t in slow.behaviour.arrivals])]
+        alone = project.run("load", "digits", "--url", fast.url, "--name", "alone", "--sweep", "8",
+                            "--duration", "1", "--warmup", "0.2", "--min-requests", "8", timeout=180)
+        assert alone.code == 0, alone.err
+    runs = [side for i, side in enumerate(blocks) if i == 0 or blocks[i - 1] != side]
+    assert runs == ["A", "B", "A", "B"], runs  # rate 8: A then B; rate 12: A then B
+    folder = project.engines / "digits"
+    a = json.loads((folder / "load-onnxruntime-fast.json").read_text())
+    b = json.loads((folder / "load-onnxruntime-slow.json").read_text())
+    assert a["client"]["interleaved_with"] == "digits:slow"
+    assert b["client"]["interleaved_with"] == "digits:fast"
+    assert [p["offered_rate"] for p in a["points"]] == [p["offered_rate"] for p in b["points"]] == [8, 12]
+    compared = project.engines / "compare" / "digits-fast-vs-digits-slow"
+    data = json.loads((compared / "compare-load.json").read_text())
+    assert data["in_turns"] is True and [r["rate"] for r in data["same_rate"]] == [8, 12]
+    assert all(r["ratio"] > 1 for r in data["same_rate"])  # B takes 0.2 s a request, A 1 ms
+    assert "taking turns point by point" in (compared / "compare-load.md").read_text()
+    assert "taking turns point by point" in result.out
+    # B's result beside one measured in another run: not in turns, and it says so
+    separate = project.run("compare", "digits:alone", "digits:slow", "--load")
+    assert separate.code == 0, separate.err
+    assert "Measured in separate runs" in separate.out
+
+
+def test_load_versus_refuses_what_cannot_take_turns(project):
+    url = ("--url", "http://127.0.0.1:9")
+    no_b = project.run("load", "digits", *url, "--versus", "digits:b", "--rate", "1")
+    assert no_b.code == 2 and "--versus-url" in no_b.error_lines[0]
+    soak = project.run("load", "digits", *url, "--versus", "digits:b", "--versus-url",
+                       "http://127.0.0.1:9", "--rate", "1", "--soak")
+    assert soak.code == 2 and "--soak with --versus" in soak.error_lines[0]
+    alone = project.run("load", "digits", *url, "--versus-url", "http://127.0.0.1:9", "--rate", "1")
+    assert alone.code == 2 and "needs --versus" in alone.error_lines[0]
+    same = project.run("load", "digits", *url, "--versus", "digits", "--versus-url",
+                       "http://127.0.0.1:9", "--rate", "1")
+    assert same.code == 2 and "the same recipe and name" in same.error_lines[0]
+
+
 def test_pipeline_load_set_is_for_serve_settings_with_a_name(project):
     url = ("--url", "http://127.0.0.1:9/v1/models/x")
     other = project.run("load", "digits", "--serve", "--rate", "1", "--set", "validate.threads=2")

@@ -12,6 +12,7 @@ without a server at the end."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 from pathlib import Path
 
@@ -101,6 +102,30 @@ def test_open_loop_tasks_arrive_on_the_seeded_schedule(served):
     # than its first turn alone
     assert point.time_per_task_ms["p50"].value > point.per_turn[0].ttft_ms["p50"].value + 20
     assert loaded.arrival.startswith("gamma") and point.passed is None
+
+
+@pytest.mark.slow
+@needs_ray
+def test_task_loads_in_turns_compare_time_per_task(served):
+    """`--tasks --versus`: two serving variants' task points measured in turns (here both
+    names on the one server: the path, not a difference, is under test) and compared in
+    tasks/s with the time per task's p99."""
+    project, name, url = served
+    run = project.run("load", name, "--url", url, "--tasks", "--name", "a", "--versus", f"{name}:b",
+                      "--versus-url", url, "--sweep", "4,6", "--min-tasks", "6", "--duration", "1",
+                      "--warmup", "0.3", "--timeout", "60", timeout=600)
+    assert run.code == 0, run.err
+    a = _result(project, name, "load-onnxruntime-a.json")
+    b = _result(project, name, "load-onnxruntime-b.json")
+    assert a.client["interleaved_with"] == f"{name}:b" and b.client["interleaved_with"] == f"{name}:a"
+    for result in (a, b):
+        assert [p.offered_rate for p in result.tasks.points] == [4, 6]
+        assert all(p.tasks_ok == p.tasks >= 6 for p in result.tasks.points)
+    compared = json.loads((project.engines / "compare" / f"{name}-a-vs-{name}-b" /
+                           "compare-load.json").read_text())
+    assert compared["unit"] == "tasks/s" and compared["figure"] == "time per task p99"
+    assert compared["in_turns"] is True and [r["rate"] for r in compared["same_rate"]] == [4, 6]
+    assert all(r["ratio"] > 0 for r in compared["same_rate"])
 
 
 @pytest.mark.slow
