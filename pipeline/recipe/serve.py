@@ -10,7 +10,7 @@ padded up to a bucket and batched with requests of the same bucket.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -66,6 +66,12 @@ class ServeSpec(Strict):
         "budget the running sequences leave, least recently used evicted first) so a prompt that "
         "starts with kept tokens, such as a chat's next turn, prefills only the tokens after them. "
         "ONNX Runtime engines whose cache is in place; vLLM's `enable_prefix_caching`.")
+    routing: Literal["balanced", "prefix"] = Field(
+        "balanced", description="How a request picks its replica when there are several. "
+        "`balanced`: Ray Serve's default, the shorter queue of two replicas drawn at random. "
+        "`prefix`: the replica that served the longest prefix of its prompt text (a chat's earlier "
+        "turns), while queues stay balanced: Ray Serve LLM's PrefixCacheAffinityRouter, so a "
+        "conversation's next turn finds its prefix in that replica's cache (serve.prefix_cache).")
     replicas: int = Field(1, ge=1, le=64, description="Replicas (one engine each); `pipeline serve "
                           "--replicas` overrides. Triton: `instance_group.count`.")
     replica_cpus: float = Field(1.0, gt=0, le=256, description="CPUs Ray reserves per replica "

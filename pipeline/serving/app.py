@@ -102,12 +102,22 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
                "health_check_period_s": 5}
     if max_replicas_per_node:
         options["max_replicas_per_node"] = max_replicas_per_node
+    prefix = spec.routing == "prefix"
+    if prefix:  # the ingress's handle routes each request by its prompt (routing.py)
+        from ray.serve.config import RequestRouterConfig
+
+        from pipeline.serving.routing import PREFIX_ROUTER
+
+        if not separate_ingress:
+            raise ValueError("serve.routing prefix needs the separate ingress: it routes the "
+                             "ingress's calls to the engine replicas")
+        options["request_router_config"] = RequestRouterConfig(request_router_class=PREFIX_ROUTER)
     engine_class = _engine_server(recipe, Path(engines_root), engine, spec, threads, api_key, window_s)
     if not separate_ingress:  # Ray Serve's late-bound ingress: the app built in each replica
         return serve.deployment(name=f"{recipe.name}", **options)(serve.ingress()(engine_class)).bind()
     engine_server = serve.deployment(name=f"{recipe.name}", **options)(engine_class)
     ingress = serve.deployment(name="ingress", num_replicas=1, max_ongoing_requests=ONGOING_CAP,
-                               ray_actor_options={"num_cpus": 0})(serve.ingress()(_ingress(api_key)))
+                               ray_actor_options={"num_cpus": 0})(serve.ingress()(_ingress(api_key, prefix)))
     return ingress.bind(engine_server.bind())
 
 
@@ -139,7 +149,7 @@ def _engine_server(recipe, engines_root: Path, engine: str | None, spec, threads
             http_api.routes(api, lambda: self.replica, recipe.name, api_key)
             return api
 
-        async def http(self, request: dict):
+        async def http(self, request):
             """One HTTP request forwarded by the ingress: its answer's Items (ingress.py)."""
             async for item in self.forwarded.answer(request):
                 yield item
@@ -172,7 +182,7 @@ def _engine_server(recipe, engines_root: Path, engine: str | None, spec, threads
     return EngineServer
 
 
-def _ingress(api_key: str | None):
+def _ingress(api_key: str | None, with_prompt: bool = False):
     """The ingress deployment's class: ingress.Ingress over a streaming handle to the engine
     deployment, with the engine's body limit (asked once, when Serve builds the app)."""
 
@@ -188,7 +198,7 @@ def _ingress(api_key: str | None):
             from pipeline.serving import ingress
 
             self.limit = await self.engine.options(stream=False).body_limit.remote()
-            return ingress.Ingress(self.engine.http.remote, lambda: self.limit, api_key)
+            return ingress.Ingress(self.engine.http.remote, lambda: self.limit, api_key, with_prompt)
 
     return IngressServer
 

@@ -16,7 +16,7 @@ replica's generator resumes goes in one item; with `window_s` > 0 the replica wa
 long after a piece for more before sending it (fewer Ray items per token, later tokens).
 benchmarks/results/ingress-hop-2026-12-05.md measured what the hop costs per token.
 
-    Ingress(call, limit)         the ASGI app (`call(request)`: an async iterator of items)
+    Ingress(call, limit)         the ASGI app (`call(Forwarded)`: an async iterator of items)
     ReplicaHttp(app, window_s)   the replica side: `answer(request)` yields the items
 """
 
@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from pipeline.serving import errors, guard
 
@@ -41,11 +42,51 @@ SCOPE_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path", "q
 RECEIVING = "pipeline.receiving"  # the scope key: bodies the ingress is reading now (/stats)
 
 
-def request_of(scope: dict, body: bytes, receiving: int = 0) -> dict:
-    """What crosses to the replica: the HTTP scope's plain fields, the whole body, and how
-    many other bodies the ingress is still reading (they wait here, not in the replica)."""
-    return {"scope": {**{k: scope[k] for k in SCOPE_KEYS if k in scope}, RECEIVING: receiving},
-            "body": body}
+@dataclass(frozen=True)
+class Forwarded:
+    """What crosses to the replica: the HTTP scope's plain fields (with how many other bodies
+    the ingress is still reading: they wait here, not in the replica), the whole body, and the
+    prompt text the request router reads (routing.py; None unless serve.routing is prefix)."""
+
+    scope: dict
+    body: bytes
+    prompt: str | None = None
+
+
+def request_of(scope: dict, body: bytes, receiving: int = 0, with_prompt: bool = False) -> Forwarded:
+    prompt = prompt_text(scope.get("path", ""), body) if with_prompt else None
+    return Forwarded({**{k: scope[k] for k in SCOPE_KEYS if k in scope}, RECEIVING: receiving},
+                     body, prompt)
+
+
+def prompt_text(path: str, body: bytes) -> str | None:
+    """An OpenAI request's prompt as text for prefix routing: a chat's message contents in
+    order (text parts of a content list too), a completion's prompt string or its token ids
+    written out; None for anything else or a body that does not parse (the replica answers
+    that one with its 400)."""
+    if not path.endswith("/completions"):
+        return None
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(request, dict):
+        return None
+    if isinstance(request.get("messages"), list):
+        return "".join(_text(m.get("content")) for m in request["messages"] if isinstance(m, dict))
+    prompt = request.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+        return "".join(f"{i}," for i in prompt)  # token ids as text: a prefix stays a prefix
+    return prompt if isinstance(prompt, str) else None
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts: [{"type": "text", "text": ...}]
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict)
+                       and isinstance(p.get("text"), str))
+    return ""
 
 
 def unavailable(error: BaseException) -> bool:
@@ -76,9 +117,9 @@ class Ingress:
     """The ASGI app of the ingress deployment. `call(request)` -> the replica's items;
     `limit()` the body limit (guard.body_limit of the replica); `api_key` as http_api's."""
 
-    def __init__(self, call: Callable[[dict], AsyncIterator[Item]], limit: Callable[[], int],
-                 api_key: str | None = None):
-        self.call = call
+    def __init__(self, call: Callable[[Forwarded], AsyncIterator[Item]], limit: Callable[[], int],
+                 api_key: str | None = None, with_prompt: bool = False):
+        self.call, self.with_prompt = call, with_prompt
         self.receiving = guard.Receiving()
         self.app = guard.RequestGuard(self._forward, api_key, limit, self.receiving)
 
@@ -92,7 +133,7 @@ class Ingress:
     async def _forward(self, scope, receive, send) -> None:
         body = (await receive())["body"]  # the guard's replay: the whole body, read already
         path = scope.get("path", "")
-        answer = self.call(request_of(scope, body, self.receiving.count))
+        answer = self.call(request_of(scope, body, self.receiving.count, self.with_prompt))
         content_type, began = "", False
         try:
             async for start, piece, more in answer:
@@ -131,10 +172,10 @@ class ReplicaHttp:
     def __init__(self, app, window_s: float = 0.0):
         self.app, self.window_s = app, window_s
 
-    async def answer(self, request: dict) -> AsyncIterator[Item]:
+    async def answer(self, request: Forwarded) -> AsyncIterator[Item]:
         sent: asyncio.Queue[dict | None] = asyncio.Queue()  # the app's messages; None: it ended
         gone = asyncio.Event()  # set when the ingress stops listening (client left, or done)
-        task = asyncio.create_task(self.app(request["scope"], _receiver(request["body"], gone),
+        task = asyncio.create_task(self.app(request.scope, _receiver(request.body, gone),
                                             _sender(sent)))
         task.add_done_callback(lambda _: sent.put_nowait(None))
         try:

@@ -152,6 +152,7 @@ class Reply:
     def __init__(self, items, text: TextStream, prompt_tokens: int):
         self.items, self.text, self.prompt_tokens = items, text, prompt_tokens
         self.completion_tokens = 0
+        self.cached_tokens: int | None = None  # from the replica's summary, when it came
         self.finish_reason = "stop"
         self._first = None
 
@@ -160,7 +161,7 @@ class Reply:
         self._first = await anext(self.items, None)
 
     def usage(self) -> JsonObject:
-        return usage(self.prompt_tokens, self.completion_tokens)
+        return usage(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
 
     async def deltas(self):
         """The reply's text, piece by piece as it becomes stable."""
@@ -175,6 +176,7 @@ class Reply:
                         break  # a stop string: no more tokens wanted
                 else:
                     self.finish_reason = item["finish_reason"]
+                    self.cached_tokens = item.get("cached_tokens")
                 item = await anext(self.items, None)
         finally:
             # frees the sequence now when a stop string, an error or the client ended it early

@@ -220,9 +220,14 @@ class Answer:
         return {**self._head(kind), "choices": [], "usage": usage}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> JsonObject:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> JsonObject:
+    """OpenAI's usage; `prompt_tokens_details.cached_tokens`: prompt tokens the prefix cache
+    held (not prefilled), as OpenAI and vLLM report them, where the replica said."""
+    counted = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+               "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        counted["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return counted
 
 
 def event(data: JsonObject | str) -> str:
