@@ -39,7 +39,6 @@ def test_prefix_routing_sends_each_next_turn_to_the_replica_holding_its_conversa
         server = app.start(recipe, gqa.engines, spec=spec, replicas=2)
         client = openai.OpenAI(base_url=f"http://{server.host}:{server.port}/v1", api_key="unused",
                                max_retries=0, timeout=120)
-        pids = set()
         try:
             # four conversations, each opening with its own letter (no token shared across them)
             for opening in ("ROMEO:", "JULIET:", "MERCUTIO:", "NURSE:"):
@@ -52,7 +51,5 @@ def test_prefix_routing_sends_each_next_turn_to_the_replica_holding_its_conversa
                         assert cached >= before, (opening, cached, before)
                     before = reply.usage.prompt_tokens
                     prompt += reply.choices[0].text + "\nFRIAR:"
-            pids = {server.handle.stats()["pid"] for _ in range(8)}
         finally:
             server.stop()
-    assert pids  # the replicas answered /stats (both, usually: the in-process handle balances)
