@@ -112,13 +112,16 @@ def _positive(most: float) -> Finite:
               "A B --load` does. Every other setting is the same for both.")
 @click.option("--versus-url", default=None,
               help="With --url and --versus: the running server of --versus's recipe.")
+@click.option("--versus-set", "versus_overrides", multiple=True, metavar="serve.KEY=VALUE",
+              help="With --serve and --versus: B's serve settings in place of --set's (e.g. "
+              "--set serve.routing=prefix --versus-set serve.routing=balanced).")
 @click.option("--server-pid", type=click.IntRange(min=1), default=None,
               help="With --url: sample this server process (and its children) for CPU and memory.")
 @debug_option
 def load_command(recipe, overrides, engines_dir, url, model, api, start_server, engine, name, rate, sweep, slo,
                  concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
                  max_points, tolerance, start_rate, soak, windows, leak_threshold, tasks,
-                 think_time, min_tasks, versus, versus_url, server_pid):
+                 think_time, min_tasks, versus, versus_url, versus_overrides, server_pid):
     """Load-test a served recipe from this (separate) process: latency from each request's
     scheduled send time, capacity at an SLO (MLPerf's early-stopping rule), soak drift.
 
@@ -135,8 +138,8 @@ def load_command(recipe, overrides, engines_dir, url, model, api, start_server, 
                 seed=seed, max_points=max_points, tolerance=tolerance, start_rate=start_rate,
                 soak=soak, windows=windows, leak_threshold=leak_threshold,
                 server_pid=server_pid, tasks=tasks, think_time=think_time, min_tasks=min_tasks)
-    in_turns.check(req, versus, versus_url)
+    in_turns.check(req, versus, versus_url, versus_overrides)
     if versus:
-        return in_turns.run(req, versus, versus_url)
+        return in_turns.run(req, versus, versus_url, versus_overrides)
     run = task_command.run if tasks else command.run  # chat tasks, or single requests
     run(req)

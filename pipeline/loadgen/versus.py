@@ -3,7 +3,8 @@ taking turns point by point (turns.py: A's first point, B's first, A's second...
 
 Both servers are up for the whole run (started here with --serve, or running at --url and
 --versus-url); only one is loaded at a time, so the other idles. Every setting is the same
-for both: mode, rates, seed and so the arrival schedule, SLO, durations, serve settings.
+for both: mode, rates, seed and so the arrival schedule, SLO, durations, and the serve
+settings unless --versus-set gives B its own (two serving variants of one recipe).
 Each side's result is written into its own folder as a plain `pipeline load` writes it, with
 `client.interleaved_with` naming the other; then `pipeline compare A B --load`'s verdicts
 are printed and written, saying the two were measured in turns.
@@ -20,13 +21,18 @@ from pipeline.core.errors import InputError
 from pipeline.loadgen.command import Request, reach
 
 
-def check(req: Request, versus: str | None, versus_url: str | None) -> None:
+def check(req: Request, versus: str | None, versus_url: str | None,
+          versus_overrides: tuple[str, ...] = ()) -> None:
     """InputError when --versus and its server do not go together with the other flags."""
     if versus is None:
-        if versus_url:
-            raise InputError("--versus-url names the server of --versus B: it needs --versus",
+        if versus_url or versus_overrides:
+            flag = "--versus-url" if versus_url else "--versus-set"
+            raise InputError(f"{flag} is for the server of --versus B: it needs --versus",
                              "e.g. pipeline load A --url URL_A --versus B --versus-url URL_B")
         return
+    if versus_overrides and not req.start_server:
+        raise InputError("--versus-set needs --serve: a running server has its settings already",
+                         "drop --versus-set, or start both servers here with --serve")
     if req.soak:
         raise InputError("--soak with --versus: a soak is one long point, there is nothing to "
                          "take turns on", "soak each recipe on its own")
@@ -38,14 +44,16 @@ def check(req: Request, versus: str | None, versus_url: str | None) -> None:
                          "add --versus-url URL_B, or start both here with --serve")
 
 
-def run(req: Request, versus: str, versus_url: str | None) -> None:
-    """Measure A (`req`) and B (`versus`, RECIPE[:NAME]) in turns; write both results and
-    their comparison."""
+def run(req: Request, versus: str, versus_url: str | None,
+        versus_overrides: tuple[str, ...] = ()) -> None:
+    """Measure A (`req`) and B (`versus`, RECIPE[:NAME]; its serve settings `versus_overrides`
+    where given, else A's) in turns; write both results and their comparison."""
     from pipeline.core.ui import console
     from pipeline.loadgen import command, load_compare, task_command, turns
 
     recipe_b, name_b = load_compare.split_ref(versus)
-    req_b = replace(req, recipe=recipe_b, name=name_b, url=versus_url, model=None, server_pid=None)
+    req_b = replace(req, recipe=recipe_b, name=name_b, url=versus_url, model=None, server_pid=None,
+                    overrides=tuple(versus_overrides) or req.overrides)
     kind = task_command.TaskRun if req.tasks else command.RequestRun
     sides = [kind.prepare(req, " [A]"), kind.prepare(req_b, " [B]")]
     refs = [_ref(side) for side in sides]

@@ -214,6 +214,9 @@ def test_load_versus_refuses_what_cannot_take_turns(project):
     same = project.run("load", "digits", *url, "--versus", "digits", "--versus-url",
                        "http://127.0.0.1:9", "--rate", "1")
     assert same.code == 2 and "the same recipe and name" in same.error_lines[0]
+    running = project.run("load", "digits", *url, "--versus", "digits:b", "--versus-url",
+                          "http://127.0.0.1:9", "--versus-set", "serve.max_batch_size=1", "--rate", "1")
+    assert running.code == 2 and "--versus-set needs --serve" in running.error_lines[0]
 
 
 def test_pipeline_load_set_is_for_serve_settings_with_a_name(project):
