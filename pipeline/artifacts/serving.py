@@ -194,6 +194,9 @@ class TaskTurn(Closed):
     prompt_tokens_mean: float | None = Field(description="The server's usage: the conversation so far.")
     prompt_tokens_min: Count | None
     prompt_tokens_max: Count | None
+    cached_tokens_mean: float | None = Field(
+        None, description="Of those, taken from the server's prefix cache, not prefilled (usage."
+        "prompt_tokens_details.cached_tokens; null when the server does not say).")
     ttft_ms: Percentiles
 
 

@@ -19,6 +19,7 @@ class Outcome:
     chunks: list[float] = field(default_factory=list)  # arrival of each streamed text chunk
     completion_tokens: int | None = None  # the OpenAI stream's `usage`, when it sends one
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None      # usage.prompt_tokens_details: from the prefix cache
     error: str | None = None
     text: list[str] = field(default_factory=list)  # the reply's text pieces (chat tasks grade them)
     ended: float = float("nan")  # the stream's [DONE]: a reply that ended at once has no chunk

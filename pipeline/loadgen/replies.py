@@ -112,6 +112,9 @@ async def read_stream(lines, chat: bool, out: Outcome, t0: float, empty_ok: bool
         if isinstance(usage, dict):
             out.completion_tokens = figure_count("completion_tokens", usage.get("completion_tokens"))
             out.prompt_tokens = figure_count("prompt_tokens", usage.get("prompt_tokens"))
+            details = usage.get("prompt_tokens_details")  # OpenAI's and vLLM's, when sent
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                out.cached_tokens = figure_count("cached_tokens", details["cached_tokens"])
     else:
         raise BadReply("the stream ended before `data: [DONE]`")
     if not out.chunks and not empty_ok:

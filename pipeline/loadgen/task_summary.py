@@ -63,7 +63,9 @@ def _per_turn(tasks: list[TaskOutcome]) -> list[TaskTurn]:
     for k in range(most):
         turns = [t.turns[k] for t in tasks if len(t.turns) > k]
         prompts = [o.prompt_tokens for o in turns if o.prompt_tokens is not None]
+        cached = [o.cached_tokens for o in turns if o.cached_tokens is not None]
         out.append(TaskTurn(turn=k + 1, turns=len(turns),
+                            cached_tokens_mean=float(np.mean(cached)) if cached else None,
                             prompt_tokens_mean=float(np.mean(prompts)) if prompts else None,
                             prompt_tokens_min=min(prompts) if prompts else None,
                             prompt_tokens_max=max(prompts) if prompts else None,

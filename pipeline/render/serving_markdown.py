@@ -98,6 +98,12 @@ def _move(metrics: dict, gauge: str) -> str:
     return "—" if not g else " / ".join(_num(g.get(k), ".0f") for k in ("before", "peak", "after"))
 
 
+def _cached(turn: dict) -> str:
+    """` (N)`: the turn's mean prompt tokens the server took from its prefix cache, if it said."""
+    cached = turn.get("cached_tokens_mean")
+    return "" if cached is None else f" ({cached:.0f})"
+
+
 def _capacity(cap: dict | None, unit: str, fmt: str) -> list[str]:
     """The capacity line of a load result that searched for one (none: no line)."""
     if not cap:
@@ -122,11 +128,12 @@ def _tasks(r: dict, title: str) -> list[str]:
     lines += _capacity(t.get("capacity"), "tasks/s", ".3g")
     lines += ["| offered tasks/s | users | tasks | failed | completed/s | goodput/s (share) "
               "| time per task p50 / p99 s | TTFT p50 / p99 ms | TPOT p99 ms | ITL p99 ms "
-              "| prompt tokens by turn | answers right (95% CI) | batch 1 | same as batch 1 | SLO |",
+              "| prompt tokens by turn (from the prefix cache) | answers right (95% CI) | batch 1 "
+              "| same as batch 1 | SLO |",
               "|" + "---|" * 15]
     for p in t["points"]:
         g, a = p["turn_timings"], p["answers"]
-        prompts = " / ".join(_num(x.get("prompt_tokens_mean"), ".0f") for x in p["per_turn"])
+        prompts = " / ".join(_num(x.get("prompt_tokens_mean"), ".0f") + _cached(x) for x in p["per_turn"])
         same = "—" if a.get("compared") is None else f"{a['identical_to_batch1']}/{a['compared']}"
         lines.append(
             f"| {p['offered_rate']:.3g} | {p.get('concurrency') or '—'} | {p['tasks']} | "

@@ -73,6 +73,9 @@ def test_closed_loop_tasks_carry_the_growing_conversation(tmp_path_factory):
     assert [t.turn for t in turns] == [1, 2, 3] and all(t.turns == point.tasks for t in turns)
     for before, after in zip(turns, turns[1:]):
         assert before.prompt_tokens_max < after.prompt_tokens_min
+    # and said how many of them its prefix cache held (usage.prompt_tokens_details)
+    assert all(t.cached_tokens_mean is not None and t.cached_tokens_mean <= t.prompt_tokens_mean
+               for t in turns)
     assert point.time_per_task_ms["p50"].value > point.turn_timings.ttft_ms["p50"].value > 0
     # answers under load are the batch-1 answers, reply for reply
     answers = point.answers
