@@ -149,6 +149,10 @@ class Store:
             f.truncate()
             f.write(f"pid {os.getpid()}")
             f.flush()
+            # another process may have committed since this store last read the manifest (a
+            # server's start record beside a load result): read it again, never write back a
+            # stale copy over that commit
+            self._manifest = None
             try:
                 self._sweep()
                 yield

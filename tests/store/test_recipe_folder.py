@@ -68,6 +68,24 @@ def test_a_committed_stage_is_what_a_fresh_store_reads_and_the_lock_sweeps_lefto
         assert not store.tmp.exists()  # swept when the next writer takes the folder
 
 
+def test_a_commit_under_the_lock_keeps_what_another_process_committed_meanwhile(tmp_path):
+    """Two writers of one folder (a server's start record and a load result): the one whose
+    manifest was read before the other's commit reads it again under the lock, so neither
+    commit is lost."""
+    first, second = Store(tmp_path, "r"), Store(tmp_path, "r")
+    assert first.manifest.stages == {}  # read now, before the other commit
+    with second.lock():
+        _commit_export(second)
+    with first.lock():
+        work = first.workdir("serve:x")
+        (work / "serve.json").write_text("{}")
+        first.commit_stage("serve:x", {"serve.json": work / "serve.json"},
+                           StageRecord(key="cd" * 32, outputs=["serve.json"]))
+    again = Store(tmp_path, "r")
+    assert again.stage_ids() == ["export", "serve:x"]
+    again.verify_all()
+
+
 def test_a_file_with_only_its_pending_digest_is_an_interrupted_commit_not_tampering(tmp_path):
     store = Store(tmp_path, "r")
     _commit_export(store)
