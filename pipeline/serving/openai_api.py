@@ -273,7 +273,8 @@ def _sampling(request: Sampling, prompt_tokens: int, context: int,
         return SamplingParams(max_new_tokens=wanted, temperature=float(temperature),
                               top_p=1.0 if request.top_p is None else float(request.top_p),
                               top_k=max(0, request.top_k or 0), seed=request.seed,
-                              stop_token_ids=stop_ids)
+                              ignore_eos=bool(request.ignore_eos),
+                              stop_token_ids=() if request.ignore_eos else stop_ids)
     except InvalidSampling as e:
         raise bad_request(str(e)) from None
 

@@ -79,6 +79,7 @@ class Sampling(_Body):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None  # vLLM's extension; -1 or 0: off
+    ignore_eos: bool | None = None  # vLLM's extension: exactly max_tokens come (benchmarks)
     seed: Annotated[int, Field(ge=0)] | None = None
     n: int | None = None
     stop: str | list[str] | None = None

@@ -128,6 +128,21 @@ def test_a_streamed_chat_reply_stops_at_end_of_sequence_with_usage(client, repli
     assert whole.usage.model_dump() == used.model_dump()
 
 
+def test_ignore_eos_generates_exactly_max_tokens(client, replica):
+    """vLLM's `ignore_eos` (what serving benchmarks send): the seed whose sampled reply ended
+    at its newline above goes on to max_tokens, finish_reason length."""
+    for seed in range(10):
+        ended = client.chat.completions.create(model=model_name(replica), messages=SPEAK,
+                                               temperature=0.8, seed=seed, max_tokens=120)
+        if ended.choices[0].finish_reason == "stop":
+            break
+    assert ended.choices[0].finish_reason == "stop", "no seed in 0..9 ended by itself"
+    forced = client.chat.completions.create(model=model_name(replica), messages=SPEAK,
+                                            temperature=0.8, seed=seed, max_tokens=120,
+                                            extra_body={"ignore_eos": True})
+    assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 120
+
+
 def test_max_tokens_ends_a_reply_with_length(client, replica):
     """Greedy (temperature 0), this model repeats words and never ends a line by itself."""
     for limit in ({"max_tokens": 12}, {"max_completion_tokens": 12}):
