@@ -101,13 +101,18 @@ class _Server:
     def __init__(self, get_replica, recipe_name: str):
         self.get_replica, self.recipe_name = get_replica, recipe_name
         self._tokenizer: tuple[object, Tokenizer] | None = None  # (replica, its tokenizer)
+        self._loading = asyncio.Lock()
 
     async def tokenizer(self, replica) -> Tokenizer:
-        """Loaded once per replica, off the event loop (a large tokenizer.json takes a while)."""
-        if self._tokenizer is None or self._tokenizer[0] is not replica:
-            tok = await asyncio.to_thread(served_tokenizer, replica.recipe, replica.choice.path)
-            self._tokenizer = (replica, tok)
-        return self._tokenizer[1]
+        """Loaded once per replica, off the event loop (a large tokenizer.json takes a while),
+        by one thread: requests that come while it loads wait for it. Two threads loading at
+        once imported transformers at once, and one of them failed (ImportError: cannot
+        import name 'AutoTokenizer' from a half-initialized module: a 500 on a fresh replica)."""
+        async with self._loading:
+            if self._tokenizer is None or self._tokenizer[0] is not replica:
+                tok = await asyncio.to_thread(served_tokenizer, replica.recipe, replica.choice.path)
+                self._tokenizer = (replica, tok)
+            return self._tokenizer[1]
 
     async def answer(self, kind: type[Sampling], body: bytes):
         try:

@@ -364,3 +364,40 @@ def test_the_ray_serve_deployment_streams_a_chat_reply_through_its_proxy(replica
             assert chunks[-1].usage.completion_tokens == 10
         finally:
             served.stop()
+
+
+def test_a_fresh_replicas_tokenizer_is_loaded_once_by_one_thread(replica, monkeypatch):
+    """Requests that arrive together at a fresh server wait for one load of the tokenizer:
+    two threads loading it at once imported transformers at once, and one failed (a 500)."""
+    import time
+
+    from pipeline.serving import openai_api
+
+    loads = []
+
+    def slow_load(recipe, engine):
+        loads.append(threading.get_ident())
+        time.sleep(0.3)  # a large tokenizer.json: the window the others arrive in
+        return real(recipe, engine)
+
+    real = openai_api.served_tokenizer
+    monkeypatch.setattr(openai_api, "served_tokenizer", slow_load)
+    with serving(lambda: replica, replica.recipe.name) as url:  # a fresh server: nothing loaded
+        body = {"model": replica.recipe.name, "messages": SPEAK, "max_tokens": 2, "temperature": 0}
+        results = [None] * 6
+        threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, _post_status(
+            f"{url}/chat/completions", body))) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert results == [200] * 6 and len(loads) == 1
+
+
+def _post_status(url: str, body: dict) -> int:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status
+    except urllib.error.HTTPError as e:
+        return e.code
