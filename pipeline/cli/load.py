@@ -106,6 +106,11 @@ def _positive(most: float) -> Finite:
 @click.option("--min-tasks", type=click.IntRange(min=1, max=MAX_REQUESTS), default=None,
               help="With --tasks: measured tasks per point (default: what the SLO's early "
               "stopping needs, 153 tasks of 3 turns for TTFT/TPOT, 459 with a task term).")
+@click.option("--distinct-tasks", is_flag=True,
+              help="With --tasks: each task's first message starts with a tag of its own "
+              "([#N]), so no two conversations share more than the system prompt (the recipe's "
+              "scripts repeat, and a prefix cache would hold them all; users' chats do not "
+              "repeat). Replies are then not compared with batch 1's.")
 @click.option("--versus", default=None, metavar="RECIPE[:NAME]",
               help="Measure this recipe too, in the same run, taking turns point by point with "
               "RECIPE (ABAB: both see the same machine), then compare them as `pipeline compare "
@@ -121,7 +126,7 @@ def _positive(most: float) -> Finite:
 def load_command(recipe, overrides, engines_dir, url, model, api, start_server, engine, name, rate, sweep, slo,
                  concurrency, arrival, burstiness, duration, warmup, min_requests, timeout, seed,
                  max_points, tolerance, start_rate, soak, windows, leak_threshold, tasks,
-                 think_time, min_tasks, versus, versus_url, versus_overrides, server_pid):
+                 think_time, min_tasks, distinct_tasks, versus, versus_url, versus_overrides, server_pid):
     """Load-test a served recipe from this (separate) process: latency from each request's
     scheduled send time, capacity at an SLO (MLPerf's early-stopping rule), soak drift.
 
@@ -137,7 +142,8 @@ def load_command(recipe, overrides, engines_dir, url, model, api, start_server, 
                 duration=duration, warmup=warmup, min_requests=min_requests, timeout=timeout,
                 seed=seed, max_points=max_points, tolerance=tolerance, start_rate=start_rate,
                 soak=soak, windows=windows, leak_threshold=leak_threshold,
-                server_pid=server_pid, tasks=tasks, think_time=think_time, min_tasks=min_tasks)
+                server_pid=server_pid, tasks=tasks, think_time=think_time, min_tasks=min_tasks,
+                  distinct_tasks=distinct_tasks)
     in_turns.check(req, versus, versus_url, versus_overrides)
     if versus:
         return in_turns.run(req, versus, versus_url, versus_overrides)

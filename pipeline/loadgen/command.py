@@ -46,6 +46,7 @@ class Request:
     tasks: bool = False          # --tasks: the recipe's multi-turn chat scripts
     think_time: float = 0.0      # seconds between a task's turns
     min_tasks: int | None = None  # measured tasks per point (default: what the SLO needs)
+    distinct_tasks: bool = False  # --distinct-tasks: no two conversations share a prefix
 
 
 def mode_of(req: Request) -> str:
@@ -67,8 +68,9 @@ def mode_of(req: Request) -> str:
     if req.tasks and req.api not in (None, "chat"):
         raise InputError(f"--api {req.api} with --tasks: tasks are chats, sent to "
                          "/v1/chat/completions", "drop --api")
-    if not req.tasks and (req.think_time or req.min_tasks):
-        raise InputError(f"--{'think-time' if req.think_time else 'min-tasks'} needs --tasks",
+    if not req.tasks and (req.think_time or req.min_tasks or req.distinct_tasks):
+        flag = "think-time" if req.think_time else "min-tasks" if req.min_tasks else "distinct-tasks"
+        raise InputError(f"--{flag} needs --tasks",
                          "add --tasks to send the recipe's multi-turn chat tasks")
     if req.soak and asked != ["rate"]:
         raise InputError("--soak needs --rate (the rate held for --duration)", "add --rate R")

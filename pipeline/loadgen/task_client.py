@@ -12,6 +12,7 @@ conversation cannot go on without the reply. Every task resolves.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -48,11 +49,17 @@ class TaskOutcome:
 
 @dataclass(frozen=True)
 class Pace:
-    """How a task's turns go: max_tokens per turn, think time between them, the timeout."""
+    """How a task's turns go: max_tokens per turn, think time between them, the timeout;
+    distinct: each task's first message starts with a tag of its own (DISTINCT)."""
 
     max_tokens: int
     think: float
     timeout: float
+    distinct: bool = False
+
+
+DISTINCT = "[#{n}] "  # before a task's first question: no two conversations share more than
+_numbers = itertools.count(1)  # the system prompt (the scripts repeat; users' chats do not)
 
 
 async def run_task(session, target: Target, script: Script, t0: float, due: float,
@@ -62,7 +69,8 @@ async def run_task(session, target: Target, script: Script, t0: float, due: floa
     for k, question in enumerate(script.questions):
         if k:
             await asyncio.sleep(pace.think)
-        conversation.append({"role": "user", "content": question.question})
+        tag = DISTINCT.format(n=next(_numbers)) if pace.distinct and k == 0 else ""
+        conversation.append({"role": "user", "content": tag + question.question})
         body = turn_body(target, conversation, pace.max_tokens)
         turn_due = due if k == 0 else time.perf_counter() - t0
         out = await client.one(session, target, body, t0, turn_due, pace.timeout, empty_ok=True)

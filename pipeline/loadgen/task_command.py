@@ -83,9 +83,12 @@ class TaskRun:
         console.print(f"load{self.label}: {got.headline()}; {len(work.scripts)} tasks of "
                       f"{work.turns[0]}-{work.turns[1]} turns from {work.source}; at least "
                       f"{self.least} tasks a point ({self.least_why})")
+        # distinct tasks' first questions carry a tag: their replies are not batch 1's to compare
+        batch1 = None if req.distinct_tasks else batch1_answers(Store(req.engines_dir, self.folder),
+                                                                got.engine)
         self.test = TaskLoadTest(got.target, work.scripts, self.settings,
-                                 Pace(work.answer_tokens, req.think_time, req.timeout), got.pid,
-                                 batch1=batch1_answers(Store(req.engines_dir, self.folder), got.engine),
+                                 Pace(work.answer_tokens, req.think_time, req.timeout,
+                                      req.distinct_tasks), got.pid, batch1=batch1,
                                  on_point=lambda p: console.print(self.label + line(p)))
 
     def plan(self):
@@ -110,7 +113,7 @@ class TaskRun:
             "requests": {"source": work.source, "requests": len(work.scripts),
                          "protocol": "OpenAI /v1/chat/completions, streamed, greedy; multi-turn tasks"},
             "client": {**client_info(req, interleaved_with), "min_tasks": self.least,
-                       "think_time_s": req.think_time},
+                       "think_time_s": req.think_time, "distinct_tasks": req.distinct_tasks},
             "server": got.record(req, "OpenAI /v1/chat/completions", self.test.metrics_why),
             "tasks": {"source": work.source, "scripts": len(work.scripts),
                       "turns_per_task": list(work.turns), "answer_tokens": work.answer_tokens,

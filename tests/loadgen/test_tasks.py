@@ -133,6 +133,31 @@ def test_task_loads_in_turns_compare_time_per_task(served):
 
 @pytest.mark.slow
 @needs_ray
+def test_distinct_tasks_share_no_prefix_beyond_the_system_prompt(served):
+    """--distinct-tasks: every task's first question carries a tag of its own, kept through its
+    later turns (the conversation carried), so no two tasks' conversations repeat."""
+    from tests.loadgen_server import Behaviour, FakeServer
+
+    project, name, _ = served
+    with FakeServer(Behaviour(tokens=3), model=name.split("@")[0]) as fake:  # the recipe's name
+        run = project.run("load", name, "--url", fake.url, "--tasks", "--distinct-tasks", "--rate",
+                          "20", "--min-tasks", "8", "--duration", "0.5", "--warmup", "0",
+                          "--name", "distinct", timeout=300)
+        assert run.code == 0, run.err
+        bodies = [json.loads(b) for b in fake.behaviour.bodies]
+    firsts = [b["messages"][0]["content"] for b in bodies]
+    tags = [first.split(" ", 1)[0] for first in firsts]
+    assert all(t.startswith("[#") and t.endswith("]") for t in tags)
+    opening = [b for b in bodies if len(b["messages"]) == 1]  # each task's first turn
+    assert len({b["messages"][0]["content"] for b in opening}) == len(opening) >= 8
+    assert len(set(tags)) == len(opening)  # later turns carry their task's tag, no new ones
+    loaded = _result(project, name, "load-onnxruntime-distinct.json")
+    assert loaded.client["distinct_tasks"] is True
+    assert loaded.tasks.points[0].answers.compared is None  # not batch 1's questions
+
+
+@pytest.mark.slow
+@needs_ray
 def test_task_capacity_search_ends_with_a_bracket(served):
     """Doubling from 8 tasks/s: a rate the tiny model holds at a 5 s TTFT, then one no
     2-core server (or client) keeps up with; one bisection (tolerance 100%) at most."""
