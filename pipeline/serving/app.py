@@ -136,6 +136,8 @@ def _engine_server(recipe, engines_root: Path, engine: str | None, spec, threads
             keep_replica_grpc_home()
             self.replica = Replica(recipe, engines_root, engine, spec, threads)
             self.api = self.__serve_build_asgi_app__()
+            if self.replica.engine.generation:  # ready before the first chat request
+                self.api.state.openai.preload(self.replica)
             self.forwarded = ingress.ReplicaHttp(self.api, window_s)
 
         def __serve_build_asgi_app__(self):

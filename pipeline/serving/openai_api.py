@@ -72,6 +72,7 @@ def routes(app, get_replica, recipe_name: str) -> None:
 
     created = int(time.time())
     server = _Server(get_replica, recipe_name)
+    app.state.openai = server  # a replica preloads its tokenizer through it (app.py)
 
     def card() -> JsonObject:
         return {"id": recipe_name, "object": "model", "created": created, "owned_by": "pipeline"}
@@ -102,6 +103,11 @@ class _Server:
         self.get_replica, self.recipe_name = get_replica, recipe_name
         self._tokenizer: tuple[object, Tokenizer] | None = None  # (replica, its tokenizer)
         self._loading = asyncio.Lock()
+
+    def preload(self, replica) -> None:
+        """Loads the tokenizer now, before any request (a replica's start): its first chat
+        request would otherwise wait seconds for transformers and tokenizer.json."""
+        self._tokenizer = (replica, served_tokenizer(replica.recipe, replica.choice.path))
 
     async def tokenizer(self, replica) -> Tokenizer:
         """Loaded once per replica, off the event loop (a large tokenizer.json takes a while),

@@ -401,3 +401,26 @@ def _post_status(url: str, body: dict) -> int:
             return response.status
     except urllib.error.HTTPError as e:
         return e.code
+
+
+def test_a_preloaded_tokenizer_is_not_loaded_again_by_the_first_request(replica, monkeypatch):
+    """The engine replica (app.py) preloads the tokenizer when it starts: the first chat
+    request then loads nothing."""
+    from fastapi import FastAPI
+
+    from pipeline.serving import http_api, openai_api
+
+    app = FastAPI()
+    http_api.routes(app, lambda: replica, replica.recipe.name, None)
+    app.state.openai.preload(replica)
+
+    def no_load(recipe, engine):
+        raise AssertionError("loaded again at the first request")
+
+    monkeypatch.setattr(openai_api, "served_tokenizer", no_load)
+    body = {"model": replica.recipe.name, "messages": SPEAK, "max_tokens": 2, "temperature": 0}
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as http:
+        answer = http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
