@@ -96,14 +96,11 @@ def _fsync_dir(path: Path) -> None:
 def lock_wait() -> float:
     """Seconds a run waits for another run's lock (env PIPELINE_LOCK_WAIT, default 600)."""
     text = os.environ.get("PIPELINE_LOCK_WAIT", "600")
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise InputError(f"PIPELINE_LOCK_WAIT={text!r}: not a number of seconds",
-                         "set it to seconds >= 0 (e.g. PIPELINE_LOCK_WAIT=60), or unset it for 600")
-    return seconds
+    with contextlib.suppress(ValueError):
+        if math.isfinite(seconds := float(text)) and seconds >= 0:
+            return seconds
+    raise InputError(f"PIPELINE_LOCK_WAIT={text!r}: not a number of seconds",
+                     "set it to seconds >= 0 (e.g. PIPELINE_LOCK_WAIT=60), or unset it for 600")
 
 
 def dumps(obj: Any) -> str:
@@ -149,10 +146,7 @@ class Store:
             f.truncate()
             f.write(f"pid {os.getpid()}")
             f.flush()
-            # another process may have committed since this store last read the manifest (a
-            # server's start record beside a load result): read it again, never write back a
-            # stale copy over that commit
-            self._manifest = None
+            self._manifest = None  # read again: another process may have committed meanwhile
             try:
                 self._sweep()
                 yield
