@@ -10,6 +10,10 @@ handle (to the engine deployment) for the load generator and tests.
         requests.post(server.url + "/infer", json=...)                    # HTTP
         server.stop()
 
+With several replicas the ingress's calls go where Ray Serve's router sends them: the shorter
+queue of two (serve.routing balanced), or the replica caching the longest prefix of the
+prompt (serve.routing prefix, routing.py).
+
 `separate_ingress=False` serves the routes from the engine replicas themselves (Serve's
 late-bound ingress, the layout before issue 39): one hop fewer, but a replica that dies
 takes its streams with it (cut, no final line) and Serve's proxy answers text/plain 500.
