@@ -148,6 +148,7 @@ class GenerationLoop:
                 self._wake.clear()  # no await since idle was read: no submit can be missed
                 await self._wake.wait()
                 continue
+            self._state()  # the admitted hold their KV while they prefill: /metrics shows it
             for seq in plan.admitted:
                 self._streams[seq.id].admitted = time.perf_counter()
                 if not seq.done:  # cancelled while it waited for its prefill
