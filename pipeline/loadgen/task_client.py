@@ -58,8 +58,10 @@ class Pace:
     distinct: bool = False
 
 
-DISTINCT = "[#{n}] "  # before a task's first question: no two conversations share more than
-_numbers = itertools.count(1)  # the system prompt (the scripts repeat; users' chats do not)
+# Before a task's first question when Pace.distinct: no two conversations then share more
+# than the system prompt (the scripts repeat; users' chats do not). Numbered per process.
+DISTINCT = "[#{n}] "
+_numbers = itertools.count(1)
 
 
 async def run_task(session, target: Target, script: Script, t0: float, due: float,
