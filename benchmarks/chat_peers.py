@@ -150,11 +150,11 @@ def stop(server: Server) -> None:
         server.proc.wait(10)
 
 
-def pause(server: Server, on: bool) -> None:
-    """SIGSTOP (on) or SIGCONT the server and every process under it, so an idle server takes
-    no CPU from the one measured: llama.cpp's spinning threads collapse when another process
-    takes a core (field notes), and `pipeline serve`'s idle Ray takes ~9% of one."""
-    root = psutil.Process(server.proc.pid)
+def pause(pid: int, on: bool) -> None:
+    """SIGSTOP (on) or SIGCONT the server process `pid` and every process under it, so an idle
+    server takes no CPU from the one measured: llama.cpp's spinning threads collapse when
+    another process takes a core (field notes), and `pipeline serve`'s idle Ray takes ~9% of one."""
+    root = psutil.Process(pid)
     procs = [root, *root.children(recursive=True)]
     for p in (procs if on else reversed(procs)):
         try:
@@ -294,7 +294,7 @@ def main() -> int:
     finally:
         for s in chosen:
             if s.proc is not None and s.proc.poll() is None:
-                pause(s, False)
+                pause(s.proc.pid, False)
             stop(s)
         record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
@@ -317,14 +317,14 @@ def run_points(chosen: list[Server], args, scratch: Path, record: dict) -> None:
                 t0 = time.monotonic()
                 others = [s for s in chosen if s.name != name] if args.pause_idle else []
                 for s in others:
-                    pause(s, True)
+                    pause(s.proc.pid, True)
                 try:
                     figs = point_figures(load(by_name[name], users, args, scratch))
                 except RuntimeError as e:
                     figs = {"error": str(e)}
                 finally:
                     for s in others:
-                        pause(s, False)
+                        pause(s.proc.pid, False)
                 record["runs"].append({"round": rnd + 1, "concurrency": users, "server": name,
                                        "loadavg_1m_after": float(open("/proc/loadavg").read().split()[0]),
                                        "slot": rotated(names, k).index(name), **figs,

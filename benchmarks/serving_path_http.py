@@ -31,7 +31,6 @@ import datetime
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,23 +39,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.chat_peers import pause  # noqa: E402  (SIGSTOP/SIGCONT a server's process tree)
 from benchmarks.serve_chat import cpu, prompts  # noqa: E402  (the CPU line, the questions)
-
-
-def pause(pid: int, on: bool) -> None:
-    """SIGSTOP (on) or SIGCONT the process and every process under it."""
-    root = psutil.Process(pid)
-    procs = [root, *root.children(recursive=True)]
-    for p in (procs if on else reversed(procs)):
-        try:
-            p.send_signal(signal.SIGSTOP if on else signal.SIGCONT)
-        except psutil.NoSuchProcess:
-            pass
 
 
 def engine_alone(runner, prompt: list[int], new: int) -> dict:

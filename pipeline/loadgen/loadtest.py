@@ -99,17 +99,8 @@ class LoadTest:
         return point
 
     def probe_rate(self) -> float:
-        """A first rate for the capacity search: what one closed-loop user gets over 3 s,
-        without the SLO."""
-        from dataclasses import replace
-
-        saved, on_point = self.settings, self.on_point
-        self.settings, self.on_point = replace(saved, duration=3.0, warmup=1.0, terms=()), None
-        try:
-            point = self.closed(1)
-        finally:
-            self.settings, self.on_point = saved, on_point
-        return max(point.achieved_rate, 0.1)
+        """A first rate for the capacity search (requests/s): see probe()."""
+        return probe(self, warmup=1.0, least=0.1)
 
     def soak(self, rate: float, count: int, threshold: float) -> tuple[LoadPoint, Soak]:
         """A point as long as `duration`, cut into `count` windows: (point, soak)."""
@@ -118,3 +109,18 @@ class LoadTest:
         wins = soak.windows(outcomes, self.samples, start=s.warmup, end=s.warmup + s.duration,
                             count=count)
         return point, Soak(windows=wins, verdict=soak.verdict(wins, threshold))
+
+
+def probe(test, warmup: float, least: float) -> float:
+    """What one closed-loop user of `test` (a LoadTest, or task_loadtest's TaskLoadTest) gets
+    over 3 s after `warmup` s, without the SLO and not printed; at least `least`: a first rate
+    for the capacity search."""
+    from dataclasses import replace
+
+    saved, on_point = test.settings, test.on_point
+    test.settings, test.on_point = replace(saved, duration=3.0, warmup=warmup, terms=()), None
+    try:
+        point = test.closed(1)
+    finally:
+        test.settings, test.on_point = saved, on_point
+    return max(point.achieved_rate, least)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pipeline.artifacts.serving import TaskPoint
 from pipeline.loadgen import resources, schedule, scrape, task_client, task_summary
-from pipeline.loadgen.loadtest import Settings
+from pipeline.loadgen.loadtest import Settings, probe
 from pipeline.loadgen.protocol import Target
 from pipeline.loadgen.tasks import Script
 
@@ -68,14 +68,6 @@ class TaskLoadTest:
         return self._finish(point, scraper, sampler, s.duration)
 
     def probe_rate(self) -> float:
-        """A first rate for the capacity search: what one closed-loop task-user gets in ~3 s
-        (at least one task), without the SLO."""
-        from dataclasses import replace
-
-        saved, on_point = self.settings, self.on_point
-        self.settings, self.on_point = replace(saved, duration=3.0, warmup=0.0, terms=()), None
-        try:
-            point = self.closed(1)
-        finally:
-            self.settings, self.on_point = saved, on_point
-        return max(point.achieved_rate, 0.05)
+        """A first rate for the capacity search (tasks/s): what one task-user gets in ~3 s
+        (at least one task; no warm-up, a task is long): loadtest.probe()."""
+        return probe(self, warmup=0.0, least=0.05)
