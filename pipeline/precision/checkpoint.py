@@ -26,6 +26,11 @@ the checkpoint's de-quantized rows (the baseline's floats, byte for byte). A Mat
 columns are not all found (a pruned FFN, a weight the checkpoint stores in float) stays float
 and is listed. The result is checked by ONNX Runtime itself: each new MatMulNBits run on the
 identity matrix returns the weights it computes with, compared with the graph's floats.
+
+The token embedding's Gather reads the same Q8_0 rows as the tied LM head: it becomes
+GatherBlockQuantized (8 bits, zero point 128) over the head's own 8-bit initializer, so the
+engine file carries the table once, in its stored precision (SmolLM2: 113 MB of float32 rows
+become the head's 28 MB), checked the same way: every row gathered against the graph's floats.
 """
 
 from __future__ import annotations
@@ -169,6 +174,69 @@ def _dequantized(nodes, inits, k: int) -> np.ndarray:
     return sess.run(None, {"A": np.eye(k, dtype=np.float32)[None]})[0][0]
 
 
+def _gather_nbits(node, q, scale, zero, k: int, rank: int, shared: dict[str, str]):
+    """The nodes and initializers that replace one embedding Gather (table [V, K], Q8_0 rows):
+    GatherBlockQuantized over q [V, K/32, 32] (the head's MatMulNBits initializer when its
+    bytes are the same, `shared`: content -> name) -> [.., K/32, 32], then Reshape -> [.., K]."""
+    from onnx import helper, numpy_helper
+
+    base = node.output[0]
+    data = shared.get(hashlib.sha1(q.tobytes()).hexdigest())
+    inits = [] if data else [numpy_helper.from_array(q, f"{base}/blocks")]
+    inits += [numpy_helper.from_array(scale[..., None].astype(np.float32), f"{base}/scales"),
+              numpy_helper.from_array(zero[..., None], f"{base}/zero_points"),
+              numpy_helper.from_array(np.array([0] * rank + [k], np.int64), f"{base}/shape")]
+    names = [data or f"{base}/blocks", node.input[1], f"{base}/scales", f"{base}/zero_points"]
+    nodes = [helper.make_node("GatherBlockQuantized", names, [f"{base}/blocks_out"], name=f"{node.name or base}_Q8",
+                              domain="com.microsoft", gather_axis=0, quantize_axis=2, block_size=BLOCK, bits=8),
+             helper.make_node("Reshape", [f"{base}/blocks_out", f"{base}/shape"], [base], name=f"{base}/rows")]
+    return nodes, inits
+
+
+def _gathered(nodes, inits, extra: list, rows: int) -> np.ndarray:
+    """What ONNX Runtime gathers: every row of the replacement's table, [V, K]."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    ids = nodes[0].input[1]
+    graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info(ids, TensorProto.INT64, [1, rows])],
+                              [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT, None)],
+                              [*inits, *extra])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {ids: np.arange(rows, dtype=np.int64)[None]})[0][0]
+
+
+def _embeddings(kept: list, new_inits: list, inits: dict, rows: CheckpointRows, ranks: Ranks) -> list[dict]:
+    """Replace, in `kept`, each Gather of a Q8_0 table [V, K] by GatherBlockQuantized (in
+    place); returns what each became."""
+    from onnx import numpy_helper
+
+    shared = {hashlib.sha1(numpy_helper.to_array(i).tobytes()).hexdigest(): i.name
+              for i in new_inits if i.name.endswith("/B_nbits") and len(i.dims) == 3 and i.dims[2] == BLOCK}  # 8-bit
+    done = []
+    for node in list(kept):
+        table = inits.get(node.input[0]) if node.op_type == "Gather" else None
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if table is None or len(table.dims) != 2 or table.dims[1] % BLOCK or axis != 0 or node.input[1] not in ranks:
+            continue
+        w = numpy_helper.to_array(table).astype(np.float32)
+        found = rows.columns(w.T)  # the table's rows are the checkpoint's rows
+        if found is None or found[0] != "q8_0":  # a Q4_1 table stays float (its minimum per block)
+            continue
+        _, q, scale, zero = found
+        new, parts = _gather_nbits(node, q, scale, zero, w.shape[1], ranks[node.input[1]], shared)
+        head = [i for i in new_inits if i.name == new[0].input[0]]
+        got = _gathered(new, parts, head, w.shape[0])
+        at = kept.index(node)
+        kept[at:at + 1] = new
+        new_inits += parts
+        done.append({"node": node.name or node.output[0], "blocks": "q8_0", "rows": int(w.shape[0]),
+                     "shares_head": bool(head), "max_abs": float(np.abs(got - w).max()),
+                     "bit_exact_share": float((got == w).mean())})
+    return done
+
+
 def _ranks(model) -> Ranks:
     """The rank of every tensor whose shape ONNX's inference knows."""
     import onnx
@@ -211,8 +279,10 @@ def from_checkpoint(model, gguf_path: Path, accuracy_level: int = 4) -> JsonObje
         new_inits += parts
         done.append({"node": node.name or node.output[0], "blocks": found[0], "k": k, "n": n})
     new_inits += sums.inits
-    replace_nodes(model, kept, new_inits, contrib=bool(done))
+    embeddings = _embeddings(kept, new_inits, inits, rows, sums.ranks)
+    replace_nodes(model, kept, new_inits, contrib=bool(done or embeddings))
     return {"source": "checkpoint", "checkpoint": str(gguf_path), "quantized_nodes": len(done),
+            "embeddings": embeddings,
             "by_block_type": {t: sum(d["blocks"] == t for d in done) for t in ("q4_1", "q8_0")},
             "left_float": left,
             "weights_vs_baseline": {"max_abs": worst, "bit_exact_share": exact / total if total else None},

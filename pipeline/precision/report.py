@@ -57,6 +57,11 @@ def _node_lines(p: dict) -> list[str]:
                      f"baseline's: max |diff| {w['max_abs']:.2e}, bit-exact share {fmt(w['bit_exact_share'], '.4f')}; "
                      f"activations int8 per block at run time (accuracy_level {p['accuracy_level']})"
                      + (f"; left float: {', '.join(p['left_float'])}" if p["left_float"] else ""))
+        for e in p.get("embeddings") or []:  # Gather of a Q8_0 table -> GatherBlockQuantized
+            lines.append(f"- embedding {e['node']}: {e['rows']} {e['blocks'].upper()} rows gathered in 8 bits "
+                         + ("from the LM head's own initializer (stored once)" if e["shares_head"] else "(a table of its own)")
+                         + f"; rows vs the baseline's: max |diff| {e['max_abs']:.2e}, bit-exact share "
+                         f"{fmt(e['bit_exact_share'], '.4f')}")
     elif "quantized_nodes" in p:
         symmetric = "symmetric (zero point 0)" if p.get("symmetric", True) else "asymmetric activations"
         lines.append(f"- quantized nodes: {p['quantized_nodes']} of {p['quantizable_nodes']} "

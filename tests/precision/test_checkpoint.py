@@ -179,3 +179,45 @@ def test_q4_1_edge_blocks_multiply_with_the_ggufs_own_floats():
     got = _dequantized(nodes, inits, nb * 32)
     assert np.isfinite(want).all() and (want[:32, 0] == want[0, 0]).all()  # finite; d == 0: 32 times m
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_q8_0_embedding_is_gathered_from_the_heads_own_bytes(tmp_path):
+    """A tied Q8_0 table read twice (Gather for the embedding, MatMul for the LM head) is stored
+    once, in 8 bits: GatherBlockQuantized reads the head's MatMulNBits initializer, and every
+    row it gathers is the baseline's float row bit for bit (SmolLM2's int4 engine file: the
+    float32 table was 113 of its 230 MB)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from pipeline.precision.checkpoint import from_checkpoint
+
+    rng = np.random.default_rng(4)
+    vocab = 40
+    table = _checkpoint(tmp_path / "m.gguf", {"token_embd.weight": (rng.standard_normal((vocab, K)).astype(np.float32), "Q8_0")})
+    emb = table["token_embd.weight"]  # [V, K]
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["rows"], name="embed"),
+             helper.make_node("MatMul", ["x", "head"], ["logits"], name="lm_head")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, None]),
+                     helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, K])],
+        [helper.make_tensor_value_info("rows", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(emb, "emb"), numpy_helper.from_array(np.ascontiguousarray(emb.T), "head")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    meta = from_checkpoint(model, tmp_path / "m.gguf", accuracy_level=0)
+    assert meta["embeddings"] == [{"node": "embed", "blocks": "q8_0", "rows": vocab, "shares_head": True,
+                                   "max_abs": 0.0, "bit_exact_share": 1.0}]
+    assert [n.op_type for n in model.graph.node] == ["GatherBlockQuantized", "Reshape", "MatMulNBits"]
+    tables = [i for i in model.graph.initializer if list(i.dims) in ([vocab, K], [vocab, K // 32, 32])]
+    assert len(tables) == 1 and tables[0].data_type == TensorProto.UINT8  # the table, once, in 8 bits
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ids = np.array([[3, 0, vocab - 1, 3]], np.int64)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    rows, logits = sess.run(["rows", "logits"], {"ids": ids, "x": x})
+    np.testing.assert_array_equal(rows, emb[ids])  # [1, 4, K]
+    assert np.abs(logits - x @ emb.T).max() < 1e-5 * np.abs(x @ emb.T).max()
+    from pipeline.precision.report import markdown
+
+    text = "\n".join(markdown({"mode": "int4", "block_size": 32, **meta}))
+    assert "embedding embed: 40 Q8_0 rows gathered in 8 bits from the LM head's own initializer" in text
