@@ -100,8 +100,8 @@ class WeightBytes:
 
 
 def weight_bytes(onnx_path: Path) -> WeightBytes:
-    """A table only a Gather reads (the embedding) counts one row (the token's), not its
-    whole size."""
+    """A table only a Gather reads (the embedding, or its 8-bit rows and their scales under
+    GatherBlockQuantized) counts one row (the token's), not its whole size."""
     import numpy as np
     import onnx
     from onnx import helper
@@ -119,7 +119,7 @@ def weight_bytes(onnx_path: Path) -> WeightBytes:
             bits = 8 * np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize
         count = int(np.prod(init.dims)) if init.dims else 1
         size = (count * bits + 7) // 8
-        if readers.get(init.name) == {"Gather"} and len(init.dims) == 2:
+        if readers.get(init.name) in ({"Gather"}, {"GatherBlockQuantized"}) and len(init.dims) >= 2:
             gathered += size
             size //= max(int(init.dims[0]), 1)  # one row per token
         total += size

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.generation.genai_config import in_place_cache, present_of
+from pipeline.precision.kv_cache import cache_dtype
 
 PastBuffers = dict[str, Any]  # past input name -> its OrtValue cache buffer
 
@@ -64,10 +65,12 @@ def ort_session(engine: Path, threads: int | None):
     return ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
 
 
-def zeroed_caches(past_names: list[str], shape: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
-    """One zeroed float32 cache per past input, each of `shape` [B, KV heads, tokens, head_dim]
-    (np.zeros: pages never written cost no resident memory)."""
-    return {n: np.zeros(shape, np.float32) for n in past_names}
+def zeroed_caches(past_names: list[str], shape: tuple[int, int, int, int],
+                  dtype: np.dtype = np.float32) -> dict[str, np.ndarray]:
+    """One zeroed cache per past input in the graph's cache type (precision.kv_cache), each of
+    `shape` [B, KV heads, tokens, head_dim] (np.zeros: pages never written cost no resident
+    memory)."""
+    return {n: np.zeros(shape, dtype) for n in past_names}
 
 
 def run_cached(session, tokens: np.ndarray, mask: np.ndarray, past: PastBuffers, in_place: bool) -> list:
@@ -186,6 +189,7 @@ class OrtLoopRunner(_Turns):
         inputs = self.session.get_inputs()
         self.past_names = [i.name for i in inputs[2:]]
         _, self.kv_heads, _, self.head_dim = inputs[2].shape
+        self.cache_dtype = cache_dtype(self.session)  # float32, or precision.kv_cache's type
         # then each present comes back into its past's buffer
         self.in_place = in_place_cache(engine) if in_place is None else in_place
 
@@ -196,7 +200,7 @@ class OrtLoopRunner(_Turns):
 
     def _buffers(self, tokens: int) -> PastBuffers:
         """One zeroed [B, KV, tokens, hd] cache per past input."""
-        caches = zeroed_caches(self.past_names, (self.batch, self.kv_heads, tokens, self.head_dim))
+        caches = zeroed_caches(self.past_names, (self.batch, self.kv_heads, tokens, self.head_dim), self.cache_dtype)
         return {n: self.ort.OrtValue.ortvalue_from_numpy(c) for n, c in caches.items()}
 
     def _grow(self, needed: int) -> None:

@@ -68,7 +68,7 @@ class BatchedSlots:
                              "(GroupQueryAttention); serve others through OneSlot")
         self.session, self.ort, self.rows, self.width = loop.session, loop.ort, rows, width
         # past name -> [rows, KV, width, hd]; a row's view is bound for a prefill or decode
-        self.caches = zeroed_caches(loop.past_names, (rows, loop.kv_heads, width, loop.head_dim))
+        self.caches = zeroed_caches(loop.past_names, (rows, loop.kv_heads, width, loop.head_dim), loop.cache_dtype)
         self.slot_at: list[int] = []          # row -> slot: rows 0..n-1 are the running slots
         self.length: dict[int, int] = {}      # slot -> tokens its row holds
         self._view_cache: dict[tuple[int, int], dict] = {}  # (first row, end row) -> OrtValues
@@ -76,7 +76,7 @@ class BatchedSlots:
 
     @property
     def bytes_per_token(self) -> int:
-        """One token of one sequence across every layer's key and value (float32)."""
+        """One token of one sequence across every layer's key and value (in the cache's type)."""
         return sum(c.shape[1] * c.shape[3] * c.itemsize for c in self.caches.values())
 
     def _views(self, start: int, stop: int) -> PastBuffers:

@@ -15,11 +15,25 @@ def markdown(p: dict) -> list[str]:
     lines = ["", "## Precision", "", f"- mode: **{p['mode']}**"]
     lines += _method_lines(p)
     lines += _node_lines(p)
+    lines += _kv_cache_lines(p)
     lines += _parity_lines(p)
     sens = p.get("sensitivity")
     if sens:
         lines += _sensitivity_markdown(sens)
     return lines
+
+
+def _kv_cache_lines(p: dict) -> list[str]:
+    """precision.kv_cache: the cache's type and, for int8, what its scales were calibrated on."""
+    kind = p.get("kv_cache")
+    if kind in (None, "float32"):
+        return []
+    line = f"- KV cache: **{kind}** ({p['bytes_per_element']} bytes an element, float32's 4)"
+    cal = p.get("kv_calibration")
+    if cal:
+        line += (f"; per-channel scales calibrated on {cal['tokens']} tokens in {cal['sequences']} "
+                 f"sequence(s) (scales {cal['scale_range'][0]:.2e} to {cal['scale_range'][1]:.2e})")
+    return [line]
 
 
 def _method_lines(p: dict) -> list[str]:

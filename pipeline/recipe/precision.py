@@ -97,6 +97,12 @@ class PrecisionSpec(Strict):
         "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32; "
         "Q4_1's minimums as a block-sum MatMul; ONNX Runtime only), so a quantized checkpoint is "
         "not quantized twice.")
+    kv_cache: Literal["float32", "float16", "int8"] = Field(
+        "float32", description="The KV cache's element type (a generation workload whose graph "
+        "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "
+        "per-channel scales calibrated on workload.chat's held-out text, a quarter of float32's "
+        "bytes per token; `float16`: half (no fast CPU path in ONNX Runtime 1.32: measured ~8x "
+        "slower attention). The report shows what it costs in answers and perplexity.")
     sensitivity: SensitivitySpec = Field(SensitivitySpec(), description="Per-node sensitivity.")
     require_effective_precision: float | None = Field(
         None, gt=0, le=1, description="Least share of MatMul/Gemm FLOPs that ONNX Runtime must run "

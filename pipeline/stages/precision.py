@@ -12,9 +12,10 @@ import shutil
 from pathlib import Path
 
 from pipeline import data
-from pipeline.core.errors import PipelineError, StageFailed
+from pipeline.core.errors import PipelineError, RecipeError, StageFailed
 from pipeline.core.json_object import JsonObject
 from pipeline.core.text import first_line
+from pipeline.precision.kv_cache import CacheCodec
 from pipeline.recipe import Recipe
 from pipeline.stages import Produced
 
@@ -23,7 +24,7 @@ SECTIONS = ("precision", "data", "inputs", "outputs")
 
 
 def enabled(recipe: Recipe) -> bool:
-    return recipe.precision.mode != "fp32"
+    return recipe.precision.mode != "fp32" or recipe.precision.kv_cache != "float32"
 
 
 def preflight(recipe: Recipe) -> None:
@@ -47,6 +48,11 @@ def spec(recipe: Recipe) -> JsonObject:
 
         with open(checkpoint_file(recipe), "rb") as f:
             key["checkpoint_sha256"] = hashlib.file_digest(f, "sha256").hexdigest()
+    if recipe.precision.kv_cache == "int8":  # its scales come from the held-out text
+        from pipeline.generation.chat import files_key
+
+        key["kv_calibration"] = {"text": (files_key(recipe.workload.chat) or {}).get("text"),
+                                 "tokens": KV_CALIBRATION_TOKENS}  # else the calibration split's
     if recipe.precision.mode == "int8" and recipe.precision.weight_range == "auto":
         from pipeline.precision import isa
 
@@ -58,13 +64,56 @@ def summary(meta: dict) -> None:
     """Nothing to add to the stage's line (report.md holds what it did)."""
 
 
+KV_CALIBRATION_TOKENS = 512
+
+
+def _kv_cache(recipe: Recipe, typed: Path) -> dict:
+    """The typed graph's KV cache in `precision.kv_cache`'s type (precision/kv_cache.py),
+    int8 scales calibrated on held-out text past what the scores read."""
+    import onnx
+
+    from pipeline.precision import kv_cache
+
+    if not recipe.workload.kv_cache:
+        raise RecipeError(f"{recipe.where}: precision.kv_cache needs a generation workload "
+                          "(a graph with a KV cache)", "drop precision.kv_cache")
+    ids = _calibration_ids(recipe) if recipe.precision.kv_cache == "int8" else []
+    model = onnx.load(str(typed))
+    meta = kv_cache.apply(model, recipe.precision.kv_cache, ids)
+    onnx.save(model, str(typed))
+    return meta
+
+
+def _calibration_ids(recipe: Recipe) -> list:
+    """Token ids [1, T] the int8 scales are calibrated on: KV_CALIBRATION_TOKENS of
+    workload.chat's held-out text after the tokens perplexity and the teacher-forced check
+    read, else (a model without chat text) the calibration split's input_ids."""
+    from pipeline.generation import chat
+    from pipeline.recipe.workload import decoder_shape
+
+    spec = recipe.workload.chat
+    if spec is None:
+        return [f["input_ids"] for f in data.calibration_feeds(recipe) or data.feeds(recipe, "export")]
+    skip = spec.perplexity_tokens + 64  # perplexity's tokens and the teacher-forced ones (25)
+    ids = chat.text_ids(chat.chat_tokenizer(recipe), spec.text, skip + KV_CALIBRATION_TOKENS,
+                        decoder_shape(recipe.model).vocab)
+    return [ids[None, skip:]]
+
+
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     from pipeline import precision
     from pipeline.precision import evaluate
 
     workdir = workdir.resolve()  # ORT's tools run with the workdir as CWD
     try:
-        out, meta = precision.apply(recipe, graph.path.resolve(), workdir, verbose)
+        if recipe.precision.mode == "fp32":  # the cache's precision alone
+            out, meta = workdir / "typed.onnx", {}
+            workdir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(graph.path, out)
+        else:
+            out, meta = precision.apply(recipe, graph.path.resolve(), workdir, verbose)
+        if recipe.precision.kv_cache != "float32":
+            meta.update(_kv_cache(recipe, out))
     except PipelineError:
         shutil.rmtree(workdir, ignore_errors=True)  # a user error leaves nothing behind
         raise
@@ -73,7 +122,8 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     fp8 = recipe.precision.mode == "fp8"
     try:
         reference = evaluate.run(graph.path, feeds, recipe.outputs)
-        typed = evaluate.run(out, feeds, recipe.outputs, fp8)
+        codec = CacheCodec.of_graph(out)  # a float16/int8 KV cache takes the feeds' caches in its type
+        typed = [codec.outputs(o) for o in evaluate.run(out, [codec.feed(f) for f in feeds], recipe.outputs, fp8)]
     except Exception as e:  # e.g. no CPU kernel for bf16
         parity = {"error": first_line(e, with_type=True)}
     else:

@@ -18,6 +18,7 @@ from pipeline.generation.decoder import (
     eos_token,
 )
 from pipeline.metrics.accuracy import OutputAccuracies
+from pipeline.precision.kv_cache import CacheCodec
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape, kv_names
 
@@ -94,7 +95,7 @@ def torch_score(recipe: Recipe, model) -> tuple[list[dict], np.ndarray]:
 
 def engine_rows(recipe: Recipe, engine_path: Path, in_place: bool) -> tuple[list[dict], np.ndarray]:
     runner = runners.OrtLoopRunner(engine_path, None, recipe.validate_.threads, in_place)
-    past = _empty_past(recipe)
+    past = CacheCodec.of_session(runner.session).feed(_empty_past(recipe))
 
     def logits_of(ids):
         return runner.session.run(["logits"], {"input_ids": ids, "attention_mask": np.ones_like(ids), **past})[0]
@@ -122,4 +123,7 @@ def split_cache_outputs(accuracy: OutputAccuracies) -> tuple[OutputAccuracies, K
 
 
 def run_feed(session, feed: data.Feed, names: list[str]) -> Outputs:
-    return dict(zip(names, session.run(None, feed)))
+    """The engine's outputs on a feed of float caches (PyTorch's presents), its own cache
+    type in and float32 out (precision.kv_cache)."""
+    codec = CacheCodec.of_session(session)
+    return codec.outputs(dict(zip(names, session.run(None, codec.feed(feed)))))

@@ -47,6 +47,7 @@ from pipeline.generation.decoder import (
 from pipeline.generation.timed_requests import can_run, measure
 from pipeline.metrics import accuracy as accuracy_metrics
 from pipeline.model import sources as models
+from pipeline.precision.kv_cache import CacheCodec
 from pipeline.recipe import Recipe
 from pipeline.recipe.workload import decoder_shape
 from pipeline.store.recipe_folder import Artifact
@@ -205,7 +206,7 @@ def measure_engine(recipe: Recipe, target, engine: Artifact, base: Artifact, wor
     timed = _time_requests(recipe, target, opened, base_tokens)
     warnings = opened.warnings + [w for w in (monitor.contention(timed.resources),) if w]
     engine_score = _engine_score(recipe, engine.path, in_place, base_tokens) if spec.chat else None
-    memory_figures = _memory(recipe, opened.makers, decoder_shape(recipe.model))
+    memory_figures = _memory(recipe, opened.makers, decoder_shape(recipe.model), opened.loop.cache_dtype.itemsize)
     opened.close()
 
     head = _headline(timed.points)
@@ -272,7 +273,8 @@ def decode_floor(recipe: Recipe, engine: Path, points: dict[str, Point],
     from pipeline.bench import floor
 
     shape = decoder_shape(recipe.model)
-    per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
+    kv = CacheCodec.of_graph(engine).dtype.itemsize  # precision.kv_cache; PyTorch's is float32
+    per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, kv)
     spec = recipe.workload
     contexts = {f"b1-p{p}": p + spec.new_tokens // 2 for p in spec.prompt_lengths}
     if spec.long is not None:
@@ -281,7 +283,7 @@ def decode_floor(recipe: Recipe, engine: Path, points: dict[str, Point],
     out = floor.decode_floor(engine, per_token, contexts, {k: points[k].tpot_ms.p50 for k in contexts})
     exported = engine.parent / "model.onnx"
     if exported.is_file():
-        out.baseline = floor.decode_floor(exported, per_token, contexts, {
+        out.baseline = floor.decode_floor(exported, per_token * 4 // kv, contexts, {
             k: baseline_points[k].tpot_ms.p50 for k in contexts if k in baseline_points})
     return out
 
@@ -295,12 +297,13 @@ def random_weights(recipe: Recipe) -> bool:
     return recipe.model.weights is None and recipe.model.zoo is not None
 
 
-def _memory(recipe: Recipe, makers: dict, shape) -> Memory:
+def _memory(recipe: Recipe, makers: dict, shape, kv_itemsize: int) -> Memory:
     """Each runner's memory in a process of its own (memory.isolated) while it generates the
-    longest single-turn request, and the KV cache's bytes per token."""
+    longest single-turn request, and the engine's KV cache's bytes per token (its elements of
+    `kv_itemsize` bytes: precision.kv_cache)."""
     longest = max((r for r in workload_requests(recipe) if len(r.turns) == 1), key=lambda r: r.batch * (
         r.turns[0][0].shape[1] + r.new_tokens))
-    per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim)
+    per_token = gm.kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, kv_itemsize)
     figures = memory.isolated(makers, memory.first_token(shape.vocab), longest)
     return Memory(
         peak={name: PeakMemory(peak_rss_bytes=f.peak_rss_bytes, growth_bytes=f.growth_bytes)
