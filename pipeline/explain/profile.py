@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.genai_config import in_place_cache, present_of
+from pipeline.precision.kv_cache import CacheCodec
 
 CATEGORIES: dict[str, set[str]] = {
     "matmul/conv": {
@@ -132,14 +133,16 @@ def profile_sessions(models: dict[str, Path], feed: dict, runs: int = 30, warmup
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(tmp, f"profile-{i}")
             sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        bound = {name: _in_place_binding(sessions[name], feed) for name, path in models.items()
+        # a cache in float16/int8 (precision.kv_cache) takes the feed's caches in its type
+        feeds = {name: CacheCodec.of_session(sessions[name]).feed(feed) for name in models}
+        bound = {name: _in_place_binding(sessions[name], feeds[name]) for name, path in models.items()
                  if in_place_cache(path)}
         for _ in range(warmup + runs):
             for name, session in sessions.items():
                 if name in bound:
                     session.run_with_iobinding(bound[name])
                 else:
-                    session.run(None, feed)
+                    session.run(None, feeds[name])
         return {name: replace(summarize(json.loads(Path(session.end_profiling()).read_text()),
                                         skip_runs=warmup), cache_in_place=name in bound)
                 for name, session in sessions.items()}

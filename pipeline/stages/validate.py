@@ -81,8 +81,10 @@ def precision_checks(recipe: Recipe, target, engine: Artifact, workdir: Path,
         extra["latency_note"] = EMULATED_ON_CPU[spec.mode]
     if backends.get(target.kind).ENGINE_IS_ONNX and spec.mode in ("int8", "int4", "fp8"):
         from pipeline.precision import effective
+        from pipeline.precision.kv_cache import CacheCodec
 
-        result = effective.measure(engine.path, timing_feed(recipe), workdir, fp8=spec.mode == "fp8")
+        feed = CacheCodec.of_graph(engine.path).feed(timing_feed(recipe))  # caches in the engine's type
+        result = effective.measure(engine.path, feed, workdir, fp8=spec.mode == "fp8")
         extra["ort_flop_shares"] = result.dump()
         if spec.require_effective_precision is not None:
             gate_list.append(effective.gate(result, spec.require_effective_precision))
