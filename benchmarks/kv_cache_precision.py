@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--engines", type=Path, default=ROOT / "engines")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    parser.add_argument("--engine", action="append", default=[], metavar="LABEL=RECIPE",
+                        help="engines to compare, the first the reference (default: "
+                             "float32=smollm2-int4 int8=smollm2-int4-kv8)")
     args = parser.parse_args()
 
     from pipeline.artifacts import dump
@@ -62,7 +65,8 @@ def main() -> None:
     from pipeline.recipe.loader import load
     from pipeline.recipe.workload import WorkloadSpec, decoder_shape
 
-    names = {"float32": "smollm2-int4", "int8": "smollm2-int4-kv8"}
+    names = dict(e.split("=", 1) for e in args.engine) or {"float32": "smollm2-int4", "int8": "smollm2-int4-kv8"}
+    first = next(iter(names))
     recipe = load(str(ROOT / "recipes" / "smollm2-int4.yaml"))
     shape = decoder_shape(recipe.model)
     text = chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text, 5120 + CONTINUATION + 1, shape.vocab)
@@ -86,10 +90,11 @@ def main() -> None:
             point["engines"][kind] = {
                 "engine": names[kind], "tpot_ms": dump(tpot), "kv_bytes_per_token": per_token,
                 "floor_ms": fp.floor_ms, "tpot_over_floor": fp.tpot_over_floor,
-                "tokens_equal_float32": int((tokens[kind] == tokens["float32"]).sum()),
-                "first_divergence": int(np.argmax(tokens[kind] != tokens["float32"]))
-                if (tokens[kind] != tokens["float32"]).any() else None}
-        point["int8 vs float32 (TPOT)"] = stats.time_ratio(blocks["float32"], blocks["int8"], noise=0.02).dump()
+                "tokens_equal_first": int((tokens[kind] == tokens[first]).sum()),
+                "first_divergence": int(np.argmax(tokens[kind] != tokens[first]))
+                if (tokens[kind] != tokens[first]).any() else None}
+        point["tpot_vs_first"] = {k: stats.time_ratio(blocks[first], blocks[k], noise=0.02).dump()
+                                  for k in loops if k != first}
         if label == "long":
             for kind, loop in loops.items():
                 point["engines"][kind]["nll_after_prompt"] = _nll_after(loop, text, prompt)
@@ -104,6 +109,7 @@ def main() -> None:
                    f"tokens of data/chat's held-out text, 32 greedy new tokens; ratio: {stats.ratio_method(0.02)}; "
                    f"perplexity: mean NLL of the {CONTINUATION} tokens after the long prompt, teacher-forced "
                    "through each engine's own cache"),
+        "engines": names,
         "points": points,
     }
     if args.out:
@@ -113,21 +119,21 @@ def main() -> None:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# KV cache precision: smollm2-int4 with a float32 vs an int8 cache ({r['written'][:10]})", "",
+    lines = [f"# KV cache precision: {', '.join(f'{k} ({v})' for k, v in r['engines'].items())} ({r['written'][:10]})", "",
              f"How: {r['method']}. Floor: bytes a decode step reads (weights as stored + the cache at the "
              f"point's context) over {r['bandwidth_gb_s']:.1f} GB/s ({r['bandwidth_method']}). "
              f"Load average before/after: {r['load_average']['before']} / {r['load_average']['after']}.", "",
-             "| point | cache | KV bytes/token | TPOT p50 ms | floor ms | TPOT / floor | greedy tokens = float32's | NLL after the prompt |",
+             f"| point | engine | KV bytes/token | TPOT p50 ms | floor ms | TPOT / floor | greedy tokens = {next(iter(r['engines']))}'s | NLL after the prompt |",
              "|---|---|---|---|---|---|---|---|"]
     for label, p in r["points"].items():
         for kind, e in p["engines"].items():
             nll = e.get("nll_after_prompt")
             lines.append(f"| {label} ({p['prompt']}) | {kind} | {e['kv_bytes_per_token']:,} | {e['tpot_ms']['p50']:.2f} | "
-                         f"{e['floor_ms']:.2f} | {e['tpot_over_floor']:.2f} | {e['tokens_equal_float32']}/32 | "
+                         f"{e['floor_ms']:.2f} | {e['tpot_over_floor']:.2f} | {e['tokens_equal_first']}/32 | "
                          f"{'' if nll is None else f'{nll:.4f} (ppl {np.exp(nll):.2f})'} |")
-        ratio = p["int8 vs float32 (TPOT)"]
-        lines.append(f"| | int8 / float32 TPOT | | **{ratio['time_ratio']:.2f}x [{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]** "
-                     f"({ratio['verdict']}) | | | | |")
+        for kind, ratio in p["tpot_vs_first"].items():
+            lines.append(f"| | {kind} / {next(iter(r['engines']))} TPOT | | **{ratio['time_ratio']:.2f}x "
+                         f"[{ratio['ci95'][0]:.2f}, {ratio['ci95'][1]:.2f}]** ({ratio['verdict']}) | | | | |")
     return "\n".join(lines) + "\n"
 
 

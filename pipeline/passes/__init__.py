@@ -49,7 +49,7 @@ PASSES: dict[str, Pass] = {
     "group_query_attention": Pass(
         "pipeline.passes.gqa:group_query_attention",
         "Attention with past + rotary (opset 23) -> ORT GroupQueryAttention (rotary inside, packed q|k|v)",
-        ("max_positions",), ort_only=True),
+        ("max_positions", "local_window"), ort_only=True),
     "pack_matmuls": Pass(
         "pipeline.passes.pack:pack_matmuls",
         "pack MatMuls that read one activation (q/k/v, gate/up) into one MatMul + Split",

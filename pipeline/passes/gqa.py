@@ -114,8 +114,12 @@ def _rotary_tables(model, cos: str, sin: str, kv_heads: int, head_dim: int, n: i
     return c, s
 
 
-def group_query_attention(model, max_positions: int = 8192):
-    """Rewrite in place; returns (model, {"group_query_attention": blocks, "packed_qkv": of them})."""
+def group_query_attention(model, max_positions: int = 8192, local_window: int | None = None):
+    """Rewrite in place; returns (model, {"group_query_attention": blocks, "packed_qkv": of them}).
+    `local_window`: each query attends to the last `local_window` keys only (itself included;
+    GQA's local_window_size, a sliding window): sparse attention as "flash" variants use it,
+    which changes results once a context outgrows it (the stage's check at the recipe's
+    longest shape then judges it like any pass)."""
     from onnx import helper, numpy_helper
 
     from pipeline.passes.attention import drop_dead
@@ -138,7 +142,7 @@ def group_query_attention(model, max_positions: int = 8192):
             names = (f"gqa/cos_cache_{len(tables)}", f"gqa/sin_cache_{len(tables)}")
             consts += [numpy_helper.from_array(c, names[0]), numpy_helper.from_array(s, names[1])]
             tables[(cos, sin)] = names
-        node, reads_packed = _gqa_node(g, i, att, (q, k, v, out), kv_heads, tables[(cos, sin)])
+        node, reads_packed = _gqa_node(g, i, att, (q, k, v, out), kv_heads, tables[(cos, sin)], local_window)
         packed += reads_packed
         position = list(graph.node).index(att)
         graph.node.insert(position, node)
@@ -154,7 +158,8 @@ def group_query_attention(model, max_positions: int = 8192):
     # No onnx.checker here: ORT's ops in the default domain (SimplifiedLayerNormalization, from
     # ort_fusions) are unknown to it; the stage's ORT session is the judge of the graph.
     return model, {"group_query_attention": len(blocks), "packed_qkv": packed,
-                   "rotary_tables": len(tables), "max_positions": int(max_positions)}
+                   "rotary_tables": len(tables), "max_positions": int(max_positions),
+                   **({"local_window": int(local_window)} if local_window else {})}
 
 
 def _shared_inputs() -> tuple[list, list]:
@@ -176,7 +181,8 @@ def _shared_inputs() -> tuple[list, list]:
     return pre, consts
 
 
-def _gqa_node(g: _Graph, i: int, att, parts: tuple, kv_heads: int, table: tuple[str, str]):
+def _gqa_node(g: _Graph, i: int, att, parts: tuple, kv_heads: int, table: tuple[str, str],
+              local_window: int | None = None):
     """(the GroupQueryAttention node replacing block `i`, whether it reads the packed q|k|v
     projection): it writes the block's output and present key/value under their names."""
     from onnx import helper
@@ -193,6 +199,8 @@ def _gqa_node(g: _Graph, i: int, att, parts: tuple, kv_heads: int, table: tuple[
     scale = _attr(att, "scale")
     if scale is not None:
         attrs["scale"] = float(scale)
+    if local_window:
+        attrs["local_window_size"] = int(local_window)
     node = helper.make_node(
         "GroupQueryAttention",
         [*qkv, att.input[4], att.input[5], "gqa/seqlens_k", "gqa/total_len", *table],

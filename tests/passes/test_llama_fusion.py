@@ -162,3 +162,27 @@ def test_profile_runs_an_in_place_graph_as_its_runners_do(optimized):
     ops = {n.op for n in runs["fused"].nodes}
     assert "GroupQueryAttention" in ops and "Concat" not in ops
     assert all((feed[k] == before[k]).all() for k in feed)  # the caller's arrays are not written
+
+
+def test_a_sliding_window_is_kept_where_it_changes_nothing_and_judged_where_it_does(optimized):
+    """`options.group_query_attention.local_window` (sparse attention, GQA's local_window_size):
+    a window as long as the recipe's longest sequence (16) changes no logit, so the pass is
+    accepted and every GroupQueryAttention carries it; a window of 4 changes the logits of a
+    16-token prefill, so the stage's check rejects the pass and says why."""
+    import onnx
+
+    _, proj = optimized
+    for window, accepted in ((16, True), (4, False)):
+        res = proj.run("optimize", "tiny-llama", "--set", f"optimize.options.group_query_attention.local_window={window}")
+        assert res.code == 0, res.err
+        manifest = json.loads((proj.folder(res) / "manifest.json").read_text())
+        gqa = manifest["stages"]["optimize"]["meta"]["passes"][-1]
+        assert (gqa["status"] == "accepted") == accepted, gqa
+        if accepted:
+            assert gqa["info"]["local_window"] == window
+            graph = onnx.load(str(proj.folder(res) / "optimized.onnx"), load_external_data=False)
+            windows = [a.i for n in graph.graph.node if n.op_type == "GroupQueryAttention"
+                       for a in n.attribute if a.name == "local_window_size"]
+            assert windows == [window] * LAYERS
+        else:
+            assert gqa["reason"], gqa

@@ -241,7 +241,7 @@ def test_every_shipped_recipe_is_valid():
 
 def test_a_gguf_recipe_loads_from_the_files_header_without_converting(tmp_path, monkeypatch):
     """Loading smollm2-flash derives its KV-cache signature from the GGUF header: the
-    minute-long conversion (and, for flash, the pruning calibration) waits for the export."""
+    minute-long conversion waits for the export."""
     monkeypatch.setenv("PIPELINE_GGUF_CACHE", str(tmp_path / "gguf"))
     recipe = recipe_mod.load("smollm2-flash")
     past = recipe.inputs[2]
