@@ -93,22 +93,33 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     if not candidates:
         raise StageFailed(f"precision.mode int4: no {'/'.join(op_types)} node with a constant weight")
     excluded = nodes.excluded(candidates, spec.exclude)
+    hqq = spec.int4_method == "hqq"
     with calibrate.quiet(verbose, workdir):
-        quantizer = MatMulNBitsQuantizer(
-            model, block_size=spec.block_size, is_symmetric=True, nodes_to_exclude=excluded,
-            quant_format=QuantFormat.QDQ, op_types_to_quantize=tuple(op_types),
-        )
+        if hqq:  # asymmetric blocks whose scale and zero point minimize the weight error (HQQ)
+            from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig
+
+            quantizer = MatMulNBitsQuantizer(
+                model, block_size=spec.block_size, is_symmetric=False, nodes_to_exclude=excluded,
+                op_types_to_quantize=tuple(op_types), algo_config=HQQWeightOnlyQuantConfig(
+                    block_size=spec.block_size, bits=4, op_types_to_quantize=tuple(op_types)))
+        else:
+            quantizer = MatMulNBitsQuantizer(
+                model, block_size=spec.block_size, is_symmetric=True, nodes_to_exclude=excluded,
+                quant_format=QuantFormat.QDQ, op_types_to_quantize=tuple(op_types),
+            )
         _, seconds = calibrate.timed(quantizer.process)
         out = workdir / "typed.onnx"
         quantizer.model.save_model_to_file(str(out))
     typed = onnx.load(str(out), load_external_data=False)
-    blocked = [n for n in typed.graph.node if n.op_type == "DequantizeLinear"]
+    blocked = [n for n in typed.graph.node if n.op_type == ("MatMulNBits" if hqq else "DequantizeLinear")]
     return out, {
-        "form": "DequantizeLinear int4, block-wise (opset 21) -> MatMul",
+        "form": ("MatMulNBits int4 with zero points, HQQ (ONNX Runtime only)" if hqq
+                 else "DequantizeLinear int4, block-wise (opset 21) -> MatMul"),
         "source": "requantize",
+        "method": spec.int4_method,
         "untransposed_weights": untransposed,
         "block_size": spec.block_size,
-        "symmetric": True,
+        "symmetric": not hqq,
         "weight_only": True,
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(blocked),

@@ -97,6 +97,12 @@ class PrecisionSpec(Strict):
         "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32; "
         "Q4_1's minimums as a block-sum MatMul; ONNX Runtime only), so a quantized checkpoint is "
         "not quantized twice.")
+    int4_method: Literal["rtn", "hqq"] = Field(
+        "rtn", description="int4, int4_source requantize: how the float weights become 4-bit "
+        "blocks. `rtn`: symmetric round-to-nearest (Q/DQ, any backend); `hqq`: Half-Quadratic "
+        "Quantization (ONNX Runtime's quantizer, no calibration data: per block the scale and "
+        "zero point that minimize the weight error), written as MatMulNBits with zero points "
+        "(ONNX Runtime only).")
     kv_cache: Literal["float32", "float16", "int8"] = Field(
         "float32", description="The KV cache's element type (a generation workload whose graph "
         "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "
@@ -149,6 +155,8 @@ class PrecisionSpec(Strict):
         if self.int4_source == "checkpoint" and (self.mode != "int4" or self.block_size != 32):
             raise ValueError("int4_source checkpoint needs mode int4 with block_size 32 (the "
                              "checkpoint's Q4_1 blocks are 32 weights)")
+        if self.int4_method != "rtn" and (self.mode != "int4" or self.int4_source != "requantize"):
+            raise ValueError("int4_method applies to mode int4 with int4_source requantize")
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two (got {self.block_size})")
         return self

@@ -9,6 +9,8 @@ KV-cache outputs in one line.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.core.text import fmt, speedup
 
 MB = 1 << 20
@@ -121,6 +123,8 @@ def markdown(e: dict, baseline_name: str) -> list[str]:
               f"{fmt(agree.get('share'), '.1%')} (first divergence in the task at token "
               f"{agree.get('first_divergence') if agree.get('first_divergence') is not None else '—'})" + (f"; {agree['note']}" if agree.get("note") else "")
               + "."]
+    if e.get("bytes"):  # what a deployment ships and loads, beside its resident memory below
+        lines += ["", f"Engine file: {e['bytes'] / 1e6:.1f} MB (`{Path(e['path']).name}`)."]
     return lines + floor_lines(g) + memory_lines(g) + kv_cache_line(g)
 
 

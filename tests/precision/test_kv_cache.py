@@ -165,5 +165,6 @@ def test_pipeline_run_builds_validates_and_reports_an_int8_cache(tmp_path_factor
     report = json.loads((proj.built / "report.json").read_text())
     text = (proj.built / "report.md").read_text()
     assert "- KV cache: **int8** (1 bytes an element, float32's 4); per-channel scales calibrated" in text
+    assert f"Engine file: {report['engines'][0]['bytes'] / 1e6:.1f} MB (`onnxruntime.onnx`)." in text
     memory = report["engines"][0]["generation"]["memory"]
     assert memory["kv_cache_bytes_per_token"] == 2 * 2 * 2 * 16  # layers x (K, V) x KV heads x hd, 1 byte

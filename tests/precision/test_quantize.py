@@ -338,3 +338,32 @@ def test_precision_command_is_listed_and_quantize_is_its_alias():
                            capture_output=True, text=True, cwd=ROOT)
     assert "precision" in listed.stdout and " quantize " not in listed.stdout
     assert alias.returncode == 0 and "Usage: pipeline quantize" in alias.stdout
+
+
+def test_int4_hqq_writes_asymmetric_matmulnbits_closer_to_the_weights_than_rtn(int8_flash, int4_engine, tmp_path):
+    """precision.int4_method: hqq (ONNX Runtime's Half-Quadratic quantizer, no calibration data):
+    every quantizable MatMul becomes MatMulNBits with zero points, and the logits move less from
+    the FP32 graph's than under symmetric RTN (the int4_engine fixture) on the same feed."""
+    import os
+
+    import onnx
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.metrics import graph_check as check
+    from pipeline.precision import int4
+
+    cwd = os.getcwd()
+    os.chdir(int8_flash.path)
+    try:
+        recipe = recipe_mod.load("flash", ("precision.mode=int4", "precision.block_size=32", "precision.int4_method=hqq"))
+    finally:
+        os.chdir(cwd)
+    out, meta = int4.apply(recipe, int8_flash.built / "model.onnx", tmp_path)
+    assert meta["method"] == "hqq" and meta["symmetric"] is False
+    nbits = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == meta["quantized_nodes"] == meta["quantizable_nodes"] > 0
+    assert all(len(n.input) >= 4 and n.input[3] for n in nbits)  # zero points: asymmetric blocks
+    fp32 = int8_flash.built / "model.onnx"
+    ref, hqq, rtn = (check.run(str(p), [INT4_FEED], ["logits"], optimize=False)[0]["logits"]
+                     for p in (fp32, out, int4_engine[0]))
+    assert np.abs(hqq - ref).mean() < np.abs(rtn - ref).mean()
