@@ -17,7 +17,8 @@ the monitor; none can be left out through ray.init, so they run, on loopback.
 Stopping: `ray.shutdown()` stops the processes the driver started (GCS, raylet, monitor,
 dashboard, log monitor); the raylet's children (the agents, the workers) notice it gone on
 their own time, and until then they are orphans that still listen (seen: 60 s). So the
-processes Ray started are noted before the shutdown and waited for, and the stragglers ended.
+processes Ray started are noted before the shutdown and waited for, and the stragglers ended; so are those that write
+into our session folder (an agent started after we looked).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ LOOPBACK = "127.0.0.1"
 SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
 STARTS = 3  # tries to start a local Ray (Ray's raylet has a fixed 30 s to register)
 EXIT_WAIT_S = 10.0  # what a Ray process gets to end on its own after the shutdown
+# Serve's controller gives a starting HTTP proxy 5 s to say it is ready, three times, then
+# kills it and `serve.start` fails (ActorDiedError): on a loaded 2-core machine a proxy took
+# longer (2026-12-06, the suite beside a model build). The controller reads it from its
+# environment, which the local node's processes inherit from ours.
+PROXY_READY_S = "60"
 
 
 def is_loopback(ip: str) -> bool:
@@ -82,6 +88,24 @@ def _started_since(children_before: set) -> set:
         with contextlib.suppress(psutil.NoSuchProcess):
             started.update(child.children(recursive=True))
     return started
+
+
+def _holding(session: str) -> set:
+    """Ray's processes that write into our session folder, wherever they now hang: an agent
+    the raylet started after `_started_since` looked (a SIGINT while Ray starts) is orphaned
+    when the raylet stops, no longer anyone's child, yet its stdout is still the session's
+    raylet.out (seen: a DashboardAgent and a RuntimeEnvAgent left running, 2026-12-06)."""
+    import psutil
+
+    found = set()
+    for process in psutil.process_iter(["name", "uids"]):
+        if not (process.info["name"] or "").startswith("ray::") or process.info["uids"] is None \
+                or process.info["uids"].real != os.getuid():
+            continue
+        with contextlib.suppress(psutil.Error):
+            if any(f.path.startswith(session) for f in process.open_files()):
+                found.add(process)
+    return found
 
 
 def _end(processes: set) -> None:
@@ -147,6 +171,7 @@ def own_ray(num_cpus: int | None = None, **options):
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_S)
     _no_implicit_init()
     # short, under /tmp: Ray's unix sockets live in it (a socket path has ~107 bytes)
     session = tempfile.mkdtemp(prefix="rayp", dir="/tmp")
@@ -162,7 +187,13 @@ def own_ray(num_cpus: int | None = None, **options):
     finally:
         started = _started_since(before)  # while the raylet lives: its agents and workers too
         _stop(serve_too=node.alive())
-        _end(started)
+        _end(started | _holding(session))
+        # a raylet stopped mid-start may have started its agents while _end waited on it
+        for _ in range(3):
+            late = _holding(session)
+            if not late:
+                break
+            _end(late)
         shutil.rmtree(session, ignore_errors=True)
 
 
