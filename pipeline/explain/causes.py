@@ -59,7 +59,10 @@ def category_deltas(a: Profile, b: Profile) -> list[dict]:
 
 def _nbits_words(nbits: NbitsSummary | None) -> str:
     """What B's MatMulNBits compute, from their accuracy_level (read from the engine graph)."""
-    levels = {int(k) for k in (nbits.accuracy_levels if nbits else {})}
+    keys = set(nbits.accuracy_levels) if nbits else set()
+    if "float_zero_points" in keys:  # ORT runs these dequantized in fp32 whatever their level
+        return f"low-bit weights dequantized inside every matrix multiply: {nbits.compute}"
+    levels = {int(k) for k in keys}
     if not levels:
         return "low-bit weights dequantized inside every matrix multiply"
     if min(levels) >= 4:

@@ -54,6 +54,11 @@ ATTENTION = {"Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAt
 # ORT's documented accuracy_level of MatMulNBits: the type input A is computed in
 ACCURACY_LEVELS = {0: "fp32", 1: "fp32", 2: "fp16", 3: "bf16", 4: "int8"}
 INT8_LEVEL = 4
+# Not an ORT level: a MatMulNBits whose zero points are float (ORT's HQQ quantizer writes them).
+# MLAS' integer kernels take uint8 zero points only, so ORT dequantizes such a node's weights
+# and multiplies in fp32 whatever its accuracy_level (measured, ORT 1.32, one 576x576 node:
+# outputs identical at levels 0 and 4, 434 us a call against 38 us with uint8 zero points).
+FLOAT_ZERO_POINTS = -1
 KINDS = ("integer", "fake_quantized", "float", "attention")
 SCOPE = ("matrix-multiply FLOPs (MatMul/Gemm family, convolutions, and attention's QK^T and "
          "PV products)")
@@ -72,8 +77,19 @@ def _attr(node, name: str, default=None):
 
 
 def nbits_levels(graph) -> AccuracyLevels:
-    """MatMulNBits node name -> accuracy_level (0 when the attribute is absent: ORT's default)."""
-    return {n.name: int(_attr(n, "accuracy_level", 0)) for n in graph.node if n.op_type == NBITS}
+    """MatMulNBits node name -> accuracy_level (0 when the attribute is absent: ORT's default),
+    FLOAT_ZERO_POINTS for a node whose zero points are float (its level is not honoured)."""
+    from onnx import TensorProto
+
+    dtypes = {i.name: i.data_type for i in graph.initializer}
+    return {n.name: (FLOAT_ZERO_POINTS if len(n.input) > 3 and n.input[3]
+                     and dtypes.get(n.input[3], TensorProto.UINT8) != TensorProto.UINT8
+                     else int(_attr(n, "accuracy_level", 0)))
+            for n in graph.node if n.op_type == NBITS}
+
+
+def _nbits_label(level: int) -> str:
+    return "float zero points" if level == FLOAT_ZERO_POINTS else f"accuracy_level {level}"
 
 
 @dataclass(frozen=True)
@@ -122,13 +138,16 @@ def nbits_summary(levels: AccuracyLevels) -> NbitsSummary | None:
     counts = Counter(levels.values())
     parts = []
     for level, n in sorted(counts.items()):
-        a = ACCURACY_LEVELS.get(level, f"level {level}")
-        parts.append(f"{n} at accuracy_level {level}: "
-                     + ("activations quantized to int8 per block at run time, integer products"
-                        if level >= INT8_LEVEL else f"weights dequantized, products in {a}"))
+        a = ACCURACY_LEVELS.get(level, "fp32" if level == FLOAT_ZERO_POINTS else f"level {level}")
+        parts.append(f"{n} {'with' if level == FLOAT_ZERO_POINTS else 'at'} {_nbits_label(level)}: " + (
+            "activations quantized to int8 per block at run time, integer products" if level >= INT8_LEVEL
+            else "weights dequantized every call, products in fp32, whatever the node's accuracy_level "
+                 "(MLAS' integer kernels take uint8 zero points only)" if level == FLOAT_ZERO_POINTS
+            else f"weights dequantized, products in {a}"))
     return NbitsSummary(nodes=len(levels),
-                        accuracy_levels={str(k): v for k, v in sorted(counts.items())},
-                        activations=sorted({ACCURACY_LEVELS.get(k, f"level {k}") for k in counts}),
+                        accuracy_levels={("float_zero_points" if k == FLOAT_ZERO_POINTS else str(k)): v
+                                         for k, v in sorted(counts.items())},
+                        activations=sorted({ACCURACY_LEVELS.get(k, "fp32") for k in counts}),
                         compute="; ".join(parts))
 
 
@@ -247,7 +266,7 @@ def summarize(events: list[dict], fed_by_dq: dict[str, bool], levels: dict[str, 
             elif op == NBITS:
                 level = levels.get(name, 0)
                 kind = "integer" if level >= INT8_LEVEL else "float"
-                label = f"{op} (accuracy_level {level})"
+                label = f"{op} ({_nbits_label(level)})"
             else:
                 kind = ("integer" if op in INTEGER else
                         "fake_quantized" if fed_by_dq.get(name) else "float")

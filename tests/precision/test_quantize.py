@@ -350,7 +350,7 @@ def test_int4_hqq_writes_asymmetric_matmulnbits_closer_to_the_weights_than_rtn(i
 
     from pipeline import recipe as recipe_mod
     from pipeline.metrics import graph_check as check
-    from pipeline.precision import int4
+    from pipeline.precision import effective, int4
 
     cwd = os.getcwd()
     os.chdir(int8_flash.path)
@@ -363,6 +363,11 @@ def test_int4_hqq_writes_asymmetric_matmulnbits_closer_to_the_weights_than_rtn(i
     nbits = [n for n in onnx.load(str(out)).graph.node if n.op_type == "MatMulNBits"]
     assert len(nbits) == meta["quantized_nodes"] == meta["quantizable_nodes"] > 0
     assert all(len(n.input) >= 4 and n.input[3] for n in nbits)  # zero points: asymmetric blocks
+    # its zero points are float: ONNX Runtime runs such nodes dequantized in fp32 whatever their
+    # accuracy_level, and the effective-precision report says so (not "integer")
+    summary = effective.accuracy_levels(out)
+    assert summary.accuracy_levels == {"float_zero_points": len(nbits)} and summary.activations == ["fp32"]
+    assert "whatever the node's accuracy_level" in summary.compute
     fp32 = int8_flash.built / "model.onnx"
     ref, hqq, rtn = (check.run(str(p), [INT4_FEED], ["logits"], optimize=False)[0]["logits"]
                      for p in (fp32, out, int4_engine[0]))
