@@ -101,8 +101,9 @@ class PrecisionSpec(Strict):
         "rtn", description="int4, int4_source requantize: how the float weights become 4-bit "
         "blocks. `rtn`: symmetric round-to-nearest (Q/DQ, any backend); `hqq`: Half-Quadratic "
         "Quantization (ONNX Runtime's quantizer, no calibration data: per block the scale and "
-        "zero point that minimize the weight error), written as MatMulNBits with zero points "
-        "(ONNX Runtime only).")
+        "zero point that minimize the weight error), written as MatMulNBits with float zero points "
+        "(ONNX Runtime only; it runs them dequantized in fp32: keeps answers, costs speed -- "
+        "benchmarks/results/hqq-vs-rtn-2026-12-06.md).")
     kv_cache: Literal["float32", "float16", "int8"] = Field(
         "float32", description="The KV cache's element type (a generation workload whose graph "
         "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "
