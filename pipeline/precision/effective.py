@@ -138,7 +138,7 @@ def nbits_summary(levels: AccuracyLevels) -> NbitsSummary | None:
     counts = Counter(levels.values())
     parts = []
     for level, n in sorted(counts.items()):
-        a = ACCURACY_LEVELS.get(level, "fp32" if level == FLOAT_ZERO_POINTS else f"level {level}")
+        a = ACCURACY_LEVELS.get(level, f"level {level}")
         parts.append(f"{n} {'with' if level == FLOAT_ZERO_POINTS else 'at'} {_nbits_label(level)}: " + (
             "activations quantized to int8 per block at run time, integer products" if level >= INT8_LEVEL
             else "weights dequantized every call, products in fp32, whatever the node's accuracy_level "

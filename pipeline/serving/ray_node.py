@@ -17,8 +17,8 @@ the monitor; none can be left out through ray.init, so they run, on loopback.
 Stopping: `ray.shutdown()` stops the processes the driver started (GCS, raylet, monitor,
 dashboard, log monitor); the raylet's children (the agents, the workers) notice it gone on
 their own time, and until then they are orphans that still listen (seen: 60 s). So the
-processes Ray started are noted before the shutdown and waited for, and the stragglers ended; so are those that write
-into our session folder (an agent started after we looked).
+processes Ray started are noted before the shutdown and waited for, and the stragglers ended;
+so are those that write into our session folder (an agent started after we looked).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _holding(session: str) -> set:
                 or process.info["uids"].real != os.getuid():
             continue
         with contextlib.suppress(psutil.Error):
-            if any(f.path.startswith(session) for f in process.open_files()):
+            if any(f.path.startswith(session + os.sep) for f in process.open_files()):
                 found.add(process)
     return found
 
