@@ -20,13 +20,17 @@ ALONE = ("a timing test measures wall-clock time and runs alone: `make test` run
          "tests after the parallel part (or run `pytest -m timing` without -n)")
 
 
-# The modules that take a minute or more of one worker (three workers on 2 cores, clean
-# caches, 2026-12-02: fleet 153 s, every recipe 145, serving 101, optimize 70, bad inputs 56).
+# The modules that take the most of one worker, longest first (seconds summed over each
+# module's tests with --junitxml, three workers on 2 cores beside a model build, 2026-12-06:
+# fleet 1,787 (its 4-node cluster suffered most from the build), serving 476, interrupt 296,
+# task load 228, cli 217, every recipe 212, tune 211, load command 199, torch 190, tampered 190).
 # Under --dist loadfile a module runs whole on one worker, so these go first and the short
 # modules fill in around them; started last, one of them was the run's tail. `make test`
 # passes --no-loadscope-reorder, which keeps this order (xdist's own sorts by test count).
-FIRST = ("tests/fleet/test_cluster.py", "tests/stages/test_every_recipe.py", "tests/serving/test_serve.py",
-         "tests/stages/test_optimize.py", "tests/e2e/test_bad_inputs.py")
+FIRST = ("tests/fleet/test_cluster.py", "tests/serving/test_serve.py", "tests/e2e/test_interrupt.py",
+         "tests/loadgen/test_tasks.py", "tests/e2e/test_cli.py", "tests/stages/test_every_recipe.py",
+         "tests/commands/test_tune.py", "tests/loadgen/test_command.py", "tests/backends/test_torch.py",
+         "tests/e2e/test_tampered.py")
 
 
 def pytest_collection_modifyitems(config, items):
