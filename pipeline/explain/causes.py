@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.explain.profile import CATEGORY_ORDER, Profile
-from pipeline.precision.effective import NbitsSummary
+from pipeline.precision.effective import FLOAT_ZERO_POINTS_KEY, NbitsSummary
 
 FUSED_ATTENTION = ("Attention", "MultiHeadAttention", "GroupQueryAttention", "PackedAttention",
                    "PackedMultiHeadAttention", "SparseAttention", "QAttention")
@@ -60,7 +60,7 @@ def category_deltas(a: Profile, b: Profile) -> list[dict]:
 def _nbits_words(nbits: NbitsSummary | None) -> str:
     """What B's MatMulNBits compute, from their accuracy_level (read from the engine graph)."""
     keys = set(nbits.accuracy_levels) if nbits else set()
-    if "float_zero_points" in keys:  # ORT runs these dequantized in fp32 whatever their level
+    if FLOAT_ZERO_POINTS_KEY in keys:  # ORT runs these dequantized in fp32 whatever their level
         return f"low-bit weights dequantized inside every matrix multiply: {nbits.compute}"
     levels = {int(k) for k in keys}
     if not levels:

@@ -59,6 +59,7 @@ INT8_LEVEL = 4
 # and multiplies in fp32 whatever its accuracy_level (measured, ORT 1.32, one 576x576 node:
 # outputs identical at levels 0 and 4, 434 us a call against 38 us with uint8 zero points).
 FLOAT_ZERO_POINTS = -1
+FLOAT_ZERO_POINTS_KEY = "float_zero_points"  # its key in NbitsSummary.accuracy_levels
 KINDS = ("integer", "fake_quantized", "float", "attention")
 SCOPE = ("matrix-multiply FLOPs (MatMul/Gemm family, convolutions, and attention's QK^T and "
          "PV products)")
@@ -90,6 +91,16 @@ def nbits_levels(graph) -> AccuracyLevels:
 
 def _nbits_label(level: int) -> str:
     return "float zero points" if level == FLOAT_ZERO_POINTS else f"accuracy_level {level}"
+
+
+def _nbits_compute(level: int) -> str:
+    """What MatMulNBits nodes at `level` compute in, in words."""
+    if level >= INT8_LEVEL:
+        return "activations quantized to int8 per block at run time, integer products"
+    if level == FLOAT_ZERO_POINTS:
+        return ("weights dequantized every call, products in fp32, whatever the node's accuracy_level "
+                "(MLAS' integer kernels take uint8 zero points only)")
+    return f"weights dequantized, products in {ACCURACY_LEVELS.get(level, f'level {level}')}"
 
 
 @dataclass(frozen=True)
@@ -138,14 +149,10 @@ def nbits_summary(levels: AccuracyLevels) -> NbitsSummary | None:
     counts = Counter(levels.values())
     parts = []
     for level, n in sorted(counts.items()):
-        a = ACCURACY_LEVELS.get(level, f"level {level}")
-        parts.append(f"{n} {'with' if level == FLOAT_ZERO_POINTS else 'at'} {_nbits_label(level)}: " + (
-            "activations quantized to int8 per block at run time, integer products" if level >= INT8_LEVEL
-            else "weights dequantized every call, products in fp32, whatever the node's accuracy_level "
-                 "(MLAS' integer kernels take uint8 zero points only)" if level == FLOAT_ZERO_POINTS
-            else f"weights dequantized, products in {a}"))
+        parts.append(f"{n} {'with' if level == FLOAT_ZERO_POINTS else 'at'} {_nbits_label(level)}: "
+                     f"{_nbits_compute(level)}")
     return NbitsSummary(nodes=len(levels),
-                        accuracy_levels={("float_zero_points" if k == FLOAT_ZERO_POINTS else str(k)): v
+                        accuracy_levels={(FLOAT_ZERO_POINTS_KEY if k == FLOAT_ZERO_POINTS else str(k)): v
                                          for k, v in sorted(counts.items())},
                         activations=sorted({ACCURACY_LEVELS.get(k, "fp32") for k in counts}),
                         compute="; ".join(parts))

@@ -34,6 +34,7 @@ LOOPBACK = "127.0.0.1"
 SINGLE_NODE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node address is loopback
 STARTS = 3  # tries to start a local Ray (Ray's raylet has a fixed 30 s to register)
 EXIT_WAIT_S = 10.0  # what a Ray process gets to end on its own after the shutdown
+STRAY_ROUNDS = 4  # rounds of ending what is left of our node (its processes, then late agents)
 # Serve's controller gives a starting HTTP proxy 5 s to say it is ready, three times, then
 # kills it and `serve.start` fails (ActorDiedError): on a loaded 2-core machine a proxy took
 # longer (2026-12-06, the suite beside a model build). The controller reads it from its
@@ -187,13 +188,13 @@ def own_ray(num_cpus: int | None = None, **options):
     finally:
         started = _started_since(before)  # while the raylet lives: its agents and workers too
         _stop(serve_too=node.alive())
-        _end(started | _holding(session))
-        # a raylet stopped mid-start may have started its agents while _end waited on it
-        for _ in range(3):
-            late = _holding(session)
-            if not late:
+        # again while any remain: a raylet stopped mid-start may start agents while _end waits on it
+        stray = started | _holding(session)
+        for _ in range(STRAY_ROUNDS):
+            if not stray:
                 break
-            _end(late)
+            _end(stray)
+            stray = _holding(session)
         shutil.rmtree(session, ignore_errors=True)
 
 
