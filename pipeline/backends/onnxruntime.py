@@ -17,6 +17,7 @@ from pipeline.backends.base import TritonModel
 from pipeline.core import deps
 from pipeline.core.errors import StageFailed
 from pipeline.core.text import first_line
+from pipeline.model import compact_storage
 from pipeline.recipe import OnnxRuntimeTarget, Recipe
 
 TARGET = OnnxRuntimeTarget
@@ -98,12 +99,21 @@ def build(onnx_path: Path, target: OnnxRuntimeTarget, recipe: Recipe, workdir: P
     t0 = time.perf_counter()
     session = _session(onnx_path, target, levels[target.optimization_level], None, engine,
                        keep_qdq=recipe.precision.mode == "fp8")
+    providers = session.get_providers()
+    del session
+    stored = None
+    if recipe.workload.kind == "generation":
+        # A decoder's runners load at ORT's default level (generation/runners.py), which folds
+        # the fp16 storage's Casts at load; the tensor runner here loads unoptimized and would
+        # run them every request, so only generation engines are stored compactly.
+        stored = compact_storage.compact_file(engine).as_dict()
     seconds = time.perf_counter() - t0
     return engine, {
-        "providers": session.get_providers(),
+        "providers": providers,
         "optimization_level": target.optimization_level,
         "onnxruntime": ort.__version__,
         "build_seconds": seconds,
+        **({"compact_storage": stored} if stored else {}),
     }
 
 

@@ -11,7 +11,8 @@ does not (the floor moved but the engine stayed where its overheads are).
   measured once per device identity (deps.device()) and cached under $PIPELINE_CACHE_DIR
   (default ~/.cache/engine-pipeline), since it is a property of the machine.
 - bytes per step: the engine graph's initializers in their stored precision (int4 blocks,
-  scales and zero points as stored), each read once, except a table read only by Gather (the
+  scales and zero points as stored), as a session holds them (model/compact_storage.py: the
+  file's fp16-stored scales count as the float32 the step reads), each read once, except a table read only by Gather (the
   token embedding reads one row per token); plus the KV cache at that context
   (kv bytes per token x context), read by attention.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 from pipeline.artifacts.generation import DecodeFloor, FloorPoint
 from pipeline.core import deps, env
 from pipeline.core.json_object import JsonObject
+from pipeline.model import compact_storage
 
 FloorPoints = dict[str, FloorPoint]  # workload point label -> its decode floor
 
@@ -106,7 +108,7 @@ def weight_bytes(onnx_path: Path) -> WeightBytes:
     import onnx
     from onnx import helper
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = compact_storage.load(onnx_path)  # as a session holds it: fp16-stored tables as float32
     graph = model.graph
     readers: dict[str, set[str]] = {}
     for node in graph.node:

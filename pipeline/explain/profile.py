@@ -18,6 +18,7 @@ import numpy as np
 
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.genai_config import in_place_cache, present_of
+from pipeline.model import compact_storage
 from pipeline.precision.kv_cache import CacheCodec
 
 CATEGORIES: dict[str, set[str]] = {
@@ -132,7 +133,8 @@ def profile_sessions(models: dict[str, Path], feed: dict, runs: int = 30, warmup
                 options.intra_op_num_threads = threads
             options.enable_profiling = True
             options.profile_file_prefix = os.path.join(tmp, f"profile-{i}")
-            sessions[name] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            sessions[name] = ort.InferenceSession(compact_storage.session_source(path), options,
+                                                  providers=["CPUExecutionProvider"])
         # a cache in float16/int8 (precision.kv_cache) takes the feed's caches in its type
         feeds = {name: CacheCodec.of_session(sessions[name]).feed(feed) for name in models}
         bound = {name: _in_place_binding(sessions[name], feeds[name]) for name, path in models.items()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pipeline.core.errors import InputError
 from pipeline.core.json_object import JsonObject
+from pipeline.model import compact_storage
 
 OpCounts = dict[str, int]  # op ("domain.op" outside the ONNX domains) -> how many nodes
 
@@ -61,6 +62,7 @@ def describe(path: Path) -> OnnxFacts:
     except Exception as e:  # protobuf DecodeError and the like
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise InputError(f"{path}: not a readable ONNX model ({type(e).__name__}: {first})") from None
+    compact_storage.expand(model)  # ops and parameters as a session holds them; bytes as stored
     graph = model.graph
     if not model.opset_import or not (graph.node or graph.output):
         raise InputError(f"{path}: not an ONNX model (no opset, nodes or outputs)")

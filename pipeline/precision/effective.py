@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pipeline.artifacts.report import Gate
 from pipeline.core.json_object import JsonObject
+from pipeline.model import compact_storage
 
 AccuracyLevels = dict[str, int]  # MatMulNBits node -> its accuracy_level
 ConvParams = dict[str, tuple[int, int, int]]  # Conv-family node -> (group, prod(kernel), weight dim 1)
@@ -160,9 +161,7 @@ def nbits_summary(levels: AccuracyLevels) -> NbitsSummary | None:
 
 def accuracy_levels(onnx_path: Path) -> NbitsSummary | None:
     """nbits_summary of one ONNX file (None when it has no MatMulNBits)."""
-    import onnx
-
-    return nbits_summary(nbits_levels(onnx.load(str(onnx_path), load_external_data=False).graph))
+    return nbits_summary(nbits_levels(compact_storage.load(onnx_path).graph))
 
 
 def _key_length(inputs: list[list[int]], outputs: list[list[int]], y: list[int]) -> int:
@@ -225,10 +224,9 @@ def node_flops(args: dict, conv: tuple[int, int, int] | None = None) -> list[tup
 
 
 def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> FlopShares:
-    import onnx
     import onnxruntime as ort
 
-    graph = onnx.load(str(engine), load_external_data=False).graph
+    graph = compact_storage.load(engine).graph  # as a serving session holds it
     producer = {o: n for n in graph.node for o in n.output}
     fed_by_dq = {n.name: any(getattr(producer.get(i), "op_type", "") == "DequantizeLinear"
                              for i in n.input[:2]) for n in graph.node}
@@ -240,7 +238,8 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> FlopS
     options.profile_file_prefix = str(workdir / "effective-profile")
     if fp8:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    session = ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(compact_storage.session_source(engine), options,
+                                   providers=["CPUExecutionProvider"])
     session.run(None, feed)
     profile = Path(session.end_profiling())
     events = json.loads(profile.read_text())

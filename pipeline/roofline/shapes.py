@@ -18,6 +18,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from pipeline.model import compact_storage
+
 KEEP_ELEMENTS = 4096  # initializers up to this size keep their values (shape arithmetic reads them)
 
 # bits per element of each ONNX element type a graph may store
@@ -72,7 +74,8 @@ class Skeleton:
 
 
 def skeleton(source: Path | onnx.ModelProto) -> Skeleton:
-    model = onnx.load(str(source), load_external_data=False) if isinstance(source, Path) else copy.deepcopy(source)
+    # a file as a session holds it: fp16-stored initializers folded to float32 (model/compact_storage.py)
+    model = compact_storage.load(source) if isinstance(source, Path) else copy.deepcopy(source)
     graph = model.graph
     initializers, kept = {}, []
     for init in graph.initializer:

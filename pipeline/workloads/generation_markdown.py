@@ -90,7 +90,7 @@ def floor_lines(g: dict) -> list[str]:
     if not f:
         return []
     lines = ["", f"Decode against the memory-bandwidth floor (bytes one decode step reads: weights as "
-             f"stored + the KV cache at the context, over this machine's {f['bandwidth_gb_s']:.1f} GB/s "
+             f"a session holds them + the KV cache at the context, over this machine's {f['bandwidth_gb_s']:.1f} GB/s "
              f"copy bandwidth; pipeline/bench/floor.py):", "",
              "| runner | point (context) | weights MB | floor ms | TPOT p50 ms | TPOT / floor |",
              "|---|---|---|---|---|---|"]
