@@ -45,6 +45,9 @@ class StageRecord(Closed):
     outputs: list[FileName]
     meta: dict[str, Any] = {}
     seconds: float | None = None
+    peak_rss_mb: float | None = Field(None, description=(
+        "The run process's peak resident memory while the stage ran (VmHWM reset at its "
+        "start; a child process's peak where one went higher), MiB."))
     finished: str | None = None
 
     def typed_meta(self, stage_id: str) -> None:

@@ -269,6 +269,15 @@ class Baseline(Closed):
         return HEADLINE_TIMED if self.generation is not None else "request"
 
 
+class StageCost(Closed):
+    """What one stage of the run cost when it ran (its manifest record)."""
+
+    seconds: float | None = None
+    peak_rss_mb: float | None = Field(None, description=(
+        "Peak resident memory while it ran, MiB (artifacts.manifest.StageRecord)."))
+    finished: str | None = None
+
+
 class Report(Closed):
     """report.json: the source of truth; report.md and the tables are rendered from it."""
 
@@ -289,4 +298,7 @@ class Report(Closed):
     baseline: Baseline | None
     data: DataProvenance | None = None
     engines: list[EngineResult]
+    stages: dict[str, StageCost] = Field({}, description=(
+        "Each stage before the report: its time and peak memory when it ran (a stage reused "
+        "from the cache keeps the figures of the run that made it)."))
     warnings: list[str] = []

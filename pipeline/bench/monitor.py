@@ -127,6 +127,43 @@ def peak_rss_bytes() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def reset_peak_rss() -> bool:
+    """Reset this process's peak RSS (VmHWM) so a later read covers only what follows
+    (Linux: writing 5 to /proc/self/clear_refs); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def children_peak_bytes() -> int:
+    """The largest peak RSS of this process's ended, waited-for children (getrusage)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
+class PeakWatch:
+    """The peak resident memory of a stretch of work: this process's VmHWM after a reset at
+    `start`, or a child process's peak where one that ended in between went higher (a child's
+    own peak shows only once it grows the largest-child figure: a smaller child is not seen)."""
+
+    def start(self) -> PeakWatch:
+        self._reset = reset_peak_rss()
+        self._children = children_peak_bytes()
+        return self
+
+    def peak_mb(self) -> float | None:
+        """None where this process's peak could not be reset (not Linux)."""
+        if not self._reset:
+            return None
+        own = peak_rss_bytes() or 0
+        child = children_peak_bytes()
+        return max(own, child if child > self._children else 0) / 2**20
+
+
 class _Nvml:
     """NVML samples of one GPU; `reason` says why there are none."""
 

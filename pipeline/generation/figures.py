@@ -94,14 +94,3 @@ def agreement(reference: np.ndarray, tokens: np.ndarray) -> Agreement:
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, itemsize: int = 4) -> int:
     """Bytes the KV cache grows by per token of context and sequence: key and value per layer."""
     return 2 * layers * kv_heads * head_dim * itemsize
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS (VmHWM) so a later read covers only what follows
-    (Linux: writing 5 to /proc/self/clear_refs)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False

@@ -43,6 +43,7 @@ def markdown(report: dict, workload=None, loads: list[dict] = ()) -> str:
     for e in report["engines"]:
         if e["status"] == "built":
             lines += _engine_section(e, workload)
+    lines += _stages_markdown(report.get("stages") or {})
     if loads:
         from pipeline.render.serving_markdown import markdown as serving_markdown
 
@@ -87,6 +88,20 @@ def _summary(report: dict, workload) -> list[str]:
     if report.get("warnings"):
         lines += ["", "**Warnings** (figures below may be distorted):", ""]
         lines += [f"- {w}" for w in report["warnings"]]
+    return lines
+
+
+def _stages_markdown(stages: dict[str, dict]) -> list[str]:
+    """Each stage's time and peak memory when it ran (a cached stage: the run that made it)."""
+    if not stages:
+        return []
+    lines = ["", "## Stages", "",
+             "Time and the run process's peak resident memory while each stage ran (VmHWM reset "
+             "at the stage's start; a stage reused from the cache shows the run that made it).",
+             "", "| stage | seconds | peak RSS MB | finished |", "|---|---|---|---|"]
+    for sid, s in stages.items():
+        lines.append(f"| {sid} | {fmt(s.get('seconds'), '.1f')} | {fmt(s.get('peak_rss_mb'), ',.0f')} "
+                     f"| {s.get('finished') or '-'} |")
     return lines
 
 

@@ -39,7 +39,8 @@ def stage_key(stage_id: str, spec: object, inputs: Mapping[str, str], *, code: s
 
 
 def commit(store: Store, stage_id: str, produced: dict[str, Path], key: str, *,
-           meta: dict[str, Any] | None = None, seconds: float | None = None, stamped: bool = True,
+           meta: dict[str, Any] | None = None, seconds: float | None = None,
+           peak_rss_mb: float | None = None, stamped: bool = True,
            **manifest_fields: Any) -> Artifacts:
     """Commit the files `produced` ({name: path in a work folder}) as stage `stage_id` with its
     record: `key` (stage_key), `meta` (the stage's own facts), `seconds` (how long it ran,
@@ -50,6 +51,8 @@ def commit(store: Store, stage_id: str, produced: dict[str, Path], key: str, *,
     fields: dict[str, Any] = {"key": key, "outputs": list(produced), "meta": meta or {}}
     if seconds is not None:
         fields["seconds"] = round(seconds, 3)
+    if peak_rss_mb is not None:
+        fields["peak_rss_mb"] = round(peak_rss_mb, 1)
     if stamped:
         fields["finished"] = now()
     return store.commit_stage(stage_id, produced, StageRecord(**fields), **manifest_fields)

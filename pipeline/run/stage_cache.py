@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.artifacts.manifest import StageRecord
+from pipeline.bench import monitor
 from pipeline.core import deps
 from pipeline.core.errors import PipelineError, StageFailed
 from pipeline.core.text import first_line
@@ -172,7 +173,7 @@ class StageCache:
                 return Result(outputs, record.meta, cached=True, store=self.store)
 
         workdir = self.store.workdir(stage_id)
-        t0 = time.perf_counter()
+        t0, memory = time.perf_counter(), monitor.PeakWatch().start()
         twin = None if self.force else self._from_twin(stage_id, key, workdir)
         if twin is not None:
             produce = lambda wd: twin  # noqa: E731 - the twin's verified copies, its meta
@@ -191,6 +192,7 @@ class StageCache:
             raise
         seconds = time.perf_counter() - t0
         outputs = records.commit(self.store, stage_id, produced, key, meta=made.meta, seconds=seconds,
+                                 peak_rss_mb=memory.peak_mb(),
                                  recipe=self.recipe.name, recipe_sha256=self.recipe.digest,
                                  recipe_file=self.recipe.where,
                                  recipe_overrides=list(self.recipe.overrides))

@@ -17,8 +17,9 @@ from pipeline.store.recipe_folder import now
 
 
 def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict],
-             engines: list[EngineResult]) -> Report:
-    """graph_stages: the meta of each graph stage that ran (export, ...), by stage name."""
+             engines: list[EngineResult], costs: dict[str, dict] | None = None) -> Report:
+    """graph_stages: the meta of each graph stage that ran (export, ...), by stage name;
+    costs: each stage's time and peak memory (Report.stages)."""
     alone = Baseline.model_validate({k: v for k, v in baseline.items() if k != "data"}) if baseline else None
     return Report.model_validate({
         "schema": SCHEMA,
@@ -32,6 +33,7 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
         "data": (baseline or {}).get("data"),  # the data the baseline ran on, said once
         "baseline": alone,
         "engines": engines,
+        "stages": costs or {},
         "warnings": warnings(alone, engines),
     })
 

@@ -79,3 +79,22 @@ def test_a_meta_that_cannot_be_written_fails_before_any_file_moves(tmp_path):
         records.commit(store, "run", files(store, "run", **{"a.txt": "a"}),
                        records.stage_key("run", None, {}), meta={"not json": object()})
     assert not (store.dir / "a.txt").exists() and not (store.dir / MANIFEST).exists()
+
+
+def test_the_report_says_each_stage_s_time_and_peak_memory(built_standard):
+    """A run records every stage's peak resident memory (VmHWM reset at its start) beside its
+    time, and report.json / report.md carry them: a build that outgrows a runner shows where."""
+    from tests.conftest import STANDARD
+
+    folder = built_standard.engines / STANDARD
+    stages = json.loads((folder / "manifest.json").read_text())["stages"]
+    report = json.loads((folder / "report.json").read_text())
+    for sid in ("export", "baseline", "build:onnxruntime", "validate:onnxruntime"):
+        peak = stages[sid]["peak_rss_mb"]
+        assert 50 < peak < 24 * 1024, (sid, peak)  # a Python process with torch, under RAM
+        assert report["stages"][sid] == {"seconds": stages[sid]["seconds"], "peak_rss_mb": peak,
+                                         "finished": stages[sid]["finished"]}
+    assert "report" not in report["stages"]
+    text = (folder / "report.md").read_text()
+    assert "## Stages" in text
+    assert f"| export | {stages['export']['seconds']:.1f} | {stages['export']['peak_rss_mb']:,.0f} |" in text
