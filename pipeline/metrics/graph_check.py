@@ -7,6 +7,7 @@ numbers are those of the graph the pass wrote, not of whatever ORT would rewrite
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,21 +44,36 @@ def session(model_bytes: bytes | str, optimize: bool = False, threads: int | Non
     return ort.InferenceSession(model_bytes, options, providers=["CPUExecutionProvider"])
 
 
+# A long prefill's logits [B, S, vocab] are kept (and compared) at their last positions only:
+# SmolLM2's at 5,120 tokens are 1 GB a copy, and a chain of checks held several (issue 37's
+# build memory). The last positions are the ones generation reads, at the longest context.
+LAST_POSITIONS = 64
+
+
+def last_positions(outputs: Feed, names: Sequence[str], keep: int = LAST_POSITIONS) -> Feed:
+    """`outputs` with each named [B, S, ...] output longer than `keep` positions cut to its
+    last `keep` (a copy, so the whole array can be freed)."""
+    return {k: np.ascontiguousarray(v[:, -keep:]) if k in names and v.ndim >= 3 and v.shape[1] > keep
+            else v for k, v in outputs.items()}
+
+
 def run(model_bytes: bytes | str, feeds: list[Feed], output_names: list[str],
-        optimize: bool = False, keep_qdq: bool = False) -> list[Feed]:
-    """Outputs by name for each feed (graph as bytes, or a path as str)."""
+        optimize: bool = False, keep_qdq: bool = False, trim: Sequence[str] = ()) -> list[Feed]:
+    """Outputs by name for each feed (graph as bytes, or a path as str); the outputs named in
+    `trim` at their last positions (last_positions)."""
     sess = session(model_bytes, optimize=optimize, keep_qdq=keep_qdq)
-    return [dict(zip(output_names, sess.run(output_names, feed))) for feed in feeds]
+    return [last_positions(dict(zip(output_names, sess.run(output_names, feed))), trim) for feed in feeds]
 
 
 def judge(model, feeds: list[Feed], output_names: list[str], reference: list[Feed],
-          max_abs: float, cosine_min: float) -> Verdict:
-    """Is `model` (a pass's output) valid, and do its outputs match `reference` (its input's)?"""
+          max_abs: float, cosine_min: float, trim: Sequence[str] = ()) -> Verdict:
+    """Is `model` (a pass's output, or its serialized bytes) valid, and do its outputs match
+    `reference` (its input's, cut as `trim` says)?"""
     # Validity is judged by ONNX Runtime loading and running the graph: onnx.checker does not
     # know ORT's contrib ops that fusions put in the default domain (SimplifiedLayerNorm...).
     try:
-        data = model.SerializeToString()
-        outputs = run(data, feeds, output_names)
+        data = model if isinstance(model, bytes) else model.SerializeToString()
+        outputs = run(data, feeds, output_names, trim=trim)
     except Exception as e:  # session creation or a kernel refusing the graph
         return Verdict(False, f"invalid model: {_ort_message(e)}", {}, None)
     result = metrics.compare(reference, outputs, top1_outputs=[])

@@ -235,6 +235,13 @@ def _ops(ops: dict | None, top: int = 6) -> str:
     return ", ".join(f"{op} {n}" for op, n in items[:top]) + (f", other {more}" if more else "")
 
 
+def _last_positions(cut: dict | None) -> str:
+    if not cut:
+        return ""
+    return (f" {', '.join(f'`{o}`' for o in cut['outputs'])} of a longer feed are compared at its "
+            f"last {cut['positions']} positions (a long prefill's logits are 1 GB a copy).")
+
+
 def _optimize_markdown(opt: dict | None) -> list[str]:
     """The optimize stage: per pass what it did and whether it was kept, then the latency."""
     if not opt:
@@ -245,7 +252,8 @@ def _optimize_markdown(opt: dict | None) -> list[str]:
              f"{opt['bytes_before']:,} -> {opt['bytes_after']:,} bytes; fused: {_fused(opt['fused'])}. "
              f"Each pass is checked against its input graph on the min/opt/max-shape feeds "
              f"(ONNX Runtime, its own optimizer off; max |diff| <= {tol['max_abs']:g}, cosine >= "
-             f"{tol['cosine_min']:g}); a rejected pass is skipped and the chain goes on.", "",
+             f"{tol['cosine_min']:g}); a rejected pass is skipped and the chain goes on."
+             + _last_positions(opt.get("checked_last_positions")), "",
              "| pass | result | nodes | fused | size (bytes) | max abs diff | time s |",
              "|---|---|---|---|---|---|---|"]
     for p in opt["passes"]:

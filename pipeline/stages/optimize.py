@@ -105,24 +105,37 @@ def _apply(name: str, model, options: dict):
     return model_out, info, None, time.perf_counter() - t0
 
 
+def trimmed_outputs(recipe: Recipe) -> list[str]:
+    """The outputs checked at their last positions only (graph_check.last_positions): a
+    generation graph's logits; its presents, and every output of other graphs, whole."""
+    if not recipe.workload.kv_cache:
+        return []
+    return [o for o in recipe.outputs if not o.startswith("present")]
+
+
 def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced:
     import onnx
 
     spec = recipe.optimize
-    exported = onnx.load(str(graph.path))
-    named = check_feeds(recipe)
+    # Build memory (issue 37): one graph and one serialized copy of it are held beside each
+    # candidate (the exported graph is read again at the end), and long logits are cut.
+    current = onnx.load(str(graph.path))
+    current_bytes = current.SerializeToString()
+    exported_size, ops_before = len(current_bytes), passes.histogram(current)
+    named, trim = check_feeds(recipe), trimmed_outputs(recipe)
     feeds = list(named.values())
-    first_reference = reference = graph_check.run(exported.SerializeToString(), feeds, recipe.outputs)
-    current, records = exported, []
+    first_reference = reference = graph_check.run(current_bytes, feeds, recipe.outputs, trim=trim)
+    records = []
     for name in spec.passes:
         before = passes.histogram(current)
         candidate, info, error, seconds = _apply(name, current, spec.options.get(name, {}))
-        unchanged = error is None and candidate.SerializeToString() == current.SerializeToString()
+        candidate_bytes = candidate.SerializeToString() if candidate is not None else None
+        unchanged = error is None and candidate_bytes == current_bytes
         if unchanged:  # found nothing to rewrite: said so, never "accepted" (nothing to check)
             error = NO_MATCH
         elif error is None:
-            verdict = graph_check.judge(candidate, feeds, recipe.outputs, reference,
-                                  spec.tolerance.max_abs, spec.tolerance.cosine_min)
+            verdict = graph_check.judge(candidate_bytes, feeds, recipe.outputs, reference,
+                                        spec.tolerance.max_abs, spec.tolerance.cosine_min, trim)
             error = verdict.reason
         after = passes.histogram(candidate) if candidate is not None else {}
         records.append({
@@ -133,22 +146,24 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
             "nodes_before": sum(before.values()), "nodes_after": sum(after.values()) if after else None,
             "ops_before": before, "ops_after": after or None,
             "fused": passes.fusions(before, after) if after else {},
-            "bytes_before": current.ByteSize(),
-            "bytes_after": candidate.ByteSize() if candidate is not None else None,
+            "bytes_before": len(current_bytes),
+            "bytes_after": len(candidate_bytes) if candidate_bytes is not None else None,
             "check": verdict.accuracy if candidate is not None and not unchanged else {},
             "info": info,
         })
         if error is None:
-            current, reference = candidate, verdict.outputs
-        elif spec.strict and not unchanged:
+            current, current_bytes, reference = candidate, candidate_bytes, verdict.outputs
+        del candidate, candidate_bytes
+        if error is not None and spec.strict and not unchanged:
             raise StageFailed(f"optimize: pass `{name}` rejected: {error}",
                               "remove the pass from optimize.passes, or set optimize.strict: false")
 
     out_path = workdir / "optimized.onnx"
-    onnx.save(current, str(out_path))
+    out_path.write_bytes(current_bytes)
     accepted = [r["name"] for r in records if r["status"] == "accepted"]
-    ops_before, ops_after = passes.histogram(exported), passes.histogram(current)
+    ops_after = passes.histogram(current)
     drift = metrics.compare(first_reference, reference, top1_outputs=[])  # final vs exported
+    del current, reference, first_reference
     return Produced({"optimized.onnx": out_path}, {
         "passes": records,
         "accepted": accepted,
@@ -157,11 +172,13 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "nodes_before": sum(ops_before.values()), "nodes_after": sum(ops_after.values()),
         "ops_before": ops_before, "ops_after": ops_after,
         "fused": passes.fusions(ops_before, ops_after),
-        "bytes_before": exported.ByteSize(), "bytes_after": current.ByteSize(),
+        "bytes_before": exported_size, "bytes_after": len(current_bytes),
         "tolerance": spec.tolerance.model_dump(),
         "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in named.items()},
+        "checked_last_positions": ({"outputs": trim, "positions": graph_check.LAST_POSITIONS}
+                                   if trim else None),
         "drift_vs_export": {k: d.dump() for k, d in metrics.drifts(drift).items()},
-        "latency": _latency(recipe, exported, current).dump() if accepted else None,
+        "latency": _latency(recipe, graph.path.read_bytes(), current_bytes).dump() if accepted else None,
     })
 
 
@@ -180,12 +197,12 @@ class GraphLatency:
                 "speedup": self.speedup.dump(), "method": self.method}
 
 
-def _latency(recipe: Recipe, exported, optimized) -> GraphLatency:
-    """Exported vs optimized graph, interleaved in one process (ORT CPU, its own optimizer on)."""
+def _latency(recipe: Recipe, exported: bytes, optimized: bytes) -> GraphLatency:
+    """Exported vs optimized graph (serialized), interleaved in one process (ORT CPU, its own
+    optimizer on)."""
     spec = recipe.optimize.latency or DEFAULT_LATENCY
     feed = data.feeds(recipe, "export")[0]  # the opt point, as validation times engines
-    runners = [graph_check.Timed(m.SerializeToString(), recipe.outputs, None, spec.spin)
-               for m in (exported, optimized)]
+    runners = [graph_check.Timed(m, recipe.outputs, None, spec.spin) for m in (exported, optimized)]
     base_blocks, opt_blocks = timing.time_interleaved(runners, feed, spec)
     return GraphLatency(
         exported_ms=stats.summary(base_blocks), optimized_ms=stats.summary(opt_blocks),

@@ -45,6 +45,29 @@ def test_kv_check_feeds_stay_within_the_workloads_context():
     assert feeds["opt"]["input_ids"].shape == (1, 128) and feeds["opt"]["attention_mask"].shape == (1, 256)
 
 
+def test_a_long_prefill_s_logits_are_checked_at_their_last_positions_only():
+    """Build memory (issue 37): smollm2-long's 5,120-token logits are 1 GB a copy and the chain
+    held several; its checks keep the last LAST_POSITIONS positions of the logits (what
+    generation reads), the presents whole, and a tensor recipe's outputs untouched."""
+    import numpy as np
+
+    from pipeline.metrics.graph_check import LAST_POSITIONS, last_positions
+    from pipeline.recipe import load
+    from pipeline.stages.optimize import trimmed_outputs
+
+    long = load("smollm2-long")
+    assert trimmed_outputs(long) == ["logits"]
+    assert trimmed_outputs(load("minilm")) == []
+    logits = np.arange(2 * 300 * 5, dtype=np.float32).reshape(2, 300, 5)
+    present = np.ones((1, 3, 300, 4), np.float32)
+    cut = last_positions({"logits": logits, "present.0.key": present}, ["logits"])
+    assert cut["logits"].shape == (2, LAST_POSITIONS, 5) and cut["logits"].flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(cut["logits"], logits[:, -LAST_POSITIONS:])
+    assert cut["present.0.key"] is present
+    short = {"logits": logits[:, :LAST_POSITIONS]}
+    assert last_positions(short, ["logits"])["logits"] is short["logits"]
+
+
 def test_standard_fuses_attention_per_layer_and_normalization(built_standard):
     folder = built_standard.engines / STANDARD
     exported, optimized = ops(folder / "model.onnx"), ops(folder / "optimized.onnx")
