@@ -193,10 +193,14 @@ def session_source(path: Path) -> str | bytes:
 
 
 def compact_file(path: Path, min_elements: int = MIN_ELEMENTS) -> Stored:
-    """compact() an ONNX file whose data is inline, rewriting it only if anything changed."""
+    """compact() an ONNX file whose data is inline, rewriting it only if anything changed. A
+    file with external data (a model past protobuf's 2 GB) is left as it is."""
     import onnx
+    from onnx import TensorProto
 
-    model = onnx.load(str(path))
+    model = onnx.load(str(path), load_external_data=False)
+    if any(i.data_location == TensorProto.EXTERNAL for i in model.graph.initializer):
+        return Stored()
     stored = compact(model, min_elements)
     if stored.initializers:
         tmp = path.with_name(path.name + ".compact")

@@ -220,7 +220,6 @@ class Run:
         gate_recheck.refuse_failing(self.recipe, self.store.dir / "report.json", found.engines)
         return found
 
-
     def _stage_costs(self) -> dict[str, dict]:
         """Time and peak memory of every stage the folder records for this recipe's run (a
         load test's and a served engine's records are measurements, not stages of the run)."""

@@ -114,3 +114,14 @@ def test_a_file_with_nothing_to_compact_is_left_untouched(tmp_path):
     assert compact_storage.compact_file(path).initializers == 0
     assert path.read_bytes() == content
     assert compact_storage.session_source(path) == str(path)
+
+
+def test_a_file_with_external_data_is_left_untouched(tmp_path):
+    """A model past protobuf's 2 GB keeps its weights in a side file; the build leaves such an
+    engine as ONNX Runtime saved it rather than load it whole and fail to write it back."""
+    path, _ = _model(tmp_path)
+    model = onnx.load(str(path))
+    onnx.save(model, str(path), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    content = path.read_bytes()
+    assert compact_storage.compact_file(path).initializers == 0
+    assert path.read_bytes() == content
