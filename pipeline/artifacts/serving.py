@@ -160,6 +160,10 @@ class SoakWindow(Closed):
     requests: Count
     failures: Count
     p99_ms: Quantile
+    ttft_p99_ms: Quantile | None = Field(None, description=(
+        "Streamed generation: time to first token's p99 in the window (None for tensor models)."))
+    tpot_p99_ms: Quantile | None = Field(None, description=(
+        "Streamed generation: time per output token's p99 (requests of >= 2 tokens)."))
     rss_mib: float | None = Field(description="The server's mean RSS in the window.")
     cpu_pct: float | None
 
@@ -175,6 +179,8 @@ class Slope(Closed):
 class SoakVerdict(Closed):
     memory_slope_mib_per_hour: Slope | None
     p99_slope_ms_per_hour: Slope | None
+    ttft_p99_slope_ms_per_hour: Slope | None = None  # streamed generation only
+    tpot_p99_slope_ms_per_hour: Slope | None = None
     threshold_mib_per_hour: float
     leak: Literal["leak", "no leak", "inconclusive"]
     why: str

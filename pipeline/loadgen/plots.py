@@ -60,6 +60,10 @@ def soak_png(path: Path, windows: list[SoakWindow], title: str) -> Path:
     fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
     p99 = [np.nan if w.p99_ms.value is None else w.p99_ms.value for w in windows]
     ax.plot(mid, p99, "o-", label="p99 latency (ms)")
+    if windows and windows[0].ttft_p99_ms is not None:  # streamed generation
+        for field, label in (("ttft_p99_ms", "TTFT p99 (ms)"), ("tpot_p99_ms", "TPOT p99 (ms)")):
+            values = [getattr(w, field).value if getattr(w, field) is not None else None for w in windows]
+            ax.plot(mid, [np.nan if v is None else v for v in values], ".-", label=label)
     ax.set(xlabel="time (s)", ylabel="p99 (ms)")
     ax.grid(alpha=0.3)
     ax_m = ax.twinx()

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.artifacts.serving import Slope, SoakVerdict, SoakWindow
 from pipeline.loadgen.client import Outcome
-from pipeline.loadgen.summary import quantile
+from pipeline.loadgen.summary import quantile, tpot_ms
 
 LEAK_MIB_PER_HOUR = 10.0
 MIN_WINDOWS = 4
@@ -48,9 +48,14 @@ def windows(outcomes: list[Outcome], samples: list[tuple[float, float, float]], 
         mine = [o for o in outcomes if lo <= o.due < hi]
         lat = [o.latency * 1e3 for o in mine]
         res = [s for s in samples if lo <= s[0] - sampler_offset < hi]
+        streamed = any(o.chunks for o in mine)  # a generation engine's token stream
+        ttft = [(o.chunks[0] - o.due) * 1e3 if o.status == "ok" and o.chunks else np.inf for o in mine]
+        tpot = [t for t in (tpot_ms(o) if o.status == "ok" else np.inf for o in mine) if not np.isnan(t)]
         out.append(SoakWindow(start_s=float(lo), end_s=float(hi), requests=len(mine),
                               failures=sum(o.status != "ok" for o in mine),
                               p99_ms=quantile(lat, 0.99),
+                              ttft_p99_ms=quantile(ttft, 0.99) if streamed else None,
+                              tpot_p99_ms=quantile(tpot, 0.99) if streamed else None,
                               rss_mib=float(np.mean([s[2] for s in res])) if res else None,
                               cpu_pct=float(np.mean([s[1] for s in res])) if res else None))
     return out
@@ -59,8 +64,8 @@ def windows(outcomes: list[Outcome], samples: list[tuple[float, float, float]], 
 def verdict(wins: list[SoakWindow], threshold: float = LEAK_MIB_PER_HOUR) -> SoakVerdict:
     mid = np.asarray([(w.start_s + w.end_s) / 2 for w in wins])
     rss = np.asarray([np.nan if w.rss_mib is None else w.rss_mib for w in wins])
-    p99 = np.asarray([np.nan if w.p99_ms.value is None else w.p99_ms.value for w in wins])
-    memory, latency = slope(mid, rss), slope(mid, p99)
+    memory, latency = slope(mid, rss), slope(mid, _values(wins, "p99_ms"))
+    streamed = all(w.ttft_p99_ms is not None for w in wins)
     if memory is None or len(wins) < MIN_WINDOWS:
         leak = "inconclusive"
         why = f"fewer than {MIN_WINDOWS} windows with memory samples"
@@ -71,4 +76,13 @@ def verdict(wins: list[SoakWindow], threshold: float = LEAK_MIB_PER_HOUR) -> Soa
     else:
         leak, why = "inconclusive", f"the 95% interval of the memory slope straddles {threshold:g} MiB/h; run longer"
     return SoakVerdict(memory_slope_mib_per_hour=memory, p99_slope_ms_per_hour=latency,
+                       ttft_p99_slope_ms_per_hour=slope(mid, _values(wins, "ttft_p99_ms")) if streamed else None,
+                       tpot_p99_slope_ms_per_hour=slope(mid, _values(wins, "tpot_p99_ms")) if streamed else None,
                        threshold_mib_per_hour=threshold, leak=leak, why=why)
+
+
+def _values(wins: list[SoakWindow], field: str) -> np.ndarray:
+    """Each window's quantile `field` (p99_ms, ttft_p99_ms, ...), NaN where unknown or unbounded
+    (a window whose p99 is a failed request's inf carries no slope)."""
+    values = [getattr(w, field).value if getattr(w, field) is not None else None for w in wins]
+    return np.asarray([np.nan if v is None or not np.isfinite(v) else v for v in values], dtype=np.float64)

@@ -61,13 +61,34 @@ def markdown(loads: list[dict]) -> list[str]:
                              f"{_num(sp.get('p50'), '.1f')} |")
         lines += _metrics_table(r["points"])
         if r.get("soak"):
-            v = r["soak"]["verdict"]
-            m = v.get("memory_slope_mib_per_hour") or {}
-            lines += ["", f"Soak: **{v['leak']}** ({v['why']}); memory slope "
-                      + (f"{m['per_hour']:.1f} MiB/h [{m['ci95'][0]:.1f}, {m['ci95'][1]:.1f}]" if m else "—")]
+            lines += _soak(r["soak"])
         if r.get("plot"):
             lines += ["", f"![{r['mode']}]({r['plot']})"]
         lines.append("")
+    return lines
+
+
+def _slope(s: dict | None, unit: str) -> str:
+    return f"{s['per_hour']:+.1f} {unit}/h [{s['ci95'][0]:+.1f}, {s['ci95'][1]:+.1f}]" if s else "—"
+
+
+def _soak(soak: dict) -> list[str]:
+    """The leak verdict, the drift slopes and the windows (p99 with its interval)."""
+    v, wins = soak["verdict"], soak["windows"]
+    streamed = wins and wins[0].get("ttft_p99_ms") is not None
+    lines = ["", f"Soak: **{v['leak']}** ({v['why']}); memory slope "
+             f"{_slope(v.get('memory_slope_mib_per_hour'), 'MiB')}; drift of the p99 (no verdict): "
+             f"end to end {_slope(v.get('p99_slope_ms_per_hour'), 'ms')}"
+             + (f", TTFT {_slope(v.get('ttft_p99_slope_ms_per_hour'), 'ms')}, TPOT "
+                f"{_slope(v.get('tpot_p99_slope_ms_per_hour'), 'ms')}" if streamed else "") + ".", "",
+             "| window s | requests | failed | p99 ms [95% CI] |"
+             + (" TTFT p99 ms | TPOT p99 ms |" if streamed else "") + " server RSS MiB | server CPU % |",
+             "|---|---|---|---|" + ("---|---|" if streamed else "") + "---|---|"]
+    for w in wins:
+        lines.append(f"| {w['start_s']:.0f}-{w['end_s']:.0f} | {w['requests']} | {w['failures']} | "
+                     f"{_ms(w['p99_ms'])} |" + (f" {_ms(w['ttft_p99_ms'])} | {_ms(w['tpot_p99_ms'])} |"
+                                                if streamed else "")
+                     + f" {_num(w['rss_mib'], ',.0f')} | {_num(w['cpu_pct'], '.0f')} |")
     return lines
 
 

@@ -193,6 +193,34 @@ def test_leak_verdict_needs_the_whole_interval_past_the_threshold():
     assert soak.verdict(_windows(100 / 3600, 0.2)[:3]).leak == "inconclusive"
 
 
+def test_a_chat_soak_keeps_ttft_and_tpot_per_window_and_their_drift():
+    """Streamed generation: each window's TTFT and TPOT p99 beside the end-to-end one, their
+    slopes in the verdict, and report.md's windows table shows them; a failed request is an
+    infinitely late first token (its window's p99 unbounded, left out of the slope)."""
+    from pipeline.loadgen.outcome import Outcome
+    from pipeline.render.serving_markdown import _soak
+
+    outcomes = []
+    for i in range(600):  # 10 minutes at 1/s; TTFT grows 2 ms a minute, TPOT stays 20 ms
+        due = float(i)
+        first = due + 0.1 + 0.002 * (i / 60)
+        chunks = [first + 0.02 * k for k in range(8)]
+        outcomes.append(Outcome(due=due, sent=due, done=chunks[-1], status="ok", chunks=chunks,
+                                completion_tokens=8))
+    outcomes[5].status, outcomes[5].chunks = "error", []
+    wins = soak.windows(outcomes, [(t, 50.0, 500.0) for t in np.arange(0, 600, 0.5)],
+                        start=0.0, end=600.0, count=10)
+    assert wins[0].ttft_p99_ms.value is None and wins[0].ttft_p99_ms.lo > 100  # the failed one: unbounded
+    assert all(abs(w.tpot_p99_ms.value - 20.0) < 0.01 for w in wins[1:])
+    assert 100 < wins[5].ttft_p99_ms.value < 125
+    verdict = soak.verdict(wins)
+    assert 100 < verdict.ttft_p99_slope_ms_per_hour.per_hour < 140  # ~120 ms/h, window 0 left out
+    assert abs(verdict.tpot_p99_slope_ms_per_hour.per_hour) < 1
+    text = "\n".join(_soak({"windows": [w.model_dump() for w in wins], "verdict": verdict.model_dump()}))
+    assert "| window s | requests | failed | p99 ms [95% CI] | TTFT p99 ms | TPOT p99 ms |" in text
+    assert "TTFT +1" in text and "| 0-60 | 60 | 1 |" in text
+
+
 def test_every_point_holds_its_minimum_requests_and_duration():
     from pipeline.loadgen.client import Target
     from pipeline.loadgen.loadtest import LoadTest, Settings
