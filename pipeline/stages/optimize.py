@@ -87,12 +87,12 @@ def check_feeds(recipe: Recipe) -> FeedsByPoint:
     return out
 
 
-def _apply(name: str, model, options: dict):
-    """Run one pass on a copy of `model`: (new model or None, info, error or None, seconds)."""
+def _apply(name: str, model: bytes, options: dict):
+    """Run one pass on a copy of `model` (serialized): (new model or None, info, error or None,
+    seconds)."""
     import onnx
 
-    work = onnx.ModelProto()
-    work.CopyFrom(model)
+    work = onnx.load_from_string(model)
     t0 = time.perf_counter()
     try:
         out = passes.load(name)(work, **options)
@@ -117,25 +117,27 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     import onnx
 
     spec = recipe.optimize
-    # Build memory (issue 37): one graph and one serialized copy of it are held beside each
-    # candidate (the exported graph is read again at the end), and long logits are cut.
-    current = onnx.load(str(graph.path))
-    current_bytes = current.SerializeToString()
-    exported_size, ops_before = len(current_bytes), passes.histogram(current)
+    # Build memory (issue 37): the last good graph is held serialized only (each pass parses
+    # its own copy; the exported graph is read again at the end), a generation graph's long
+    # logits are cut and its checks run without ORT's arena.
+    exported = onnx.load(str(graph.path))  # external data, if the export wrote any, read in
+    current_bytes, before = exported.SerializeToString(), passes.histogram(exported)
+    del exported
+    exported_size, ops_before = len(current_bytes), before
     named, trim = check_feeds(recipe), trimmed_outputs(recipe)
-    feeds = list(named.values())
-    first_reference = reference = graph_check.run(current_bytes, feeds, recipe.outputs, trim=trim)
+    feeds, arena = list(named.values()), not trim
+    first_reference = reference = graph_check.run(current_bytes, feeds, recipe.outputs, trim=trim,
+                                                  arena=arena)
     records = []
     for name in spec.passes:
-        before = passes.histogram(current)
-        candidate, info, error, seconds = _apply(name, current, spec.options.get(name, {}))
+        candidate, info, error, seconds = _apply(name, current_bytes, spec.options.get(name, {}))
         candidate_bytes = candidate.SerializeToString() if candidate is not None else None
         unchanged = error is None and candidate_bytes == current_bytes
         if unchanged:  # found nothing to rewrite: said so, never "accepted" (nothing to check)
             error = NO_MATCH
         elif error is None:
             verdict = graph_check.judge(candidate_bytes, feeds, recipe.outputs, reference,
-                                        spec.tolerance.max_abs, spec.tolerance.cosine_min, trim)
+                                        spec.tolerance.max_abs, spec.tolerance.cosine_min, trim, arena)
             error = verdict.reason
         after = passes.histogram(candidate) if candidate is not None else {}
         records.append({
@@ -152,7 +154,7 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
             "info": info,
         })
         if error is None:
-            current, current_bytes, reference = candidate, candidate_bytes, verdict.outputs
+            current_bytes, reference, before = candidate_bytes, verdict.outputs, after
         del candidate, candidate_bytes
         if error is not None and spec.strict and not unchanged:
             raise StageFailed(f"optimize: pass `{name}` rejected: {error}",
@@ -161,9 +163,9 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     out_path = workdir / "optimized.onnx"
     out_path.write_bytes(current_bytes)
     accepted = [r["name"] for r in records if r["status"] == "accepted"]
-    ops_after = passes.histogram(current)
+    ops_after = before  # the last good graph's
     drift = metrics.compare(first_reference, reference, top1_outputs=[])  # final vs exported
-    del current, reference, first_reference
+    del reference, first_reference
     return Produced({"optimized.onnx": out_path}, {
         "passes": records,
         "accepted": accepted,
@@ -178,7 +180,8 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "checked_last_positions": ({"outputs": trim, "positions": graph_check.LAST_POSITIONS}
                                    if trim else None),
         "drift_vs_export": {k: d.dump() for k, d in metrics.drifts(drift).items()},
-        "latency": _latency(recipe, graph.path.read_bytes(), current_bytes).dump() if accepted else None,
+        "latency": (_latency(recipe, onnx.load(str(graph.path)).SerializeToString(), current_bytes).dump()
+                    if accepted else None),
     })
 
 
