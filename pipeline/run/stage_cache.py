@@ -18,6 +18,7 @@ rather than use it.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import shutil
@@ -29,7 +30,7 @@ from typing import Any
 
 from pipeline.artifacts.manifest import StageRecord
 from pipeline.bench import monitor
-from pipeline.core import deps
+from pipeline.core import deps, heap
 from pipeline.core.errors import PipelineError, StageFailed
 from pipeline.core.text import first_line
 from pipeline.core.ui import Progress
@@ -173,6 +174,10 @@ class StageCache:
                 return Result(outputs, record.meta, cached=True, store=self.store)
 
         workdir = self.store.workdir(stage_id)
+        # What earlier stages freed goes back to the system first: one process runs every stage,
+        # and the export's temporaries otherwise sat under the optimize stage's peak.
+        gc.collect()
+        heap.trim()
         t0, memory = time.perf_counter(), monitor.PeakWatch().start()
         twin = None if self.force else self._from_twin(stage_id, key, workdir)
         if twin is not None:
