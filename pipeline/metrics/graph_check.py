@@ -84,12 +84,12 @@ def run(model_bytes: bytes | str, feeds: list[Feed], output_names: list[str],
 
 def judge(model, feeds: list[Feed], output_names: list[str], reference: list[Feed],
           max_abs: float, cosine_min: float, trim: Sequence[str] = (), arena: bool = True) -> Verdict:
-    """Is `model` (a pass's output, or its serialized bytes) valid, and do its outputs match
-    `reference` (its input's, cut as `trim` says)?"""
+    """Is `model` (a pass's output: the graph, its serialized bytes or its path as str) valid,
+    and do its outputs match `reference` (its input's, cut as `trim` says)?"""
     # Validity is judged by ONNX Runtime loading and running the graph: onnx.checker does not
     # know ORT's contrib ops that fusions put in the default domain (SimplifiedLayerNorm...).
     try:
-        data = model if isinstance(model, bytes) else model.SerializeToString()
+        data = model if isinstance(model, (bytes, str)) else model.SerializeToString()
         outputs = run(data, feeds, output_names, trim=trim, arena=arena)
     except Exception as e:  # session creation or a kernel refusing the graph
         return Verdict(False, f"invalid model: {_ort_message(e)}", {}, None)
@@ -107,7 +107,7 @@ def judge(model, feeds: list[Feed], output_names: list[str], reference: list[Fee
 class Timed:
     """A graph in an ORT session behind the runner interface bench.timing drives."""
 
-    def __init__(self, model_bytes: bytes, output_names: list[str], threads: int | None,
+    def __init__(self, model_bytes: bytes | str, output_names: list[str], threads: int | None,
                  spin: bool):
         # ORT's own optimizer on (extended), as an engine built from this graph would run it.
         self.session = session(model_bytes, optimize=True, threads=threads, spin=spin)

@@ -10,6 +10,7 @@ Finally the optimized graph and the exported one are timed interleaved in one pr
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,12 +88,12 @@ def check_feeds(recipe: Recipe) -> FeedsByPoint:
     return out
 
 
-def _apply(name: str, model: bytes, options: dict):
-    """Run one pass on a copy of `model` (serialized): (new model or None, info, error or None,
+def _apply(name: str, model: Path, options: dict):
+    """Run one pass on a copy of the graph at `model`: (new model or None, info, error or None,
     seconds)."""
     import onnx
 
-    work = onnx.load_from_string(model)
+    work = onnx.load(str(model))
     t0 = time.perf_counter()
     try:
         out = passes.load(name)(work, **options)
@@ -117,29 +118,38 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
     import onnx
 
     spec = recipe.optimize
-    # Build memory (issue 37): the last good graph is held serialized only (each pass parses
-    # its own copy; the exported graph is read again at the end), a generation graph's long
-    # logits are cut and its checks run without ORT's arena.
+    # Build memory (issue 37): the last good graph and the candidate wait on disk, not in
+    # memory, while a check runs (ONNX Runtime reads them from their files); a generation
+    # graph's long logits are cut and its checks run without ORT's arena.
+    current, candidate_path = workdir / "current.onnx", workdir / "candidate.onnx"
     exported = onnx.load(str(graph.path))  # external data, if the export wrote any, read in
-    current_bytes, before = exported.SerializeToString(), passes.histogram(exported)
+    data = exported.SerializeToString()
+    before = ops_before = passes.histogram(exported)
     del exported
-    exported_size, ops_before = len(current_bytes), before
+    current.write_bytes(data)
+    digest, exported_size = hashlib.sha256(data).digest(), len(data)
+    del data
     named, trim = check_feeds(recipe), trimmed_outputs(recipe)
     feeds, arena = list(named.values()), not trim
-    first_reference = reference = graph_check.run(current_bytes, feeds, recipe.outputs, trim=trim,
+    first_reference = reference = graph_check.run(str(current), feeds, recipe.outputs, trim=trim,
                                                   arena=arena)
     records = []
     for name in spec.passes:
-        candidate, info, error, seconds = _apply(name, current_bytes, spec.options.get(name, {}))
-        candidate_bytes = candidate.SerializeToString() if candidate is not None else None
-        unchanged = error is None and candidate_bytes == current_bytes
+        candidate, info, error, seconds = _apply(name, current, spec.options.get(name, {}))
+        after, size, new_digest = {}, None, None
+        if candidate is not None:
+            after, data = passes.histogram(candidate), candidate.SerializeToString()
+            del candidate
+            size, new_digest = len(data), hashlib.sha256(data).digest()
+            candidate_path.write_bytes(data)
+            del data
+        unchanged = error is None and new_digest == digest
         if unchanged:  # found nothing to rewrite: said so, never "accepted" (nothing to check)
             error = NO_MATCH
         elif error is None:
-            verdict = graph_check.judge(candidate_bytes, feeds, recipe.outputs, reference,
+            verdict = graph_check.judge(str(candidate_path), feeds, recipe.outputs, reference,
                                         spec.tolerance.max_abs, spec.tolerance.cosine_min, trim, arena)
             error = verdict.reason
-        after = passes.histogram(candidate) if candidate is not None else {}
         records.append({
             "name": name, "summary": passes.PASSES[name].summary,
             "status": "accepted" if error is None else "no match" if unchanged else "rejected",
@@ -148,20 +158,21 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
             "nodes_before": sum(before.values()), "nodes_after": sum(after.values()) if after else None,
             "ops_before": before, "ops_after": after or None,
             "fused": passes.fusions(before, after) if after else {},
-            "bytes_before": len(current_bytes),
-            "bytes_after": len(candidate_bytes) if candidate_bytes is not None else None,
-            "check": verdict.accuracy if candidate is not None and not unchanged else {},
+            "bytes_before": current.stat().st_size,
+            "bytes_after": size,
+            "check": verdict.accuracy if size is not None and not unchanged else {},
             "info": info,
         })
         if error is None:
-            current_bytes, reference, before = candidate_bytes, verdict.outputs, after
-        del candidate, candidate_bytes
+            candidate_path.replace(current)
+            digest, reference, before = new_digest, verdict.outputs, after
         if error is not None and spec.strict and not unchanged:
             raise StageFailed(f"optimize: pass `{name}` rejected: {error}",
                               "remove the pass from optimize.passes, or set optimize.strict: false")
+    candidate_path.unlink(missing_ok=True)
 
     out_path = workdir / "optimized.onnx"
-    out_path.write_bytes(current_bytes)
+    current.replace(out_path)
     accepted = [r["name"] for r in records if r["status"] == "accepted"]
     ops_after = before  # the last good graph's
     drift = metrics.compare(first_reference, reference, top1_outputs=[])  # final vs exported
@@ -174,14 +185,13 @@ def run(recipe: Recipe, graph, workdir: Path, verbose: bool = False) -> Produced
         "nodes_before": sum(ops_before.values()), "nodes_after": sum(ops_after.values()),
         "ops_before": ops_before, "ops_after": ops_after,
         "fused": passes.fusions(ops_before, ops_after),
-        "bytes_before": exported_size, "bytes_after": len(current_bytes),
+        "bytes_before": exported_size, "bytes_after": out_path.stat().st_size,
         "tolerance": spec.tolerance.model_dump(),
         "check_feeds": {p: {k: list(v.shape) for k, v in f.items()} for p, f in named.items()},
         "checked_last_positions": ({"outputs": trim, "positions": graph_check.LAST_POSITIONS}
                                    if trim else None),
         "drift_vs_export": {k: d.dump() for k, d in metrics.drifts(drift).items()},
-        "latency": (_latency(recipe, onnx.load(str(graph.path)).SerializeToString(), current_bytes).dump()
-                    if accepted else None),
+        "latency": _latency(recipe, str(graph.path), str(out_path)).dump() if accepted else None,
     })
 
 
@@ -200,8 +210,8 @@ class GraphLatency:
                 "speedup": self.speedup.dump(), "method": self.method}
 
 
-def _latency(recipe: Recipe, exported: bytes, optimized: bytes) -> GraphLatency:
-    """Exported vs optimized graph (serialized), interleaved in one process (ORT CPU, its own
+def _latency(recipe: Recipe, exported: str, optimized: str) -> GraphLatency:
+    """Exported vs optimized graph (their files), interleaved in one process (ORT CPU, its own
     optimizer on)."""
     spec = recipe.optimize.latency or DEFAULT_LATENCY
     feed = data.feeds(recipe, "export")[0]  # the opt point, as validation times engines
