@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core import safe_files
+
 MARK = "pipeline.compact_storage"  # metadata_props key: what compact stored, as JSON
 SUFFIX = "/compact_storage"  # the names of the nodes compact writes (expand folds only these)
 MIN_ELEMENTS = 1024  # 4 KB: a smaller tensor saves less than its node costs in the file
@@ -203,7 +205,5 @@ def compact_file(path: Path, min_elements: int = MIN_ELEMENTS) -> Stored:
         return Stored()
     stored = compact(model, min_elements)
     if stored.initializers:
-        tmp = path.with_name(path.name + ".compact")
-        onnx.save(model, str(tmp))
-        tmp.replace(path)
+        safe_files.write_atomic(path, model.SerializeToString())
     return stored

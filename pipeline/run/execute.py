@@ -206,7 +206,7 @@ class Run:
         skipped = [dump(e) for e in engines if e.status != "built"]
         by_id = {e.target: e for e in [*engines, *others]}
         every = [by_id[t.id] for t in self.recipe.targets if t.id in by_id]  # the recipe's order
-        costs = self._stage_costs()
+        costs = report.stage_costs(self.store.manifest.stages)
         spec = {"recipe": self.recipe.digest, "not_built": skipped, "stages": costs}
         if others:
             spec["kept"] = [dump(e) for e in others]
@@ -219,14 +219,6 @@ class Run:
         found = result.record("report.json")
         gate_recheck.refuse_failing(self.recipe, self.store.dir / "report.json", found.engines)
         return found
-
-    def _stage_costs(self) -> dict[str, dict]:
-        """Time and peak memory of every stage the folder records for this recipe's run (a
-        load test's and a served engine's records are measurements, not stages of the run)."""
-        stages = self.store.manifest.stages
-        return {sid: {"seconds": r.seconds, "peak_rss_mb": r.peak_rss_mb, "finished": r.finished}
-                for sid, r in stages.items()
-                if sid != "report" and not sid.startswith(("load:", "serve:"))}
 
 
 def _not_built(target, status: str, reason: str) -> EngineResult:

@@ -38,6 +38,14 @@ def assemble(recipe: Recipe, baseline: dict | None, graph_stages: dict[str, dict
     })
 
 
+def stage_costs(records: dict) -> dict[str, dict]:
+    """Time and peak memory of every stage a folder's manifest records for the run (`records`:
+    stage id -> StageRecord; a load test's and a served engine's records are measurements, not
+    stages of the run, and the report is this stage)."""
+    return {sid: {"seconds": r.seconds, "peak_rss_mb": r.peak_rss_mb, "finished": r.finished}
+            for sid, r in records.items() if sid != "report" and not sid.startswith(("load:", "serve:"))}
+
+
 def kept_entries(recipe: Recipe, chosen: list[str], previous: dict | None) -> list[dict] | None:
     """With --target, the entries of the last report (`previous`) for the recipe's targets not
     in `chosen`, in the recipe's order, so a partial run keeps them in the report. None when

@@ -291,10 +291,10 @@ PLAIN_WRITERS = {
     "stages/precision.py": "the work folder", "precision/effective.py": "the work folder",
     "precision/sensitivity.py": "the work folder", "precision/qdq.py": "the work folder",
     "backends/tensorrt.py": "the work folder", "workloads/generation_measure.py": "the work folder",
-    "generation/genai_config.py": "the work folder", "generation/figures.py": "/proc/self",
+    "generation/genai_config.py": "the work folder", "bench/monitor.py": "/proc/self/clear_refs (resets the peak RSS)",
     # onnx.save of a graph stage's output: the work folder
     "generation/export.py": "onnx.save", "stages/export.py": "onnx.save",
-    "stages/optimize.py": "onnx.save", "precision/cast.py": "onnx.save",
+    "stages/optimize.py": "the work folder", "precision/cast.py": "onnx.save",
     "precision/dynamic.py": "onnx.save", "precision/key_mask.py": "onnx.save",
     "precision/smooth.py": "onnx.save",
     "fleet/transfer.py": "a folder it makes new (mkdir), renamed into place whole",
