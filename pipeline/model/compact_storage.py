@@ -181,17 +181,21 @@ def load(path: Path):
     return model
 
 
-def session_source(path: Path) -> str | bytes:
-    """What to hand onnxruntime.InferenceSession for a session that loads the file unoptimized
-    (ORT_DISABLE_ALL) yet must run what a serving session runs: the path itself, or, for a
-    compacted file, its expanded bytes."""
+def opened(path: Path):
+    """(the file as a session holds it, what to hand onnxruntime.InferenceSession for a session
+    that loads it unoptimized yet must run what a serving session runs: the path itself, or, for
+    a compacted file, its expanded bytes), from one read of the file."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
-    if not is_compact(model):
-        return str(path)
-    expand(model)
-    return model.SerializeToString()
+    if not expand(model):
+        return model, str(path)
+    return model, model.SerializeToString()
+
+
+def session_source(path: Path) -> str | bytes:
+    """opened()'s session source alone."""
+    return opened(path)[1]
 
 
 def compact_file(path: Path, min_elements: int = MIN_ELEMENTS) -> Stored:

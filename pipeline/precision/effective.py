@@ -226,7 +226,8 @@ def node_flops(args: dict, conv: tuple[int, int, int] | None = None) -> list[tup
 def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> FlopShares:
     import onnxruntime as ort
 
-    graph = compact_storage.load(engine).graph  # as a serving session holds it
+    model, source = compact_storage.opened(engine)  # as a serving session holds it
+    graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     fed_by_dq = {n.name: any(getattr(producer.get(i), "op_type", "") == "DequantizeLinear"
                              for i in n.input[:2]) for n in graph.node}
@@ -238,8 +239,7 @@ def measure(engine: Path, feed: dict, workdir: Path, fp8: bool = False) -> FlopS
     options.profile_file_prefix = str(workdir / "effective-profile")
     if fp8:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    session = ort.InferenceSession(compact_storage.session_source(engine), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     session.run(None, feed)
     profile = Path(session.end_profiling())
     events = json.loads(profile.read_text())
