@@ -8,6 +8,7 @@ event or on the replica's own progress, never a fixed sleep."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -190,36 +191,48 @@ def test_a_burst_is_prefilled_a_prompt_per_step_and_each_reply_is_as_alone(gqa):
 
 def test_a_request_arriving_while_steps_run_back_to_back_joins_at_the_next_step(gqa):
     """A reply of 60 tokens decodes back to back on the engine thread; a request submitted
-    after its third token interrupts that run: its first token comes while the long reply
-    still has most of its tokens to go, and both replies are as alone."""
+    while its fourth decode step runs ends that run after the step: the newcomer is prefilled
+    next, the two decode together from the step after, and both replies are as alone.
+    The engine's calls are recorded as they pass (the real slots run them); the fourth step is
+    held until the submit is in, so the order is the scheduler's, not the machine's (with the
+    two racing, a busy machine let 30 steps pass before the event loop submitted)."""
     from pipeline.generation.sampling import SamplingParams
 
     long, short = ([5, 6, 7], SamplingParams(60, ignore_eos=True)), ([9, 10, 11, 12], SamplingParams(5, ignore_eos=True))
+    replica = _replica(gqa, prefix_cache=False)  # each prompt prefilled whole: the calls below say so
+    loop_, slots = replica.generation, replica.generation.slots
+    real_decode, real_prefill = slots.decode, slots.prefill
+    calls: list[tuple[str, int]] = []  # engine thread: ("decode", rows) / ("prefill", prompt tokens)
+    held, release = threading.Event(), threading.Event()
+
+    def decode(rows, tokens):
+        calls.append(("decode", len(rows)))
+        if calls.count(("decode", 1)) == 4 and not release.is_set():  # the fourth step waits for the submit
+            held.set()
+            assert release.wait(60), "the test never released the held step"
+        return real_decode(rows, tokens)
+
+    def prefill(slot, tokens):
+        calls.append(("prefill", len(tokens)))
+        return real_prefill(slot, tokens)
 
     async def main(replica):
         alone = [await _reply(replica, *long), await _reply(replica, *short)]
-        seen: list[int] = []
-        third = asyncio.Event()
+        calls.clear()
+        slots.decode, slots.prefill = decode, prefill
+        first_run = asyncio.create_task(_reply(replica, *long))
+        assert await asyncio.to_thread(held.wait, 60), "the long reply never reached its fourth step"
+        second = asyncio.create_task(_reply(replica, *short))
+        while len(loop_.scheduler.waiting) + len(loop_.scheduler.running) < 2:  # submitted on its first step
+            await asyncio.sleep(0)
+        release.set()
+        return alone, await first_run, await second
 
-        async def watched():
-            async for item in replica.generate(*long):
-                if "token" in item:
-                    seen.append(item["token"])
-                    if len(seen) == 3:
-                        third.set()
-            return seen
-
-        first_run = asyncio.create_task(watched())
-        await third.wait()
-        items = replica.generate(*short)
-        first = await anext(items)
-        tokens_then = len(seen)
-        rest = [item["token"] async for item in items if "token" in item]
-        return alone, await first_run, [first["token"], *rest], tokens_then
-
-    alone, long_reply, short_reply, tokens_then = _drive(_replica(gqa), main)
+    alone, (long_reply, _), (short_reply, _) = _drive(replica, main)
     assert long_reply == alone[0][0] and short_reply == alone[1][0]
-    assert tokens_then < 30, f"the long reply had {tokens_then} of 60 tokens when the short one began"
+    # the long prompt's prefill, three steps alone, the held fourth, then the newcomer's prefill
+    assert calls[:6] == [("prefill", 3)] + [("decode", 1)] * 4 + [("prefill", 4)], calls
+    assert calls[6:10] == [("decode", 2)] * 4, calls  # its 4 decode steps beside the long reply
 
 def test_seeded_sampling_does_not_depend_on_batch_mates_either(gqa):
     from pipeline.generation.sampling import SamplingParams
