@@ -105,7 +105,8 @@ def _system_cpu() -> tuple[int, int] | None:
     return total - idle, total
 
 
-def _rss_bytes() -> int | None:
+def rss_bytes() -> int | None:
+    """Resident set size of this process now (/proc/self/statm), None where unreadable."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * _PAGE
@@ -256,7 +257,7 @@ class ResourceMonitor:
         self._last = (wall, cpu, system)
         if wall - last_wall <= 0:
             return
-        row = {"process_cpu_pct": 100 * (cpu - last_cpu) / (wall - last_wall), "rss": _rss_bytes()}
+        row = {"process_cpu_pct": 100 * (cpu - last_cpu) / (wall - last_wall), "rss": rss_bytes()}
         if system and last_system and system[1] > last_system[1]:
             row["system_busy_pct"] = 100 * (system[0] - last_system[0]) / (system[1] - last_system[1])
         if self.gpu is not None and self.gpu.reason is None:

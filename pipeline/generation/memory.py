@@ -26,7 +26,7 @@ INTERVAL_S = 0.002
 
 
 def rss() -> int:
-    return monitor._rss_bytes() or 0
+    return monitor.rss_bytes() or 0
 
 
 class Sampler:

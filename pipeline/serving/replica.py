@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench import monitor
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.sampling import InvalidSampling, SamplingParams, check_vocab
 from pipeline.serving import collate
@@ -61,14 +62,9 @@ class InferAnswer:
 
 
 def memory_mb() -> dict[str, float]:
-    """This process's resident memory now and at its peak (Linux /proc: VmRSS, VmHWM)."""
-    values = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                values[key] = int(rest.split()[0]) / 1024  # kB -> MiB
-    return {"rss_mb": values.get("VmRSS", 0.0), "peak_rss_mb": values.get("VmHWM", 0.0)}
+    """This process's resident memory now and at its peak, MiB (bench/monitor reads /proc)."""
+    rss, peak = monitor.rss_bytes(), monitor.peak_rss_bytes()
+    return {"rss_mb": (rss or 0) / 2**20, "peak_rss_mb": (peak or 0) / 2**20}
 
 
 class Replica:
