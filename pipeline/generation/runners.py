@@ -53,15 +53,19 @@ def _greedy(logits: np.ndarray, eos: int | None) -> np.ndarray:
     return logits.argmax(axis=-1).astype(np.int64)
 
 
-def ort_session(engine: Path, threads: int | None):
-    """A CPU session whose idle workers do not spin (while the baseline takes its turn, or
-    while a server's engine thread waits for requests: docs/measurement.md)."""
+def ort_session(engine: Path, threads: int | None, spin: bool = False):
+    """A CPU session. Its workers do not spin by default (while the baseline takes its turn,
+    or while a server's engine thread waits for requests: docs/measurement.md). spin=True: they
+    spin-wait between the parallel sections of a run and stop when the run returns
+    (`session.force_spinning_stop`), so nothing spins between runs."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    if spin:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
 
 
@@ -178,14 +182,15 @@ class OrtLoopRunner(_Turns):
     name = "onnxruntime-iobinding"
     turns = True
 
-    def __init__(self, engine: Path, eos: int, threads: int | None = None, in_place: bool | None = None):
-        """in_place: whether the graph keeps its cache in place (genai_config.in_place_cache),
+    def __init__(self, engine: Path, eos: int, threads: int | None = None, in_place: bool | None = None,
+                 spin: bool = False):
+        """spin: ort_session's. in_place: whether the graph keeps its cache in place (genai_config.in_place_cache),
         when the caller knows it already: finding out parses the whole ONNX file (~4 s for
         SmolLM2's 540 MB FP32 graph), on top of the session's own load."""
         import onnxruntime as ort
 
         self.ort, self.eos = ort, eos
-        self.session = ort_session(engine, threads)
+        self.session = ort_session(engine, threads, spin)
         inputs = self.session.get_inputs()
         self.past_names = [i.name for i in inputs[2:]]
         _, self.kv_heads, _, self.head_dim = inputs[2].shape

@@ -72,6 +72,12 @@ class ServeSpec(Strict):
         "`prefix`: the replica that served the longest prefix of its prompt text (a chat's earlier "
         "turns), while queues stay balanced: Ray Serve LLM's PrefixCacheAffinityRouter, so a "
         "conversation's next turn finds its prefix in that replica's cache (serve.prefix_cache).")
+    spin: bool = Field(
+        True, description="Generation: ONNX Runtime's worker threads spin-wait between the parallel "
+        "sections of an engine call and stop when it returns (`session.force_spinning_stop`), so an "
+        "idle replica burns nothing. Measured on SmolLM2 INT4, 2 threads: decode step 0.75x at "
+        "batch 1 and 0.83x at batch 8, prefill 0.88x of workers put to sleep after each kernel "
+        "(benchmarks/results/spin-policy-2026-12-07.md). false: workers sleep between kernels.")
     replicas: int = Field(1, ge=1, le=64, description="Replicas (one engine each); `pipeline serve "
                           "--replicas` overrides. Triton: `instance_group.count`.")
     replica_cpus: float = Field(1.0, gt=0, le=256, description="CPUs Ray reserves per replica "

@@ -108,12 +108,13 @@ def output_axes(recipe, graph: Path | None) -> dict[str, dict[int, str]]:
 class ServedEngine:
     """An opened engine: `infer` for forward recipes, `generate` for generation recipes."""
 
-    def __init__(self, recipe, choice: Choice, threads: int | None):
+    def __init__(self, recipe, choice: Choice, threads: int | None, spin: bool = False):
+        """spin: a generation engine's ONNX Runtime workers spin-wait inside a call (serve.spin)."""
         self.recipe, self.choice = recipe, choice
         self.generation = recipe.workload.served_as == "generate"
         self._runner = self._gen = None
         if self.generation:
-            self._gen, self.eos = _generation_runner(recipe, choice, threads)
+            self._gen, self.eos = _generation_runner(recipe, choice, threads, spin)
         elif choice.kind == PYTORCH:
             from pipeline.backends.openers import baseline_runner
             from pipeline.model import sources as models
@@ -174,7 +175,7 @@ class ServedEngine:
             self._gen.close()
 
 
-def _generation_runner(recipe, choice: Choice, threads: int | None):
+def _generation_runner(recipe, choice: Choice, threads: int | None, spin: bool):
     from pipeline.generation import runners
     from pipeline.generation.decoder import context_length, eos_token
 
@@ -187,4 +188,4 @@ def _generation_runner(recipe, choice: Choice, threads: int | None):
     if not getattr(backends.lookup(choice.kind), "ENGINE_IS_ONNX", False):  # the loop binds an ONNX graph
         raise InputError(f"generation engines are served on ONNX Runtime or PyTorch here, not "
                          f"`{choice.kind}`", f"--engine onnxruntime or --engine {PYTORCH}")
-    return runners.OrtLoopRunner(choice.path, eos, threads), eos
+    return runners.OrtLoopRunner(choice.path, eos, threads, spin=spin), eos

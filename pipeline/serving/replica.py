@@ -73,7 +73,7 @@ class Replica:
 
         start = time.perf_counter()
         self.choice = choose(recipe, engines_root, engine)
-        self.engine = ServedEngine(recipe, self.choice, threads)
+        self.engine = ServedEngine(recipe, self.choice, threads, spec.spin)
         self.recipe, self.spec = recipe, spec
         self.signature = collate.Signature.of(recipe, spec, output_axes(recipe, self.choice.graph))
         self.policy = BatchPolicy(self.signature.max_batch_size, spec.max_queue_delay_us,

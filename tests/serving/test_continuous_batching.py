@@ -391,3 +391,25 @@ def test_an_engine_failure_ends_its_requests_and_the_loop_goes_on(gqa):
     assert "token" in first and rest[-1]["finish_reason"] == "length" and rest[-1]["tokens"] == 30
     assert len(tokens) == 5 and final["finish_reason"] == "length"
     assert stats["running"] == 0 and stats["kv_tokens_reserved"] == 0
+
+
+def test_the_served_engine_spins_only_inside_a_call_unless_told_not_to(gqa):
+    """serve.spin (default on): the replica's ONNX Runtime workers spin-wait within a call and
+    stop when it returns (force_spinning_stop); serve.spin false: they sleep between kernels."""
+    def config(replica) -> dict[str, str]:
+        options = replica.engine._gen.session.get_session_options()
+        out = {}
+        for key in ("session.intra_op.allow_spinning", "session.force_spinning_stop"):
+            try:
+                out[key] = options.get_session_config_entry(key)
+            except RuntimeError:  # not set: ONNX Runtime's default
+                out[key] = None
+        return out
+
+    on, off = _replica(gqa), _replica(gqa, spin=False)
+    try:
+        assert config(on) == {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
+        assert config(off) == {"session.intra_op.allow_spinning": "0", "session.force_spinning_stop": None}
+    finally:
+        on.close()
+        off.close()
