@@ -166,6 +166,9 @@ class SoakWindow(Closed):
         "Streamed generation: time per output token's p99 (requests of >= 2 tokens)."))
     rss_mib: float | None = Field(description="The server's mean RSS in the window.")
     cpu_pct: float | None
+    cache_mib: float | None = Field(None, description=(
+        "The mean memory the server's caches held by design in the window (its /metrics' "
+        "pipeline:prefix_cache_bytes); None when it does not say."))
 
 
 class Slope(Closed):
@@ -178,6 +181,9 @@ class Slope(Closed):
 
 class SoakVerdict(Closed):
     memory_slope_mib_per_hour: Slope | None
+    uncached_slope_mib_per_hour: Slope | None = Field(None, description=(
+        "The slope of RSS less what the server's caches hold (the verdict's, when the server "
+        "says what they hold)."))
     p99_slope_ms_per_hour: Slope | None
     ttft_p99_slope_ms_per_hour: Slope | None = None  # streamed generation only
     tpot_p99_slope_ms_per_hour: Slope | None = None

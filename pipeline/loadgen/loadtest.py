@@ -36,7 +36,8 @@ class LoadTest:
     settings: Settings
     server_pid: int | None = None
     on_point: Callable[[LoadPoint], None] | None = None
-    samples: list = field(default_factory=list)
+    samples: list = field(default_factory=list)      # the last point's server (t, cpu %, rss MiB)
+    cache_bytes: list = field(default_factory=list)  # its (t, bytes) of soak.CACHE_GAUGE, if served
     scrape_metrics: bool = True  # the server's /metrics before, during and after each point
     metrics_why: str | None = None  # why the last point has no server_metrics
 
@@ -69,6 +70,7 @@ class LoadTest:
         point = summary.summarize(outcomes, warmup=s.warmup, window=window, offered_rate=rate,
                                   terms=s.terms, generation=s.generation)
         point = self._scraped(point, scraper)
+        self.cache_bytes = scraper.gauge(soak.CACHE_GAUGE)
         # the sampler started ~0.05 s (the client's lead) before t0: close enough for windows
         used = resources.summary(sampler.between(s.warmup, s.warmup + window))
         point = point.model_copy(update={"resources": used})
@@ -107,7 +109,7 @@ class LoadTest:
         s = self.settings
         point, outcomes = self.point(rate, window=s.duration)
         wins = soak.windows(outcomes, self.samples, start=s.warmup, end=s.warmup + s.duration,
-                            count=count)
+                            count=count, cache_bytes=self.cache_bytes)
         return point, Soak(windows=wins, verdict=soak.verdict(wins, threshold))
 
 

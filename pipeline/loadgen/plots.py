@@ -69,6 +69,9 @@ def soak_png(path: Path, windows: list[SoakWindow], title: str) -> Path:
     ax_m = ax.twinx()
     rss = [np.nan if w.rss_mib is None else w.rss_mib for w in windows]
     ax_m.plot(mid, rss, "s--", color="tab:orange", label="server RSS (MiB)")
+    if windows and all(w.cache_mib is not None for w in windows):  # what the verdict judged
+        ax_m.plot(mid, [r - w.cache_mib for r, w in zip(rss, windows)], "s:", color="tab:brown",
+                  label="server RSS less its prefix cache (MiB)")
     ax_m.set_ylabel("server RSS (MiB)")
     fig.legend(fontsize=8, loc="upper left")
     return _save(plt, fig, path, title)

@@ -106,11 +106,13 @@ class MetricsScraper:
         self.before: Snapshot | None = None
         self.after: Snapshot | None = None
         self.during: list[Snapshot] = []
+        self.times: list[float] = []  # each of `during`'s, seconds since the scraper started
         self.why: str | None = None if base else "no server URL"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> MetricsScraper:
+        self._t0 = time.perf_counter()
         if self.url is not None:
             self.before, self.why = fetch(self.url)
         if self.before is not None:
@@ -130,6 +132,11 @@ class MetricsScraper:
             snap, _ = fetch(self.url)
             if snap is not None:
                 self.during.append(snap)
+                self.times.append(time.perf_counter() - self._t0)
+
+    def gauge(self, name: str) -> list[tuple[float, float]]:
+        """(seconds since the start, value) of gauge `name` in each scrape during the point."""
+        return [(t, s.gauges[name]) for t, s in zip(self.times, self.during) if name in s.gauges]
 
     def _settled(self) -> Snapshot | None:
         """The scrape after the point, once no request runs there (a server updates its

@@ -76,19 +76,24 @@ def _soak(soak: dict) -> list[str]:
     """The leak verdict, the drift slopes and the windows (p99 with its interval)."""
     v, wins = soak["verdict"], soak["windows"]
     streamed = wins and wins[0].get("ttft_p99_ms") is not None
+    cached = wins and all(w.get("cache_mib") is not None for w in wins)
     lines = ["", f"Soak: **{v['leak']}** ({v['why']}); memory slope "
-             f"{_slope(v.get('memory_slope_mib_per_hour'), 'MiB')}; drift of the p99 (no verdict): "
+             f"{_slope(v.get('memory_slope_mib_per_hour'), 'MiB')}"
+             + (f", less the prefix cache {_slope(v.get('uncached_slope_mib_per_hour'), 'MiB')}" if cached else "")
+             + "; drift of the p99 (no verdict): "
              f"end to end {_slope(v.get('p99_slope_ms_per_hour'), 'ms')}"
              + (f", TTFT {_slope(v.get('ttft_p99_slope_ms_per_hour'), 'ms')}, TPOT "
                 f"{_slope(v.get('tpot_p99_slope_ms_per_hour'), 'ms')}" if streamed else "") + ".", "",
              "| window s | requests | failed | p99 ms [95% CI] |"
-             + (" TTFT p99 ms | TPOT p99 ms |" if streamed else "") + " server RSS MiB | server CPU % |",
-             "|---|---|---|---|" + ("---|---|" if streamed else "") + "---|---|"]
+             + (" TTFT p99 ms | TPOT p99 ms |" if streamed else "") + " server RSS MiB |"
+             + (" prefix cache MiB |" if cached else "") + " server CPU % |",
+             "|---|---|---|---|" + ("---|---|" if streamed else "") + "---|" + ("---|" if cached else "") + "---|"]
     for w in wins:
         lines.append(f"| {w['start_s']:.0f}-{w['end_s']:.0f} | {w['requests']} | {w['failures']} | "
                      f"{_ms(w['p99_ms'])} |" + (f" {_ms(w['ttft_p99_ms'])} | {_ms(w['tpot_p99_ms'])} |"
                                                 if streamed else "")
-                     + f" {_num(w['rss_mib'], ',.0f')} | {_num(w['cpu_pct'], '.0f')} |")
+                     + f" {_num(w['rss_mib'], ',.0f')} |" + (f" {_num(w['cache_mib'], ',.0f')} |" if cached else "")
+                     + f" {_num(w['cpu_pct'], '.0f')} |")
     return lines
 
 

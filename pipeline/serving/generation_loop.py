@@ -278,7 +278,7 @@ class GenerationLoop:
         if self.metrics:
             s = self.scheduler
             self.metrics.gen_state(len(s.running), len(s.waiting), s.kv_reserved, s.limits.kv_tokens,
-                                   s.kv_cached)
+                                   s.kv_cached, self.slots.bytes_per_token or 0)
 
     def stats(self) -> JsonObject:
         s = self.scheduler

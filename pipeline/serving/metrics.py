@@ -94,6 +94,8 @@ class ServingMetrics:
         self._kv_free = gauge("pipeline:kv_cache_free_tokens", "KV-cache tokens free")
         self._prefix_held = gauge("pipeline:prefix_cache_tokens",
                                   "KV-cache tokens held by cached prefixes (within the free tokens)")
+        self._prefix_bytes = gauge("pipeline:prefix_cache_bytes", "Bytes the cached prefixes' keys and values hold "
+                                   "(copies bounded by the KV budget: memory held by design, not leaked)")
         self._prefix_queries = counter("pipeline:prefix_cache_queries",
                                        "Prompt tokens looked up in the prefix cache")
         self._prefix_hits = counter("pipeline:prefix_cache_hits",
@@ -131,10 +133,11 @@ class ServingMetrics:
 
     # ------------------------------------------------------------------ generation
     def gen_state(self, running: int, waiting: int, kv_used_tokens: int, kv_total_tokens: int,
-                  prefix_cached_tokens: int = 0) -> None:
+                  prefix_cached_tokens: int = 0, kv_bytes_per_token: int = 0) -> None:
         """The scheduler's state now: sequences running and waiting, KV-cache tokens used of
-        the total, tokens the cached prefixes hold."""
+        the total, tokens the cached prefixes hold (and their bytes)."""
         self._prefix_held.set(prefix_cached_tokens)
+        self._prefix_bytes.set(prefix_cached_tokens * kv_bytes_per_token)
         self._running.set(running)
         self._waiting.set(waiting)
         self._kv_used.set(kv_used_tokens)

@@ -193,6 +193,38 @@ def test_leak_verdict_needs_the_whole_interval_past_the_threshold():
     assert soak.verdict(_windows(100 / 3600, 0.2)[:3]).leak == "inconclusive"
 
 
+def test_a_prefix_cache_filling_to_its_budget_is_not_a_leak_but_growth_beyond_it_is():
+    """The shape of an hour of SmolLM2 chat (2026-12-07): RSS grows 250 MiB in the first half
+    hour while the prefix cache fills, then holds. Judged on RSS less what the server says its
+    cache holds (its /metrics, sampled per window): no leak; the same cache under a real leak
+    of 60 MiB/h: leak. The raw RSS slope stays beside the verdict, and report.md shows both."""
+    from pipeline.render.serving_markdown import _soak
+
+    rng = np.random.default_rng(2)
+    scrapes = np.arange(0, 3600, 0.25)
+    cache = np.minimum(scrapes / 1800, 1.0) * 250 * 2**20  # bytes, filling for 30 minutes
+
+    def run(leak_mib_per_h: float) -> tuple[list[SoakWindow], object]:
+        samples = [(t, 50.0, 2860 + c / 2**20 + leak_mib_per_h * t / 3600 + float(rng.normal(0, 2)))
+                   for t, c in zip(scrapes[::2], cache[::2])]
+        wins = soak.windows([], samples, start=0.0, end=3600.0, count=12,
+                            cache_bytes=list(zip(scrapes, cache)))
+        return wins, soak.verdict(wins)
+
+    wins, held = run(0.0)
+    assert abs(wins[0].cache_mib - 250 * 150 / 1800) < 1 and abs(wins[-1].cache_mib - 250) < 1e-6
+    assert held.memory_slope_mib_per_hour.ci95[0] > 100  # raw RSS alone would say leak
+    assert held.leak == "no leak" and "memory its caches do not hold" in held.why
+    leaking = run(60.0)[1]
+    assert leaking.leak == "leak" and 40 < leaking.uncached_slope_mib_per_hour.per_hour < 80
+    text = "\n".join(_soak({"windows": [w.model_dump() for w in wins], "verdict": held.model_dump()}))
+    assert "less the prefix cache" in text and "| prefix cache MiB |" in text
+    # a server that says nothing of its caches is judged on its RSS, as before
+    plain = soak.windows([], [(t, 50.0, 500.0 + t / 36) for t in scrapes[::8]], start=0.0, end=3600.0, count=12)
+    assert all(w.cache_mib is None for w in plain) and soak.verdict(plain).leak == "leak"
+    assert soak.verdict(plain).uncached_slope_mib_per_hour is None
+
+
 def test_a_chat_soak_keeps_ttft_and_tpot_per_window_and_their_drift():
     """Streamed generation: each window's TTFT and TPOT p99 beside the end-to-end one, their
     slopes in the verdict, and report.md's windows table shows them; a failed request is an

@@ -83,3 +83,44 @@ def test_each_instance_counts_in_its_own_registry():
     first.tensor_batch(2, [0.0, 0.0], 0.001)
     assert value(scrape(first), "nv_inference_count_total", **TRITON) == 2
     assert value(scrape(second), "nv_inference_count_total", **TRITON) == 0
+
+
+def test_a_load_points_scraper_reads_what_the_prefix_cache_holds_over_time():
+    """The load generator's scraper (loadgen/scrape.py) against a replica's real exposition
+    over HTTP: each scrape during the point is timed, so a soak can average the cache's bytes
+    per window; the gauge follows gen_state (tokens x KV bytes per token)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from pipeline.loadgen.scrape import MetricsScraper
+    from pipeline.loadgen.soak import CACHE_GAUGE
+
+    metrics, scraped = ServingMetrics("m"), threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body, content_type = metrics.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.end_headers()
+            self.wfile.write(body)
+            scraped.set()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with MetricsScraper(f"http://127.0.0.1:{server.server_port}", every=0.01) as scraper:
+            for tokens in (0, 100, 300):
+                metrics.gen_state(0, 0, 0, 1000, prefix_cached_tokens=tokens, kv_bytes_per_token=4096)
+                for _ in range(2):  # two scrapes after each change (each waits for the next GET)
+                    scraped.clear()
+                    assert scraped.wait(30)
+        seen = scraper.gauge(CACHE_GAUGE)
+    finally:
+        server.shutdown()
+    times = [t for t, _ in seen]
+    assert times == sorted(times) and times[0] >= 0
+    assert {v for _, v in seen} <= {0.0, 100 * 4096.0, 300 * 4096.0} and seen[-1][1] == 300 * 4096.0

@@ -181,6 +181,9 @@ def test_a_next_turn_prefills_only_its_new_tokens_and_replies_as_without_reuse(g
     hits = stats["prefix_cache"]["hit_tokens"]
     assert hits == stats_off["prefill_tokens"] - stats["prefill_tokens"]
     assert f'pipeline:prefix_cache_hits_total{{model_name="tiny-llama-gqa"}} {float(hits)}' in metrics
+    # what the kept prefixes hold, in bytes: a soak judges its leak on the memory they do not explain
+    held = stats["prefix_cache"]["tokens"] * stats["kv_bytes_per_token"]
+    assert held > 0 and f'pipeline:prefix_cache_bytes{{model_name="tiny-llama-gqa"}} {float(held)}' in metrics
 
 
 @pytest.mark.slow
