@@ -6,8 +6,8 @@ squares slope in MiB per hour with a 95% t-interval over the windows. A server t
 its caches hold by design (this project's `pipeline:prefix_cache_bytes`: finished
 conversations' keys and values, kept up to the KV budget) is judged on the memory those do not
 explain (RSS less the cache, per window): a prefix cache filling towards its budget is growth,
-not a leak (measured: an hour of SmolLM2 chat grew 250 MiB in its first half while the cache
-filled to 430 MiB, then held). The raw RSS slope is kept beside it. Windows, not raw
+not a leak (measured, an hour of SmolLM2 chat: the cache filled to 433 MiB in its first 10
+minutes, then held). The raw RSS slope is kept beside it. Windows, not raw
 samples: samples half a second apart are strongly correlated, and a regression over them
 would claim a far narrower interval than the data hold. "leak" only when the whole interval
 lies above the threshold (a steady growth the run resolves), "no leak" when the whole
