@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPT, WARMUP, STEPS = 128, 2, 24
 
 
-def _steps(slots, rows: int, text: np.ndarray) -> list[float]:
+def decode_steps_ms(slots, rows: int, text: np.ndarray) -> list[float]:
     """Prefill `rows` rows, then time STEPS decode calls over all of them (ms each)."""
     tokens = np.array([int(np.argmax(slots.prefill(r, text[r * 37:r * 37 + PROMPT]))) for r in range(rows)])
     times = []
@@ -70,7 +70,7 @@ def main() -> None:
         for b in batches:
             for kind in (list(loops) if (r + b) % 2 == 0 else list(loops)[::-1]):
                 slots = BatchedSlots(loops[kind], b, PROMPT + WARMUP + STEPS + 1)
-                times[kind][b] += _steps(slots, b, text)
+                times[kind][b] += decode_steps_ms(slots, b, text)
                 slots.close()
         print(f"round {r + 1}/{args.rounds}: " + "; ".join(
             f"{k} b{b} {np.median(v[b]):.1f} ms" for k, v in times.items() for b in batches), flush=True)

@@ -25,21 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-PROMPT, WARMUP, STEPS, PREFILLS, PREFILL_TOKENS = 128, 2, 24, 8, 40
+# the batch curve's decode steps, timed the same way
+from benchmarks.batch_curve import PROMPT, ROOT, STEPS, WARMUP, decode_steps_ms
+
+PREFILLS, PREFILL_TOKENS = 8, 40
 POLICIES = {"asleep": False, "spin in run": True}
-
-
-def _decode_ms(slots, rows: int, text: np.ndarray) -> list[float]:
-    tokens = np.array([int(np.argmax(slots.prefill(r, text[r * 37:r * 37 + PROMPT]))) for r in range(rows)])
-    times = []
-    for i in range(WARMUP + STEPS):
-        t0 = time.perf_counter()
-        logits = slots.decode(list(range(rows)), tokens)
-        if i >= WARMUP:
-            times.append((time.perf_counter() - t0) * 1e3)
-        tokens = logits.argmax(axis=-1)
-    return times
 
 
 def _prefill_ms(slots, text: np.ndarray) -> list[float]:
@@ -96,7 +86,7 @@ def main() -> None:
         for kind in (list(loops) if r % 2 == 0 else list(loops)[::-1]):
             for b in batches:
                 slots = BatchedSlots(loops[kind], b, PROMPT + WARMUP + STEPS + 1)
-                decode[kind][b] += _decode_ms(slots, b, text)
+                decode[kind][b] += decode_steps_ms(slots, b, text)
                 slots.close()
             slots = BatchedSlots(loops[kind], PREFILLS, PREFILL_TOKENS + 1)
             prefill[kind] += _prefill_ms(slots, text)
