@@ -223,7 +223,8 @@ def test_a_request_arriving_while_steps_run_back_to_back_joins_at_the_next_step(
         first_run = asyncio.create_task(_reply(replica, *long))
         assert await asyncio.to_thread(held.wait, 60), "the long reply never reached its fourth step"
         second = asyncio.create_task(_reply(replica, *short))
-        while len(loop_.scheduler.waiting) + len(loop_.scheduler.running) < 2:  # submitted on its first step
+        while len(loop_.scheduler.waiting) + len(loop_.scheduler.running) < 2 and not second.done():
+            # submitted on its first step (a submit that raised ends the wait: `await second` raises it)
             await asyncio.sleep(0)
         release.set()
         return alone, await first_run, await second
