@@ -82,6 +82,7 @@ class GenerationLoop:
         self.back_to_back = True  # False: one decode step per iteration (benchmarks/serve_chat.py's "before")
         self._task: asyncio.Task | None = None
         self.steps: dict[int, int] = {}       # sequences in a decode step -> steps
+        self.engine_seconds = {"prefill": 0.0, "decode": 0.0}  # the engine thread's busy time
         self.finished: dict[str, int] = {}    # finish_reason -> requests
         self._state()
 
@@ -227,13 +228,16 @@ class GenerationLoop:
         """Engine thread: the prompt into its slot at batch 1 -> the first token; a prompt
         with a cached prefix starts from its copy and prefills only the tokens after it."""
         (seq,), (rng,) = seqs, rngs
+        t0 = time.perf_counter()
         if seq.reuse is not None:
             self.slots.adopt(seq.slot, seq.reuse.entry.kv, seq.reused)
             seq.reuse = None  # the copy is made: the entry may go
         new = seq.prompt[seq.reused:]
         logits = self.slots.prefill(seq.slot, np.asarray(new, np.int64))  # [V]
         self.prefill_tokens += len(new)
-        return [next_token(logits, seq.params, rng, self.eos)]
+        token = next_token(logits, seq.params, rng, self.eos)
+        self._engine_time("prefill", time.perf_counter() - t0)
+        return [token]
 
     def _decode_steps(self, seqs: list[Sequence], rngs: list, loop) -> list[int]:
         """Engine thread: decode steps for `seqs` until a step in which one of them finishes
@@ -255,8 +259,17 @@ class GenerationLoop:
 
     def _decode(self, seqs: list[Sequence], rngs: list, last: list[int]) -> list[int]:
         """Engine thread: each sequence's last token in one call -> logits [n, V] -> a token each."""
+        t0 = time.perf_counter()
         logits = self.slots.decode([s.slot for s in seqs], np.array(last, np.int64))
-        return [next_token(row, s.params, rng, self.eos) for row, s, rng in zip(logits, seqs, rngs)]
+        tokens = [next_token(row, s.params, rng, self.eos) for row, s, rng in zip(logits, seqs, rngs)]
+        self._engine_time("decode", time.perf_counter() - t0)
+        return tokens
+
+    def _engine_time(self, phase: str, seconds: float) -> None:
+        """Engine thread: `seconds` more of `phase` ("prefill" or "decode")."""
+        self.engine_seconds[phase] += seconds
+        if self.metrics:
+            self.metrics.gen_engine(**{f"{phase}_s": seconds})
 
     # ------------------------------------------------------------------ bookkeeping
     def _finished(self, stream: _Stream) -> None:
@@ -289,6 +302,7 @@ class GenerationLoop:
                 "slot_tokens": s.limits.slot_tokens, "kv_bytes_per_token": self.slots.bytes_per_token,
                 "decode_steps": {str(k): v for k, v in sorted(self.steps.items())},
                 "prefill_tokens": self.prefill_tokens, "prefix_cache": self._prefix_stats(),
+                "engine_seconds": dict(self.engine_seconds),
                 "finished": dict(sorted(self.finished.items()))}
 
     def _prefix_stats(self) -> JsonObject | None:

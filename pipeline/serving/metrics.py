@@ -21,6 +21,9 @@ Names follow the servers whose dashboards and tools people already have:
   the prefix. `kv_cache_usage_perc` is a fraction 0..1, as vLLM's is. The KV tokens used
   and free, the sequences per decode step and the failures have no vLLM name and are ours.
   `prefix_cache_queries`/`prefix_cache_hits` count prompt tokens, as vLLM's do.
+  `engine_prefill_seconds`/`engine_decode_seconds` split the engine thread's busy time: with
+  the decode-step histogram's count they give a load point's mean step time and the share of
+  its wall time each phase took (what a TPOT is made of).
 """
 
 from __future__ import annotations
@@ -102,6 +105,11 @@ class ServingMetrics:
                                     "Prompt tokens found in the prefix cache (not prefilled)")
         self._step = histogram("pipeline:decode_step_sequences", "Sequences decoded per decode step",
                                BATCH_BUCKETS)
+        # where the engine thread's time goes (a load point's phases: docs/serving.md)
+        self._prefill_s = counter("pipeline:engine_prefill_seconds",
+                                  "Seconds the engine spent prefilling prompts (copying in cached prefixes included)")
+        self._decode_s = counter("pipeline:engine_decode_seconds",
+                                 "Seconds the engine spent in decode steps (choosing each row's token included)")
         self._finished = Counter("pipeline:request_success", "Number of finished requests, by why they finished",
                                  ("model_name", "finished_reason"), registry=registry)
         self._gen_failure = counter("pipeline:request_failure", "Number of requests that failed")
@@ -148,6 +156,14 @@ class ServingMetrics:
         """One admitted prompt of `queried_tokens` found `hit_tokens` of them cached."""
         self._prefix_queries.inc(queried_tokens)
         self._prefix_hits.inc(hit_tokens)
+
+    def gen_engine(self, prefill_s: float = 0.0, decode_s: float = 0.0) -> None:
+        """The engine thread spent these seconds prefilling and decoding (called from it:
+        prometheus-client's counters take their own lock)."""
+        if prefill_s:
+            self._prefill_s.inc(prefill_s)
+        if decode_s:
+            self._decode_s.inc(decode_s)
 
     def gen_step(self, batch_size: int) -> None:
         """One decode step ran over `batch_size` sequences."""

@@ -162,6 +162,33 @@ def test_greedy_replies_do_not_depend_on_batch_mates(gqa):
     assert stats["running"] == 0 and stats["kv_tokens_reserved"] == 0 and stats["finished"] == {"length": 64}
 
 
+def test_the_engine_threads_prefill_and_decode_time_is_counted_in_stats_and_metrics(gqa):
+    """What a load point's TPOT is made of: the engine thread's seconds in prefills and in
+    decode steps, the same figures in the replica's stats and in /metrics, within the wall
+    time the requests took."""
+    import re
+    import time
+
+    from pipeline.generation.sampling import SamplingParams
+
+    requests = _requests(4, seed=5)
+
+    async def main(replica):
+        t0 = time.perf_counter()
+        await asyncio.gather(*(_reply(replica, p, SamplingParams(n, ignore_eos=True)) for p, n in requests))
+        wall = time.perf_counter() - t0
+        return wall, replica.stats()["generation"], replica.metrics.exposition()[0].decode()
+
+    wall, stats, metrics = _drive(_replica(gqa), main)
+    busy = stats["engine_seconds"]
+    assert busy["prefill"] > 0 and busy["decode"] > 0
+    assert busy["prefill"] + busy["decode"] <= wall
+    for phase in ("prefill", "decode"):
+        counted = re.search(rf'^pipeline:engine_{phase}_seconds_total{{model_name="tiny-llama-gqa"}} (\S+)$',
+                            metrics, re.M)
+        assert counted and float(counted.group(1)) == pytest.approx(busy[phase]), phase
+
+
 def test_a_burst_is_prefilled_a_prompt_per_step_and_each_reply_is_as_alone(gqa):
     """Eight requests of 2..30 prompt tokens submitted at once, with a prefill budget of 1
     token a step: one prompt is prefilled per iteration and a decode step runs between, so the

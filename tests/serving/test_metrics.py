@@ -57,7 +57,12 @@ def test_generation_state_steps_and_finished_requests_move_vllms_metrics():
     metrics.gen_finished("length", prompt_tokens=8, generated=1, queue_s=0.1, ttft_s=0.04,
                          e2e_s=0.04, tpot_s=None)
     metrics.gen_failure()
+    metrics.gen_engine(prefill_s=0.5)
+    metrics.gen_engine(decode_s=1.25)
+    metrics.gen_engine(prefill_s=0.25, decode_s=0.5)
     s = scrape(metrics)
+    assert value(s, "pipeline:engine_prefill_seconds_total", **VLLM) == 0.75
+    assert value(s, "pipeline:engine_decode_seconds_total", **VLLM) == 1.75
     assert value(s, "pipeline:num_requests_running", **VLLM) == 3
     assert value(s, "pipeline:num_requests_waiting", **VLLM) == 2
     assert value(s, "pipeline:kv_cache_usage_perc", **VLLM) == 0.25
