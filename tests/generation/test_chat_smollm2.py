@@ -57,6 +57,32 @@ def test_it_answers_through_its_chat_template_and_stops_at_its_eos(smollm2):
     assert row["tokens"][-1] == 2 and len(row["tokens"]) < 24  # stopped at end of sequence
 
 
+def test_an_int8_kv_cache_is_calibrated_on_its_passages_as_text_and_as_chat_messages(smollm2):
+    """The int8 cache's scales must cover what chats put in the cache (the system prompt, role
+    markers, special tokens): each held-out passage comes as plain text and again as a user's
+    message in the model's template. Plain text alone left chat prompts overflowing every cache
+    by up to 2.7x (docs/optimize-and-precision.md)."""
+    from pipeline.generation import chat
+    from pipeline.stages.precision import (
+        KV_CALIBRATION_SEQUENCE,
+        KV_CALIBRATION_TOKENS,
+        _calibration_ids,
+    )
+
+    recipe = load("smollm2-int4-kv8", ["workload.chat.scripts=1"])
+    tok = chat.chat_tokenizer(recipe)
+    ids = _calibration_ids(recipe)
+    count = KV_CALIBRATION_TOKENS // KV_CALIBRATION_SEQUENCE
+    assert len(ids) == 2 * count
+    plain, as_chat = ids[:count], ids[count:]
+    assert all(p.shape == (1, KV_CALIBRATION_SEQUENCE) for p in plain)
+    for p, c in zip(plain, as_chat):
+        message = [{"role": "user", "content": tok.decode(p[0].tolist())}]
+        assert c[0].tolist() == tok.conversation(message)
+        assert c.shape[1] > p.shape[1]  # the template's tokens around the passage
+    assert len({tuple(p[0].tolist()) for p in plain}) == count  # distinct passages
+
+
 def test_a_ref_that_is_not_a_gguf_file_is_refused(tmp_path):
     from pipeline.core.errors import InputError
 
