@@ -209,7 +209,21 @@ def point_figures(result: dict) -> dict:
             "achieved_rps": p["achieved_rate"],
             "server_cpu_pct": res.get("cpu_pct_mean"), "server_rss_mib_peak": res.get("rss_mib_peak"),
             "late_share": (p.get("late") or {}).get("share"),
-            "answers": p.get("answers")}
+            "answers": p.get("answers"), "phases": phases(p.get("server_metrics"))}
+
+
+def phases(metrics: dict | None) -> dict | None:
+    """The engine's time over a load point from `pipeline serve`'s /metrics (None for a peer):
+    mean decode step, prefill time per step, mean sequences per step."""
+    if not metrics or "pipeline:engine_decode_seconds" not in metrics.get("counters", {}):
+        return None
+    c, steps = metrics["counters"], metrics["histograms"]["pipeline:decode_step_sequences"]
+    if not steps["count"]:
+        return None
+    return {"decode_steps": steps["count"], "mean_sequences": steps["sum"] / steps["count"],
+            "decode_s": c["pipeline:engine_decode_seconds"], "prefill_s": c["pipeline:engine_prefill_seconds"],
+            "step_ms": 1e3 * c["pipeline:engine_decode_seconds"] / steps["count"],
+            "prefill_per_step_ms": 1e3 * c["pipeline:engine_prefill_seconds"] / steps["count"]}
 
 
 def versions(peers: Path) -> dict:
@@ -356,6 +370,15 @@ def render(record: dict) -> str:
                 f"{fmt(med(col('tpot_p50_ms')), 1)} | {fmt(med(col('tpot_p99_ms')), 1)} | "
                 f"{fmt(med(col('mean_tokens')), 1)} | {sum(col('requests'))} | {sum(col('failed'))} | "
                 f"{fmt(med(col('server_cpu_pct')))} | {fmt(max(col('server_rss_mib_peak'), default=None))} |")
+    ours = [r for r in runs if r.get("phases")]
+    if ours:  # what our TPOT is made of (the server's /metrics over each point)
+        lines += ["", "| users | pipeline: sequences a step | decode step ms | prefill ms a step | "
+                  "step + prefill ms | client TPOT p50 ms |", "|---|---|---|---|---|---|"]
+        for users in sorted({r["concurrency"] for r in ours}):
+            rs = [r for r in ours if r["concurrency"] == users]
+            ph = lambda k, rs=rs: med([r["phases"][k] for r in rs])  # noqa: E731
+            lines.append(f"| {users} | {ph('mean_sequences'):.2f} | {ph('step_ms'):.1f} | {ph('prefill_per_step_ms'):.1f} | "
+                         f"{ph('step_ms') + ph('prefill_per_step_ms'):.1f} | {fmt(med([r['tpot_p50_ms'] for r in rs]), 1)} |")
     errors = [r for r in record["runs"] if "error" in r]
     if errors:
         lines += ["", f"{len(errors)} run(s) failed: " + "; ".join(

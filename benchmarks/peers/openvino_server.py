@@ -30,11 +30,14 @@ import openvino_genai as ov_genai
 class Engine:
     """The pipeline and the one thread that steps it."""
 
-    def __init__(self, model_dir: str, threads: int, max_seqs: int, cache_gb: int):
+    def __init__(self, model_dir: str, threads: int, max_seqs: int, cache_gb: int, prefix_caching: bool = True):
         scheduler = ov_genai.SchedulerConfig()
         scheduler.cache_size = cache_gb  # GB of KV cache
         scheduler.max_num_seqs = max_seqs
         scheduler.dynamic_split_fuse = True
+        # off in OpenVINO GenAI 2026.4 by default; on here, as `pipeline serve`'s prefix cache is:
+        # a conversation's next turn then prefills only its new tokens on both servers
+        scheduler.enable_prefix_caching = prefix_caching
         props = {"INFERENCE_NUM_THREADS": threads}
         self.pipe = ov_genai.ContinuousBatchingPipeline(model_dir, scheduler, "CPU", props)
         self.tokenizer = self.pipe.get_tokenizer()
@@ -193,8 +196,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-seqs", type=int, default=16)
     parser.add_argument("--cache-gb", type=int, default=2)
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="SchedulerConfig.enable_prefix_caching (OpenVINO's default: off)")
     args = parser.parse_args()
-    Handler.engine = Engine(args.model, args.threads, args.max_seqs, args.cache_gb)
+    Handler.engine = Engine(args.model, args.threads, args.max_seqs, args.cache_gb, args.prefix_caching)
     Handler.model_name = args.name
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
