@@ -57,11 +57,12 @@ def figures(result: dict) -> dict:
     """The table's figures from a LoadResult's one task point."""
     p = result["tasks"]["points"][0]
     q = lambda d, k: ((d or {}).get(k) or {}).get("value")  # noqa: E731  (a Quantile's value)
+    seconds = lambda ms: None if ms is None else ms / 1e3  # noqa: E731  (no task finished: None)
     turns = p["turn_timings"]
     answers = p.get("answers") or {}
     return {"offered": p["offered_rate"], "completed": p["achieved_rate"], "goodput": p["goodput"],
             "goodput_share": p["goodput_share"], "tasks": p["tasks"], "failed": p["errors"] + p["timeouts"] + p["rejected"],
-            "task_p50_s": q(p["time_per_task_ms"], "p50") / 1e3, "task_p99_s": q(p["time_per_task_ms"], "p99") / 1e3,
+            "task_p50_s": seconds(q(p["time_per_task_ms"], "p50")), "task_p99_s": seconds(q(p["time_per_task_ms"], "p99")),
             "ttft_p50_ms": q(turns["ttft_ms"], "p50"), "ttft_p99_ms": q(turns["ttft_ms"], "p99"),
             "tpot_p50_ms": q(turns["tpot_ms"], "p50"), "tpot_p99_ms": q(turns["tpot_ms"], "p99"),
             "answers_right": answers.get("right"), "answers_of": answers.get("of"),
