@@ -25,32 +25,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chat_peers import REPO, pause, phases, rotated, servers, start, stop, versions  # noqa: E402
+from chat_peers import REPO, finish, pause, phases, rotated, run_load, servers, start, versions  # noqa: E402
 
 SHAPE = REPO / "benchmarks" / "peers" / "smollm2-tasks.yaml"
 
 
 def load_point(server, rate: float, args, scratch: Path) -> dict:
-    """One open-loop task point by `pipeline load`, read back from its scratch engines dir."""
-    out = Path(tempfile.mkdtemp(prefix=f"{server.name}-r{rate}-", dir=scratch))
-    argv = [str(Path(sys.executable).parent / "pipeline"), "load", str(SHAPE), "--url", server.base,
-            "--model", server.model, "--api", "chat", "--tasks", "--distinct-tasks", "--rate", str(rate),
-            "--slo", args.slo, "--warmup", str(args.warmup), "--timeout", str(args.timeout),
-            "--seed", str(args.seed), "--server-pid", str(server.proc.pid), "--engines-dir", str(out)]
+    """One open-loop task point at `rate` tasks/s, judged by args.slo."""
+    options = ["--tasks", "--distinct-tasks", "--rate", str(rate), "--slo", args.slo, "--warmup", str(args.warmup),
+               "--timeout", str(args.timeout), "--seed", str(args.seed)]
     if args.min_tasks:
-        argv += ["--min-tasks", str(args.min_tasks)]
-    run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
-    found = sorted(out.glob("*/load-*.json"))
-    if run.returncode != 0 or not found:
-        raise RuntimeError(f"pipeline load vs {server.name} exit {run.returncode}: {(run.stderr or run.stdout)[-600:]}")
-    return json.loads(found[0].read_text())
+        options += ["--min-tasks", str(args.min_tasks)]
+    return run_load(server, SHAPE, options, scratch, f"r{rate}")
 
 
 def figures(result: dict) -> dict:
@@ -167,14 +159,7 @@ def main() -> int:
                                        "loadavg_1m_after": float(open("/proc/loadavg").read().split()[0])})
                 print(json.dumps(record["runs"][-1]), flush=True)
     finally:
-        for s in chosen:
-            if s.proc is not None and s.proc.poll() is None:
-                pause(s.proc.pid, False)
-            stop(s)
-        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        args.out.with_suffix(".md").write_text(render(record))
-        print(f"wrote {args.out.with_suffix('.json')} (logs and load files: {scratch})")
+        finish(chosen, record, args.out, ".md", render(record), scratch)
     return 0
 
 

@@ -61,14 +61,17 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v1"
 
 
+def pipeline_server(engine: str, port: int, name: str = "pipeline", env: dict | None = None) -> Server:
+    """`pipeline serve ENGINE` with THREADS engine threads (`env`: added to its environment)."""
+    return Server(name, port, engine, [str(Path(sys.executable).parent / "pipeline"), "serve", engine,
+                                       "--port", str(port), "--set", f"serve.threads={THREADS}"], env or {})
+
+
 def servers(peers: Path, engine: str, base_port: int) -> list[Server]:
     """The four servers, each on its own port, each with THREADS threads."""
-    venv_bin = Path(sys.executable).parent
     gguf = peers / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return [
-        Server("pipeline", base_port, engine,
-               [str(venv_bin / "pipeline"), "serve", engine, "--port", str(base_port),
-                "--set", f"serve.threads={THREADS}"]),
+        pipeline_server(engine, base_port),
         Server("llama.cpp", base_port + 1, "smollm2",
                [str(peers / "llama-server"), "-m", str(gguf), "--alias", "smollm2",
                 "--host", "127.0.0.1", "--port", str(base_port + 1), "-t", str(THREADS),
@@ -180,12 +183,12 @@ def tree_cpu(pid: int, seconds: float) -> tuple[float, float]:
     return 100.0 * busy / seconds, rss / 2**20
 
 
-def load(server: Server, users: int, args, scratch: Path) -> dict:
-    """One closed-loop point by `pipeline load`, read back from its scratch engines dir."""
-    out = Path(tempfile.mkdtemp(prefix=f"{server.name}-c{users}-", dir=scratch))
-    argv = [str(Path(sys.executable).parent / "pipeline"), "load", str(SHAPE), "--url", server.base,
-            "--model", server.model, "--api", "chat", "--concurrency", str(users),
-            "--duration", str(args.duration), "--warmup", str(args.warmup), "--timeout", "120",
+def run_load(server: Server, shape: Path, options: list[str], scratch: Path, tag: str) -> dict:
+    """`pipeline load SHAPE --url server ... OPTIONS` (the chat API), its LoadResult read back
+    from a scratch engines dir of its own (never engines/)."""
+    out = Path(tempfile.mkdtemp(prefix=f"{server.name}-{tag}-", dir=scratch))
+    argv = [str(Path(sys.executable).parent / "pipeline"), "load", str(shape), "--url", server.base,
+            "--model", server.model, "--api", "chat", *options,
             "--server-pid", str(server.proc.pid), "--engines-dir", str(out)]
     run = subprocess.run(argv, cwd=REPO, capture_output=True, text=True)
     found = sorted(out.glob("*/load-*.json"))
@@ -193,6 +196,25 @@ def load(server: Server, users: int, args, scratch: Path) -> dict:
         raise RuntimeError(f"pipeline load vs {server.name} exit {run.returncode}: "
                            f"{(run.stderr or run.stdout)[-600:]}")
     return json.loads(found[0].read_text())
+
+
+def load(server: Server, users: int, args, scratch: Path) -> dict:
+    """One closed-loop point of `users`."""
+    return run_load(server, SHAPE, ["--concurrency", str(users), "--duration", str(args.duration),
+                                    "--warmup", str(args.warmup), "--timeout", "120"], scratch, f"c{users}")
+
+
+def finish(chosen: list[Server], record: dict, out: Path, table_suffix: str, table: str, scratch: Path) -> None:
+    """Every server resumed (a SIGSTOPped one cannot stop) and stopped; the record written as
+    OUT.json and its tables as OUT<table_suffix>."""
+    for s in chosen:
+        if s.proc is not None and s.proc.poll() is None:
+            pause(s.proc.pid, False)
+        stop(s)
+    record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
+    out.with_suffix(table_suffix).write_text(table)
+    print(f"wrote {out.with_suffix('.json')} (logs and load files: {scratch})")
 
 
 def point_figures(result: dict) -> dict:
@@ -306,14 +328,7 @@ def main() -> int:
                       flush=True)
         run_points(chosen, args, scratch, record)
     finally:
-        for s in chosen:
-            if s.proc is not None and s.proc.poll() is None:
-                pause(s.proc.pid, False)
-            stop(s)
-        record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n")
-        args.out.with_suffix(".table.md").write_text(render(record))
-        print(f"wrote {args.out.with_suffix('.json')} (logs and load files: {scratch})")
+        finish(chosen, record, args.out, ".table.md", render(record), scratch)
     return 0
 
 

@@ -26,13 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from chat_peer_capacity import figures, load_point  # noqa: E402
-from chat_peers import Server, start, stop  # noqa: E402
-
-
-def server(recipe: str, port: int, niceness: int) -> Server:
-    return Server(f"nice{niceness}", port, recipe,
-                  [str(Path(sys.executable).parent / "pipeline"), "serve", recipe, "--port", str(port),
-                   "--set", "serve.threads=2"], {"RAY_worker_niceness": str(niceness)})
+from chat_peers import pipeline_server, start, stop  # noqa: E402
 
 
 def render(record: dict) -> str:
@@ -77,7 +71,7 @@ def main() -> int:
               "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "runs": []}
     for rnd in range(args.rounds):
         for nice in (settings if rnd % 2 == 0 else settings[::-1]):
-            s = server(args.recipe, args.port, nice)
+            s = pipeline_server(args.recipe, args.port, f"nice{nice}", {"RAY_worker_niceness": str(nice)})
             try:
                 start(s, scratch, timeout=300)
                 figs = figures(load_point(s, args.rate, args, scratch))
