@@ -21,6 +21,10 @@ script reads the point from it. The request shape is benchmarks/peers/smollm2-ch
 (smollm2-int4's chat workload with new_tokens 64; never built).
 
   .venv/bin/python benchmarks/chat_peers.py --out benchmarks/results/chat-peers-2026-12-05
+
+`--variant NAME:ITEM,...` (repeatable) adds another `pipeline serve` of the same engine, named
+NAME, to take turns with the others: each ITEM is a recipe override (`serve.ingress=replica`,
+passed as --set) or `env:VAR=VALUE` in its environment.
 """
 
 from __future__ import annotations
@@ -61,10 +65,25 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v1"
 
 
-def pipeline_server(engine: str, port: int, name: str = "pipeline", env: dict | None = None) -> Server:
-    """`pipeline serve ENGINE` with THREADS engine threads (`env`: added to its environment)."""
+def pipeline_server(engine: str, port: int, name: str = "pipeline", env: dict | None = None,
+                    sets: tuple[str, ...] = ()) -> Server:
+    """`pipeline serve ENGINE` with THREADS engine threads (`env`: added to its environment;
+    `sets`: more KEY=VALUE recipe overrides)."""
+    overrides = [arg for kv in (f"serve.threads={THREADS}", *sets) for arg in ("--set", kv)]
     return Server(name, port, engine, [str(Path(sys.executable).parent / "pipeline"), "serve", engine,
-                                       "--port", str(port), "--set", f"serve.threads={THREADS}"], env or {})
+                                       "--port", str(port), *overrides], env or {})
+
+
+def variant_server(spec: str, engine: str, port: int) -> Server:
+    """A --variant `NAME:ITEM,...`: ITEM `env:VAR=VALUE` goes in its environment, any other
+    `KEY=VALUE` is a recipe override."""
+    name, _, items = spec.partition(":")
+    if not name or not items or any("=" not in item for item in items.split(",")):
+        raise SystemExit(f"--variant {spec!r}: expected NAME:ITEM,... with each ITEM KEY=VALUE or "
+                         "env:VAR=VALUE (e.g. direct:serve.ingress=replica)")
+    env = dict(item[4:].split("=", 1) for item in items.split(",") if item.startswith("env:"))
+    sets = tuple(item for item in items.split(",") if not item.startswith("env:"))
+    return pipeline_server(engine, port, name=name, env=env, sets=sets)
 
 
 def servers(peers: Path, engine: str, base_port: int) -> list[Server]:
@@ -293,6 +312,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="PATH: writes PATH.json")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC: no round starts that cannot end before it")
     ap.add_argument("--render", type=Path, help="only print the tables of this record (JSON)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:ITEM,...",
+                    help="another `pipeline serve` taking turns (see the module docstring)")
     args = ap.parse_args()
     if args.render:
         print(render(json.loads(args.render.read_text())))
@@ -301,6 +322,7 @@ def main() -> int:
         ap.error("--out PATH is needed (PATH.json and PATH.table.md are written)")
     wanted = args.only.split(",")
     chosen = [s for s in servers(args.peers_dir, args.engine, args.base_port) if s.name in wanted]
+    chosen += [variant_server(v, args.engine, args.base_port + 10 + i) for i, v in enumerate(args.variant)]
     scratch = Path(tempfile.mkdtemp(prefix="chat-peers-"))
     record: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -387,13 +409,17 @@ def render(record: dict) -> str:
                 f"{fmt(med(col('server_cpu_pct')))} | {fmt(max(col('server_rss_mib_peak'), default=None))} |")
     ours = [r for r in runs if r.get("phases")]
     if ours:  # what our TPOT is made of (the server's /metrics over each point)
-        lines += ["", "| users | pipeline: sequences a step | decode step ms | prefill ms a step | "
-                  "step + prefill ms | client TPOT p50 ms |", "|---|---|---|---|---|---|"]
+        lines += ["", "| users | server | sequences a step | decode step ms | prefill ms a step | "
+                  "step + prefill ms | client TPOT p50 ms |", "|---|---|---|---|---|---|---|"]
         for users in sorted({r["concurrency"] for r in ours}):
-            rs = [r for r in ours if r["concurrency"] == users]
-            ph = lambda k, rs=rs: med([r["phases"][k] for r in rs])  # noqa: E731
-            lines.append(f"| {users} | {ph('mean_sequences'):.2f} | {ph('step_ms'):.1f} | {ph('prefill_per_step_ms'):.1f} | "
-                         f"{ph('step_ms') + ph('prefill_per_step_ms'):.1f} | {fmt(med([r['tpot_p50_ms'] for r in rs]), 1)} |")
+            for name in names:
+                rs = [r for r in ours if r["concurrency"] == users and r["server"] == name]
+                if not rs:
+                    continue
+                ph = lambda k, rs=rs: med([r["phases"][k] for r in rs])  # noqa: E731
+                lines.append(f"| {users} | {name} | {ph('mean_sequences'):.2f} | {ph('step_ms'):.1f} | "
+                             f"{ph('prefill_per_step_ms'):.1f} | {ph('step_ms') + ph('prefill_per_step_ms'):.1f} | "
+                             f"{fmt(med([r['tpot_p50_ms'] for r in rs]), 1)} |")
     errors = [r for r in record["runs"] if "error" in r]
     if errors:
         lines += ["", f"{len(errors)} run(s) failed: " + "; ".join(

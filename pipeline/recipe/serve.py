@@ -72,6 +72,14 @@ class ServeSpec(Strict):
         "`prefix`: the replica that served the longest prefix of its prompt text (a chat's earlier "
         "turns), while queues stay balanced: Ray Serve LLM's PrefixCacheAffinityRouter, so a "
         "conversation's next turn finds its prefix in that replica's cache (serve.prefix_cache).")
+    ingress: Literal["separate", "replica"] = Field(
+        "separate", description="Where the HTTP routes run. `separate`: an ingress process of its own "
+        "in front of the replicas (Ray Serve LLM's layout), so a replica that dies is answered in "
+        "the API's shapes (a 503, or an error event ending a stream) while Serve restarts it. "
+        "`replica`: each engine replica serves the routes itself, one hop fewer per streamed token: "
+        "measured on 2 cores, SmolLM2 INT4, 1.29x the tokens/s at 8 concurrent streams and 1.26x "
+        "at 16 (benchmarks/results/serving-path-2026-12-07.md), but a replica's death cuts its streams "
+        "and Serve's proxy answers text/plain 500. `prefix` routing needs `separate`.")
     spin: bool = Field(
         True, description="Generation: ONNX Runtime's worker threads spin-wait between the parallel "
         "sections of an engine call and stop when it returns (`session.force_spinning_stop`), so an "
@@ -88,6 +96,9 @@ class ServeSpec(Strict):
 
     @model_validator(mode="after")
     def _sorted(self) -> ServeSpec:
+        if self.routing == "prefix" and self.ingress != "separate":
+            raise ValueError("routing: prefix needs ingress: separate (the ingress routes each "
+                             "request to the replica holding its prefix); set one or the other")
         if self.preferred_batch_sizes is not None:
             self.preferred_batch_sizes = sorted(set(self.preferred_batch_sizes))
         for name, sizes in (self.length_buckets or {}).items():

@@ -14,10 +14,11 @@ With several replicas the ingress's calls go where Ray Serve's router sends them
 queue of two (serve.routing balanced), or the replica caching the longest prefix of the
 prompt (serve.routing prefix, routing.py).
 
-`separate_ingress=False` serves the routes from the engine replicas themselves (Serve's
+`serve.ingress: replica` serves the routes from the engine replicas themselves (Serve's
 late-bound ingress, the layout before issue 39): one hop fewer, but a replica that dies
 takes its streams with it (cut, no final line) and Serve's proxy answers text/plain 500.
-benchmarks/results/ingress-hop-2026-12-05.md measured the hop.
+benchmarks/results/ingress-hop-2026-12-05.md measured the hop one stream at a time,
+serving-path-2026-12-07.md under 8 concurrent streams (where it costs throughput).
 
 Ray Serve's own `@serve.batch` is not used: it has no preferred batch sizes, no bounded
 queue (503) and no length buckets. The replica runs the batcher itself, so Ray must hand it
@@ -51,18 +52,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# Ray Serve's gRPC data plane between its proxy, the ingress and the replicas (part of what
+# Ray's RAY_SERVE_THROUGHPUT_OPTIMIZED mode turns on; the rest of that mode is not taken: its
+# router on the replica's own loop refuses the synchronous handle the start-up check uses, and
+# its direct ingress listens on a port of Serve's choosing). Every streamed token crosses the
+# proxy -> ingress -> replica hops: on 2 cores, SmolLM2 INT4, one run taking turns, the gRPC
+# plane served 1.04x the HTTP plane's tokens/s at 1 stream, 1.09x at 8 and 1.11x at 16, the
+# ingress process's CPU nearly halved (benchmarks/results/serving-path-2026-12-07.md). Ray's
+# constants call the flag test-only outside that mode: the serving tests run with it on.
+# Read by every Serve process at import: set while our node starts (its raylet, and so every
+# worker it forks, keeps the environment it started with), then the caller's environment is
+# restored; a variable the caller set wins, and a cluster joined with --address keeps its own.
+SERVE_DATA_PLANE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
+
+
 @contextlib.contextmanager
 def local_ray(num_cpus: int | None = None, address: str | None = None):
     """A Ray node of our own on loopback (serving/ray_node.py: stopped with every process it
     started on exit; yields its Node), or the cluster at `address` (joined, left running;
-    yields None). No dashboard; every port Ray picks itself."""
+    yields None). No dashboard; every port Ray picks itself; Serve's gRPC data plane
+    (SERVE_DATA_PLANE_ENV) on our own node."""
     import ray
 
     from pipeline.serving import ray_node
 
     if not address:
-        with ray_node.own_ray(num_cpus, log_to_driver=False,
-                              _system_config={"metrics_report_interval_ms": 60_000}) as node:
+        with contextlib.ExitStack() as stack:
+            with _environment(SERVE_DATA_PLANE_ENV):
+                node = stack.enter_context(ray_node.own_ray(
+                    num_cpus, log_to_driver=False, _system_config={"metrics_report_interval_ms": 60_000}))
             yield node
         return
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -76,6 +94,20 @@ def local_ray(num_cpus: int | None = None, address: str | None = None):
         ray.shutdown()
 
 
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """`values` in os.environ for the block, for each name the environment does not set."""
+    import os
+
+    added = [k for k in values if k not in os.environ]
+    os.environ.update({k: values[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 ONGOING_CAP = 100_000  # requests Ray hands a replica at once: more than it ever holds
 
 
@@ -85,15 +117,14 @@ def max_ongoing(spec, max_batch: int) -> int:
     return ONGOING_CAP
 
 
-SEPARATE_INGRESS = True  # the default: the routes' ingress in a process of its own (ingress.py)
 CHUNK_WINDOW_S = 0.0     # the replica sends each body piece once ready (ingress.py's window)
 
 
 def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: int,
                max_replicas_per_node: int | None = None, api_key: str | None = None,
-               separate_ingress: bool = SEPARATE_INGRESS, window_s: float = CHUNK_WINDOW_S):
+               window_s: float = CHUNK_WINDOW_S):
     """The bound Ray Serve application (not yet running): the ingress deployment in front of
-    the engine deployment (separate_ingress), or the engine deployment as its own ingress."""
+    the engine deployment (spec.ingress separate), or the engine deployment as its own ingress."""
     from ray import serve
 
     from pipeline.recipe.serve import batch_dim
@@ -112,12 +143,9 @@ def deployment(recipe, engines_root: Path, engine: str | None, spec, replicas: i
 
         from pipeline.serving.routing import PREFIX_ROUTER
 
-        if not separate_ingress:
-            raise ValueError("serve.routing prefix needs the separate ingress: it routes the "
-                             "ingress's calls to the engine replicas")
         options["request_router_config"] = RequestRouterConfig(request_router_class=PREFIX_ROUTER)
     engine_class = _engine_server(recipe, Path(engines_root), engine, spec, threads, api_key, window_s)
-    if not separate_ingress:  # Ray Serve's late-bound ingress: the app built in each replica
+    if spec.ingress == "replica":  # Ray Serve's late-bound ingress: the app built in each replica
         return serve.deployment(name=f"{recipe.name}", **options)(serve.ingress()(engine_class)).bind()
     engine_server = serve.deployment(name=f"{recipe.name}", **options)(engine_class)
     ingress = serve.deployment(name="ingress", num_replicas=1, max_ongoing_requests=ONGOING_CAP,
@@ -256,8 +284,7 @@ class Server:
 def start(recipe, engines_root: Path, engine: str | None = None, spec=None, replicas: int | None = None,
           host: str = "127.0.0.1", port: int | None = None, every_node: bool = False,
           max_replicas_per_node: int | None = None, owns_serve: bool = True,
-          api_key: str | None = None, separate_ingress: bool = SEPARATE_INGRESS,
-          window_s: float = CHUNK_WINDOW_S) -> Server:
+          api_key: str | None = None, window_s: float = CHUNK_WINDOW_S) -> Server:
     """Run the application on the Ray this process is connected to; returns once every
     replica has loaded its engine (serve.run waits for them). `owns_serve`: Serve (its HTTP
     proxy on `port`) is ours, shut down by stop(); False on a cluster whose Serve others use
@@ -269,7 +296,7 @@ def start(recipe, engines_root: Path, engine: str | None = None, spec=None, repl
     serve.start(http_options={"host": host, "port": port},
                 proxy_location="EveryNode" if every_node else "HeadOnly")
     app = deployment(recipe, Path(engines_root).resolve(), engine, spec, replicas or spec.replicas,
-                     max_replicas_per_node, api_key, separate_ingress, window_s)
+                     max_replicas_per_node, api_key, window_s)
     serve.run(app, name=APP, route_prefix="/", blocking=False)
     engine_handle = serve.get_deployment_handle(recipe.name, app_name=APP)
     return Server(recipe.name, host, port, Handle(engine_handle), owns_serve, api_key)

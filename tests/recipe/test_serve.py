@@ -35,6 +35,7 @@ def test_serve_defaults_follow_the_batch_dim_and_powers_of_two_buckets():
     ({"length_buckets": {"tokens": [4]}}, "not a variable-length dim"),
     ({"length_buckets": {"sequence": [64]}}, "outside the dim's"),
     ({"max_queue_delay_us": -1}, "greater than or equal"),
+    ({"routing": "prefix", "ingress": "replica"}, "routing: prefix needs ingress: separate"),
 ])
 def test_a_serve_section_that_cannot_hold_is_refused_naming_the_key(serve, words):
     from pydantic import ValidationError

@@ -345,15 +345,18 @@ def test_the_tokenizer_comes_from_the_engines_folder_else_the_chat_workload(repl
 
 
 @pytest.mark.slow
-def test_the_ray_serve_deployment_streams_a_chat_reply_through_its_proxy(replica):
+@pytest.mark.parametrize("ingress", ["separate", "replica"])
+def test_the_ray_serve_deployment_streams_a_chat_reply_through_its_proxy(replica, ingress):
     """The same routes on `pipeline serve`'s own application (app.start), through Ray Serve's
-    HTTP proxy: events arrive as a stream, usage last, then [DONE]."""
+    HTTP proxy: events arrive as a stream, usage last, then [DONE]; behind the ingress
+    deployment, or from the replica itself (serve.ingress)."""
     pytest.importorskip("ray.serve")
     from pipeline.serving import app
 
     engines = replica.choice.path.parent.parent
+    spec = replica.recipe.serve.model_copy(update={"ingress": ingress})
     with app.local_ray(num_cpus=2):
-        served = app.start(replica.recipe, engines)
+        served = app.start(replica.recipe, engines, spec=spec)
         try:
             client = openai.OpenAI(base_url=f"http://{served.host}:{served.port}/v1",
                                    api_key="unused", max_retries=0, timeout=120)

@@ -1,7 +1,8 @@
 """A local `pipeline serve` (and every test that serves) starts a Ray of its own, even with
 another Ray running on the machine: `ray start --head` as docs/fleet.md teaches, whose
 `ray_current_cluster` note a plain `ray.init()` would join (and then refuse `num_cpus` with
-a ValueError), as two xdist workers' Rays once met in `make test`."""
+a ValueError), as two xdist workers' Rays once met in `make test`; and its workers (Serve's
+processes) start with Serve's gRPC data plane on."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_a_local_ray_is_our_own_beside_a_running_ray_start(monkeypatch):
     pytest.importorskip("ray.serve")
     import ray
 
-    from pipeline.serving.app import free_port, local_ray
+    from pipeline.serving.app import SERVE_DATA_PLANE_ENV, free_port, local_ray
 
     other_tmp = tempfile.mkdtemp(prefix="rayo", dir="/tmp")  # short: Ray's sockets live in it
     env = {**os.environ, "RAY_TMPDIR": other_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -47,13 +48,23 @@ def test_a_local_ray_is_our_own_beside_a_running_ray_start(monkeypatch):
         other = note.read_text().strip()
         monkeypatch.setenv("RAY_TMPDIR", other_tmp)  # where a plain ray.init() looks for it
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        monkeypatch.delenv("RAY_SERVE_USE_GRPC_BY_DEFAULT", raising=False)
         with local_ray(num_cpus=1):
             ours = ray.get_runtime_context().gcs_address
             assert ours != other and ray.cluster_resources().get("CPU") == 1
+            # Serve's processes are workers of our node: they read the gRPC data plane setting
+            # (app.SERVE_DATA_PLANE_ENV), while this process's environment is its own again
+            seen = ray.get(ray.remote(num_cpus=0)(_environ).remote(list(SERVE_DATA_PLANE_ENV)))
+            assert seen == SERVE_DATA_PLANE_ENV
+            assert not any(k in os.environ for k in SERVE_DATA_PLANE_ENV)
         assert head.poll() is None  # the other Ray was left alone
     finally:
         _kill_tree(head)
         shutil.rmtree(other_tmp, ignore_errors=True)
+
+
+def _environ(names: list[str]) -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in names}
 
 
 def _kill_tree(head: subprocess.Popen) -> None:
