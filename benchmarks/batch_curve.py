@@ -12,6 +12,12 @@ Per round and batch size: the rows prefilled (untimed), 2 decode steps of warm-u
 timed decode steps (greedy). The floor per step: weights as stored read once, plus each row's
 cache at its context (pipeline/bench/floor.py's bytes over the measured copy bandwidth). A
 benchmark, not a test: its timings are this machine's.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/batch_curve.py --profile 16
+
+`--profile B` instead profiles one engine's decode step at batch B (ONNX Runtime's profiler,
+spinning workers as `pipeline serve` runs them, 2 threads, the same rows and steps): kernel
+time per step by op type, the median over the timed steps (explain/profile.py's summarize).
 """
 
 from __future__ import annotations
@@ -47,7 +53,11 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16")
     parser.add_argument("--engines", type=Path, default=ROOT / "engines")
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
+    parser.add_argument("--profile", type=int, metavar="B", help="profile the decode step at batch B")
+    parser.add_argument("--engine", default="smollm2-int4", help="with --profile: the engines folder's name")
     args = parser.parse_args()
+    if args.profile:
+        return profile_step(args.engines / args.engine / "onnxruntime.onnx", args.profile)
 
     from pipeline.bench import floor
     from pipeline.generation import chat, runners
@@ -102,6 +112,46 @@ def main() -> None:
         args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
         args.out.with_suffix(".md").write_text(markdown(result))
     print(markdown(result))
+
+
+def profile_step(engine: Path, batch: int) -> None:
+    """Print the decode step's kernel time by op type at `batch` rows (see the docstring)."""
+    import tempfile
+    from collections import defaultdict
+
+    import onnxruntime as ort
+
+    from pipeline.explain.profile import summarize
+    from pipeline.generation import chat, runners
+    from pipeline.generation.slots import BatchedSlots
+    from pipeline.recipe.loader import load
+    from pipeline.recipe.workload import decoder_shape
+
+    recipe = load(str(ROOT / "recipes" / "smollm2-int4.yaml"))
+    shape = decoder_shape(recipe.model)
+    text = chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text, 37 * batch + PROMPT, shape.vocab)
+    loop = runners.OrtLoopRunner(engine, None, 2, spin=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()  # runners.ort_session's, with the profiler on
+        options.intra_op_num_threads = 2
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.force_spinning_stop", "1")
+        options.enable_profiling, options.profile_file_prefix = True, str(Path(tmp) / "decode")
+        loop.session = ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
+        slots = BatchedSlots(loop, batch, PROMPT + WARMUP + STEPS + 1)
+        wall = decode_steps_ms(slots, batch, text)
+        events = json.loads(Path(loop.session.end_profiling()).read_text())
+    profile = summarize(events, skip_runs=batch + WARMUP)  # the prefills and warm-up steps
+    by_op, nodes = defaultdict(float), defaultdict(int)
+    for node in profile.nodes:
+        by_op[node.op] += node.us
+        nodes[node.op] += 1
+    print(f"{engine} decode step at batch {batch}: wall p50 {np.median(wall):.2f} ms, kernels "
+          f"{profile.total_us / 1e3:.2f} ms (median of {profile.runs} steps, profiler on)")
+    print("| op | ms a step | share | nodes |\n|---|---|---|---|")
+    for op, us in sorted(by_op.items(), key=lambda kv: -kv[1]):
+        print(f"| {op} | {us / 1e3:.3f} | {us / profile.total_us:.1%} | {nodes[op]} |")
+    print("slowest nodes: " + "; ".join(f"{n.name} ({n.op}) {n.us / 1e3:.3f} ms" for n in profile.nodes[:4]))
 
 
 def markdown(r: dict) -> str:
