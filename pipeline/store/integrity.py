@@ -20,6 +20,7 @@ too: signed by that key, and every signed digest the file that is here now.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,35 @@ def folders(path: Path) -> list[Path]:
     return found
 
 
+# A commit that lands while a folder is checked (another `pipeline serve` recording its cold
+# start, under the folder's lock) can replace a file after the check read the manifest: the
+# file then differs from the manifest read, never from the one on disk. Commits rewrite the
+# manifest (renamed into place) before they move a file, so a mismatch found while the
+# manifest changed is checked again, up to this many times in all.
+CHECK_ATTEMPTS = 3
+
+
 def verify(folder: Path, environment: bool = True, public_key=None) -> Verdict:
+    """Every check of `folder` (see the module docstring), against one state of it: checked
+    again while a commit changed the manifest under the check (CHECK_ATTEMPTS)."""
+    for _ in range(CHECK_ATTEMPTS):
+        before = _manifest_stamp(folder)
+        verdict = _verify_once(folder, environment, public_key)
+        if not verdict.mismatches or _manifest_stamp(folder) == before:
+            return verdict
+    return verdict
+
+
+def _manifest_stamp(folder: Path) -> tuple[int, int, int] | None:
+    """What changes whenever the manifest is written (write_atomic: a new file renamed in)."""
+    try:
+        st = os.stat(folder / MANIFEST, follow_symlinks=False)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def _verify_once(folder: Path, environment: bool, public_key) -> Verdict:
     store = Store(folder.parent, folder.name)
     verdict = Verdict(folder)
     try:
