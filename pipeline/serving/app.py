@@ -60,9 +60,8 @@ def free_port() -> int:
 # plane served 1.04x the HTTP plane's tokens/s at 1 stream, 1.09x at 8 and 1.11x at 16, the
 # ingress process's CPU nearly halved (benchmarks/results/serving-path-2026-12-07.md). Ray's
 # constants call the flag test-only outside that mode: the serving tests run with it on.
-# Read by every Serve process at import: set while our node starts (its raylet, and so every
-# worker it forks, keeps the environment it started with), then the caller's environment is
-# restored; a variable the caller set wins, and a cluster joined with --address keeps its own.
+# Read by every Serve process at import: our node's processes start with it (ray_node.own_ray's
+# `environment`); a variable the caller set wins, and a cluster joined with --address keeps its own.
 SERVE_DATA_PLANE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1"}
 
 
@@ -77,10 +76,8 @@ def local_ray(num_cpus: int | None = None, address: str | None = None):
     from pipeline.serving import ray_node
 
     if not address:
-        with contextlib.ExitStack() as stack:
-            with _environment(SERVE_DATA_PLANE_ENV):
-                node = stack.enter_context(ray_node.own_ray(
-                    num_cpus, log_to_driver=False, _system_config={"metrics_report_interval_ms": 60_000}))
+        with ray_node.own_ray(num_cpus, SERVE_DATA_PLANE_ENV, log_to_driver=False,
+                              _system_config={"metrics_report_interval_ms": 60_000}) as node:
             yield node
         return
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
@@ -92,20 +89,6 @@ def local_ray(num_cpus: int | None = None, address: str | None = None):
         with contextlib.suppress(Exception):
             serve.shutdown()
         ray.shutdown()
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]):
-    """`values` in os.environ for the block, for each name the environment does not set."""
-    import os
-
-    added = [k for k in values if k not in os.environ]
-    os.environ.update({k: values[k] for k in added})
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
 
 
 ONGOING_CAP = 100_000  # requests Ray hands a replica at once: more than it ever holds

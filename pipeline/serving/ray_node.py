@@ -71,6 +71,18 @@ def _loopback_only():
             os.environ[SINGLE_NODE_ENV] = saved_env
 
 
+@contextlib.contextmanager
+def _inherited(values: dict[str, str]):
+    """`values` in os.environ for the block, each name the environment does not set."""
+    added = [k for k in values if k not in os.environ]
+    os.environ.update({k: values[k] for k in added})
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 def _children() -> set:
     import psutil
 
@@ -161,13 +173,16 @@ class Node:
 
 
 @contextlib.contextmanager
-def own_ray(num_cpus: int | None = None, **options):
+def own_ray(num_cpus: int | None = None, environment: dict[str, str] | None = None, **options):
     """A Ray node of this process (yields its Node), on loopback, stopped with every process
     it started on exit.
 
     `address="local"` with a session folder of its own: `ray.init()` with no address joins
     whatever Ray it finds on the machine (RAY_ADDRESS, the `ray_current_cluster` note of a
     `ray start`, or a running GCS), another test's or the user's, and then refuses `num_cpus`.
+    `environment`: variables the node's processes start with (its raylet, and so every worker
+    it forks, keeps the environment it started with), each one this process's environment
+    does not set; this process's environment is as it was once the node is up.
     `options`: more of ray.init's (log_to_driver, resources, runtime_env, ...)."""
     import ray
 
@@ -179,7 +194,7 @@ def own_ray(num_cpus: int | None = None, **options):
     before = _children()
     node = Node()
     try:
-        with _loopback_only():
+        with _loopback_only(), _inherited(environment or {}):
             _init(num_cpus, session, options)
         node.daemons = _children() - before
         if ray.util.get_node_ip_address() != LOOPBACK:  # a Ray that resolves its address otherwise
