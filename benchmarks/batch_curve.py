@@ -34,6 +34,18 @@ ROOT = Path(__file__).resolve().parent.parent
 PROMPT, WARMUP, STEPS = 128, 2, 24
 
 
+def held_out(rows: int):
+    """SmolLM2's decoder shape, and chat's held-out text as ids: enough for `rows` rows of
+    PROMPT tokens, each row's slice starting 37 tokens after the one before."""
+    from pipeline.generation import chat
+    from pipeline.recipe.loader import load
+    from pipeline.recipe.workload import decoder_shape
+
+    recipe = load(str(ROOT / "recipes" / "smollm2-int4.yaml"))
+    shape = decoder_shape(recipe.model)
+    return shape, chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text, 37 * rows + PROMPT, shape.vocab)
+
+
 def decode_steps_ms(slots, rows: int, text: np.ndarray) -> list[float]:
     """Prefill `rows` rows, then time STEPS decode calls over all of them (ms each)."""
     tokens = np.array([int(np.argmax(slots.prefill(r, text[r * 37:r * 37 + PROMPT]))) for r in range(rows)])
@@ -60,17 +72,13 @@ def main() -> None:
         return profile_step(args.engines / args.engine / "onnxruntime.onnx", args.profile)
 
     from pipeline.bench import floor
-    from pipeline.generation import chat, runners
     from pipeline.generation import figures as gm
+    from pipeline.generation import runners
     from pipeline.generation.slots import BatchedSlots
-    from pipeline.recipe.loader import load
-    from pipeline.recipe.workload import decoder_shape
 
     batches = [int(b) for b in args.batches.split(",")]
     names = {"float32": "smollm2-int4", "int8": "smollm2-int4-kv8"}
-    recipe = load(str(ROOT / "recipes" / "smollm2-int4.yaml"))
-    shape = decoder_shape(recipe.model)
-    text = chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text, 37 * max(batches) + PROMPT, shape.vocab)
+    shape, text = held_out(max(batches))
     engines = {k: args.engines / n / "onnxruntime.onnx" for k, n in names.items()}
     loops = {k: runners.OrtLoopRunner(p, None, 2) for k, p in engines.items()}
     bw = floor.bandwidth()
@@ -122,20 +130,13 @@ def profile_step(engine: Path, batch: int) -> None:
     import onnxruntime as ort
 
     from pipeline.explain.profile import summarize
-    from pipeline.generation import chat, runners
+    from pipeline.generation import runners
     from pipeline.generation.slots import BatchedSlots
-    from pipeline.recipe.loader import load
-    from pipeline.recipe.workload import decoder_shape
 
-    recipe = load(str(ROOT / "recipes" / "smollm2-int4.yaml"))
-    shape = decoder_shape(recipe.model)
-    text = chat.text_ids(chat.chat_tokenizer(recipe), recipe.workload.chat.text, 37 * batch + PROMPT, shape.vocab)
+    _, text = held_out(batch)
     loop = runners.OrtLoopRunner(engine, None, 2, spin=True)
     with tempfile.TemporaryDirectory() as tmp:
-        options = ort.SessionOptions()  # runners.ort_session's, with the profiler on
-        options.intra_op_num_threads = 2
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        options.add_session_config_entry("session.force_spinning_stop", "1")
+        options = runners.session_options(2, spin=True)  # the runner's, with the profiler on
         options.enable_profiling, options.profile_file_prefix = True, str(Path(tmp) / "decode")
         loop.session = ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
         slots = BatchedSlots(loop, batch, PROMPT + WARMUP + STEPS + 1)

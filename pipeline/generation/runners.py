@@ -60,13 +60,20 @@ def ort_session(engine: Path, threads: int | None, spin: bool = False):
     (`session.force_spinning_stop`), so nothing spins between runs."""
     import onnxruntime as ort
 
+    return ort.InferenceSession(str(engine), session_options(threads, spin), providers=["CPUExecutionProvider"])
+
+
+def session_options(threads: int | None, spin: bool = False):
+    """ort_session's options (a benchmark adds the profiler to them)."""
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     if spin:
         options.add_session_config_entry("session.force_spinning_stop", "1")
-    return ort.InferenceSession(str(engine), options, providers=["CPUExecutionProvider"])
+    return options
 
 
 def zeroed_caches(past_names: list[str], shape: tuple[int, int, int, int],
