@@ -93,7 +93,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     if not candidates:
         raise StageFailed(f"precision.mode int4: no {'/'.join(op_types)} node with a constant weight")
     excluded = nodes.excluded(candidates, spec.exclude)
-    hqq = spec.int4_method == "hqq"
+    hqq = spec.int4_method in ("hqq", "hqq_uint8")
+    originals = _weights_of(model, candidates) if spec.int4_method == "hqq_uint8" else {}
     with calibrate.quiet(verbose, workdir):
         if hqq:  # asymmetric blocks whose scale and zero point minimize the weight error (HQQ)
             from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig
@@ -108,13 +109,18 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
                 quant_format=QuantFormat.QDQ, op_types_to_quantize=tuple(op_types),
             )
         _, seconds = calibrate.timed(quantizer.process)
+        refit = {}
+        if originals:  # HQQ's float zero points -> uint8, the form MLAS' int4 kernels run fast
+            from pipeline.precision.integer_zero import to_integer_zero_points
+
+            refit, refit_seconds = calibrate.timed(to_integer_zero_points, quantizer.model.model, originals)
+            seconds += refit_seconds
         out = workdir / "typed.onnx"
         quantizer.model.save_model_to_file(str(out))
     typed = onnx.load(str(out), load_external_data=False)
     blocked = [n for n in typed.graph.node if n.op_type == ("MatMulNBits" if hqq else "DequantizeLinear")]
     return out, {
-        "form": ("MatMulNBits int4 with zero points, HQQ (ONNX Runtime only)" if hqq
-                 else "DequantizeLinear int4, block-wise (opset 21) -> MatMul"),
+        "form": _FORMS[spec.int4_method],
         "source": "requantize",
         "method": spec.int4_method,
         "untransposed_weights": untransposed,
@@ -125,4 +131,21 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "quantized_nodes": len(blocked),
         "excluded": [{"node": n, "why": "recipe"} for n in excluded],
         "seconds": round(seconds, 3),
+        **refit,
     }
+
+
+_FORMS = {"rtn": "DequantizeLinear int4, block-wise (opset 21) -> MatMul",
+          "hqq": "MatMulNBits int4 with float zero points, HQQ (ONNX Runtime only)",
+          "hqq_uint8": "MatMulNBits int4 with uint8 zero points: HQQ's blocks, zero points rounded "
+                       "and codes and scales refit (ONNX Runtime only)"}
+
+
+def _weights_of(model, names: list[str]) -> dict:
+    """The constant weight (initializer name -> float array) of each named node."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    wanted = set(names)
+    return {n.input[1]: numpy_helper.to_array(inits[n.input[1]]) for n in model.graph.node
+            if n.name in wanted and n.input[1] in inits}

@@ -97,13 +97,15 @@ class PrecisionSpec(Strict):
         "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32; "
         "Q4_1's minimums as a block-sum MatMul; ONNX Runtime only), so a quantized checkpoint is "
         "not quantized twice.")
-    int4_method: Literal["rtn", "hqq"] = Field(
+    int4_method: Literal["rtn", "hqq", "hqq_uint8"] = Field(
         "rtn", description="int4, int4_source requantize: how the float weights become 4-bit "
         "blocks. `rtn`: symmetric round-to-nearest (Q/DQ, any backend); `hqq`: Half-Quadratic "
         "Quantization (ONNX Runtime's quantizer, no calibration data: per block the scale and "
         "zero point that minimize the weight error), written as MatMulNBits with float zero points "
         "(ONNX Runtime only; it runs them dequantized in fp32: keeps answers, costs speed -- "
-        "benchmarks/results/hqq-vs-rtn-2026-12-06.md).")
+        "benchmarks/results/hqq-vs-rtn-2026-12-06.md); `hqq_uint8`: HQQ's blocks with each zero "
+        "point rounded to an integer and the block's codes and scale refit to the float weights, "
+        "as MatMulNBits with uint8 zero points at accuracy_level 4 (MLAS' fast int4 path).")
     kv_cache: Literal["float32", "float16", "int8"] = Field(
         "float32", description="The KV cache's element type (a generation workload whose graph "
         "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "

@@ -372,3 +372,39 @@ def test_int4_hqq_writes_asymmetric_matmulnbits_closer_to_the_weights_than_rtn(i
     ref, hqq, rtn = (check.run(str(p), [INT4_FEED], ["logits"], optimize=False)[0]["logits"]
                      for p in (fp32, out, int4_engine[0]))
     assert np.abs(hqq - ref).mean() < np.abs(rtn - ref).mean()
+
+
+def test_int4_hqq_uint8_keeps_hqqs_blocks_with_integer_zero_points_on_the_fast_path(int8_flash, int4_engine, tmp_path):
+    """precision.int4_method: hqq_uint8: the same MatMulNBits as hqq, but with uint8 zero points
+    and accuracy_level 4, so ONNX Runtime runs them on MLAS' integer path (the effective precision
+    says int8 activations); the logits still move less than under symmetric RTN."""
+    import os
+
+    import onnx
+    from onnx import TensorProto
+
+    from pipeline import recipe as recipe_mod
+    from pipeline.metrics import graph_check as check
+    from pipeline.precision import effective, int4
+
+    cwd = os.getcwd()
+    os.chdir(int8_flash.path)
+    try:
+        recipe = recipe_mod.load("flash", ("precision.mode=int4", "precision.block_size=32",
+                                           "precision.int4_method=hqq_uint8"))
+    finally:
+        os.chdir(cwd)
+    out, meta = int4.apply(recipe, int8_flash.built / "model.onnx", tmp_path)
+    assert meta["method"] == "hqq_uint8" and meta["integer_zero_nodes"] == meta["quantized_nodes"] > 0
+    errors = meta["relative_l2_error"]
+    assert 0 < errors["float_zero_points"] <= errors["uint8_zero_points"] < 1.1 * errors["float_zero_points"]
+    model = onnx.load(str(out))
+    inits = {i.name: i for i in model.graph.initializer}
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert all(inits[n.input[3]].data_type == TensorProto.UINT8 for n in nbits)
+    summary = effective.accuracy_levels(out)
+    assert summary.accuracy_levels == {"4": len(nbits)} and summary.activations == ["int8"]
+    fp32 = int8_flash.built / "model.onnx"
+    ref, ours, rtn = (check.run(str(p), [INT4_FEED], ["logits"], optimize=False)[0]["logits"]
+                      for p in (fp32, out, int4_engine[0]))
+    assert np.abs(ours - ref).mean() < np.abs(rtn - ref).mean()
