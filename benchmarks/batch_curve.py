@@ -1,6 +1,7 @@
 """Batched decode on the in-place cache (issue 37): TPOT and aggregate tokens/s at batch 1, 2, 4,
-8 and 16 against the bandwidth floor at each batch size, for smollm2-int4 with its KV cache in
-float32 and in int8 (smollm2-int4-kv8), in one process, taking turns.
+8 and 16 against the bandwidth floor at each batch size, for engines taking turns in one process:
+by default smollm2-int4 with its KV cache in float32 and in int8 (smollm2-int4-kv8);
+`--compare LABEL=FOLDER,...` names others (folders under --engines).
 
     make engine RECIPE=smollm2-int4 && make engine RECIPE=smollm2-int4-kv8
     PYTHONPATH=. .venv/bin/python benchmarks/batch_curve.py [--rounds 3] [--out results/batch-curve-DATE]
@@ -67,6 +68,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     parser.add_argument("--profile", type=int, metavar="B", help="profile the decode step at batch B")
     parser.add_argument("--engine", default="smollm2-int4", help="with --profile: the engines folder's name")
+    parser.add_argument("--compare", default="float32=smollm2-int4,int8=smollm2-int4-kv8",
+                        help="LABEL=FOLDER,... : the engines folders (under --engines) taking turns")
     args = parser.parse_args()
     if args.profile:
         return profile_step(args.engines / args.engine / "onnxruntime.onnx", args.profile)
@@ -77,7 +80,7 @@ def main() -> None:
     from pipeline.generation.slots import BatchedSlots
 
     batches = [int(b) for b in args.batches.split(",")]
-    names = {"float32": "smollm2-int4", "int8": "smollm2-int4-kv8"}
+    names = dict(item.split("=", 1) for item in args.compare.split(","))
     shape, text = held_out(max(batches))
     engines = {k: args.engines / n / "onnxruntime.onnx" for k, n in names.items()}
     loops = {k: runners.OrtLoopRunner(p, None, 2) for k, p in engines.items()}
@@ -110,8 +113,9 @@ def main() -> None:
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "bandwidth_gb_s": bw.bytes_per_s / 1e9, "bandwidth_method": bw.method,
         "weights_mb": {k: floor.weight_bytes(p).total / 1e6 for k, p in engines.items()},
+        "engines": names,
         "method": (f"one process, 2 threads, generation/slots.py BatchedSlots; {args.rounds} rounds, each batch "
-                   f"size in turn, the two engines taking turns (order alternating); per round {WARMUP} "
+                   f"size in turn, the engines taking turns (order alternating); per round {WARMUP} "
                    f"warm-up + {STEPS} timed decode steps over rows of {PROMPT}-token held-out prompts; "
                    f"floor at context {context}"),
         "curve": curve,
@@ -156,12 +160,13 @@ def profile_step(engine: Path, batch: int) -> None:
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Batched decode curve: smollm2-int4, KV cache float32 vs int8 ({r['written'][:10]})", "",
-             f"How: {r['method']}. Floor: weights as stored ({', '.join(f'{k} cache: {v:.0f} MB' for k, v in r['weights_mb'].items())}) "
+    engines = r.get("engines", {"float32": "smollm2-int4", "int8": "smollm2-int4-kv8"})
+    lines = [f"# Batched decode curve: {', '.join(f'{k} ({v})' for k, v in engines.items())} ({r['written'][:10]})", "",
+             f"How: {r['method']}. Floor: weights as stored ({', '.join(f'{k}: {v:.0f} MB' for k, v in r['weights_mb'].items())}) "
              f"read once per step + every row's cache at its context, over {r['bandwidth_gb_s']:.1f} GB/s "
              f"({r['bandwidth_method']}). Load average before/after: {r['load_average']['before']} / "
              f"{r['load_average']['after']}.", "",
-             "| batch | cache | decode step p50 ms [p10, p90] | tokens/s (all rows) | floor ms | step / floor |",
+             "| batch | engine | decode step p50 ms [p10, p90] | tokens/s (all rows) | floor ms | step / floor |",
              "|---|---|---|---|---|---|"]
     batches = sorted({int(b) for c in r["curve"].values() for b in c})
     for b in batches:

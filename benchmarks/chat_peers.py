@@ -22,9 +22,10 @@ script reads the point from it. The request shape is benchmarks/peers/smollm2-ch
 
   .venv/bin/python benchmarks/chat_peers.py --out benchmarks/results/chat-peers-2026-12-05
 
-`--variant NAME:ITEM,...` (repeatable) adds another `pipeline serve` of the same engine, named
+`--variant NAME:ITEM,...` (repeatable) adds another `pipeline serve`, named
 NAME, to take turns with the others: each ITEM is a recipe override (`serve.ingress=replica`,
-passed as --set) or `env:VAR=VALUE` in its environment.
+passed as --set), `env:VAR=VALUE` in its environment, or `engine=FOLDER` (serve that engines
+folder, e.g. `smollm2-int4-hqq@341446f5`, instead of --engine's).
 """
 
 from __future__ import annotations
@@ -70,20 +71,22 @@ def pipeline_server(engine: str, port: int, name: str = "pipeline", env: dict | 
     """`pipeline serve ENGINE` with THREADS engine threads (`env`: added to its environment;
     `sets`: more KEY=VALUE recipe overrides)."""
     overrides = [arg for kv in (f"serve.threads={THREADS}", *sets) for arg in ("--set", kv)]
-    return Server(name, port, engine, [str(Path(sys.executable).parent / "pipeline"), "serve", engine,
+    model = engine.partition("@")[0]  # the API's model id is the recipe's name, not the folder's
+    return Server(name, port, model, [str(Path(sys.executable).parent / "pipeline"), "serve", engine,
                                        "--port", str(port), *overrides], env or {})
 
 
 def variant_server(spec: str, engine: str, port: int) -> Server:
-    """A --variant `NAME:ITEM,...`: ITEM `env:VAR=VALUE` goes in its environment, any other
-    `KEY=VALUE` is a recipe override."""
+    """A --variant `NAME:ITEM,...`: ITEM `env:VAR=VALUE` goes in its environment, `engine=FOLDER`
+    serves that engines folder instead of --engine's, any other `KEY=VALUE` is a recipe override."""
     name, _, items = spec.partition(":")
     if not name or not items or any("=" not in item for item in items.split(",")):
-        raise SystemExit(f"--variant {spec!r}: expected NAME:ITEM,... with each ITEM KEY=VALUE or "
-                         "env:VAR=VALUE (e.g. direct:serve.ingress=replica)")
+        raise SystemExit(f"--variant {spec!r}: expected NAME:ITEM,... with each ITEM KEY=VALUE, "
+                         "engine=FOLDER or env:VAR=VALUE (e.g. direct:serve.ingress=replica)")
     env = dict(item[4:].split("=", 1) for item in items.split(",") if item.startswith("env:"))
-    sets = tuple(item for item in items.split(",") if not item.startswith("env:"))
-    return pipeline_server(engine, port, name=name, env=env, sets=sets)
+    engines = [item.split("=", 1)[1] for item in items.split(",") if item.startswith("engine=")]
+    sets = tuple(item for item in items.split(",") if not item.startswith(("env:", "engine=")))
+    return pipeline_server(engines[-1] if engines else engine, port, name=name, env=env, sets=sets)
 
 
 def servers(peers: Path, engine: str, base_port: int) -> list[Server]:
