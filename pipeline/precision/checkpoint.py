@@ -129,10 +129,12 @@ def _matmul_nbits(node, kind: str, q, scale, extra, k: int, n: int, accuracy_lev
     for Q4_1 the minimum's term (`sums`: A's block sums) added to it."""
     from onnx import helper, numpy_helper
 
+    from pipeline.precision.nibbles import pack_nibbles
+
     bits = 4 if kind == "q4_1" else 8
     base = node.output[0]
     if bits == 4:
-        packed = (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)  # [N, K/32, 16]
+        packed = pack_nibbles(q)  # [N, K/32, 16]
         zero = np.zeros((n, (k // BLOCK + 1) // 2), np.uint8)  # 4-bit zero points 0, two a byte
     else:
         packed, zero = q, extra  # [N, K/32, 32], zero point 128

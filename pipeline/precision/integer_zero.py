@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-REFIT_STEPS = 4  # alternating (codes, scale) steps; the error stops moving after ~3 on SmolLM2
+from pipeline.precision.nibbles import pack_nibbles
+
+# Alternating (codes, scale) steps. On SmolLM2's q|k|v weight the relative error goes 0.0902,
+# 0.0860, 0.0821, 0.0814, 0.0813 over 0-4 steps, and is 0.0813 still at 8.
+REFIT_STEPS = 4
 LEVELS = 15  # 4-bit codes 0..15
 
 
@@ -62,19 +66,6 @@ def integer_blocks(weight: np.ndarray, scale: np.ndarray, zero: np.ndarray, bloc
             (before / norm) ** 0.5, (float(err.sum()) / norm) ** 0.5)
 
 
-def _pack_codes(q: np.ndarray) -> np.ndarray:
-    """[N, B, bs] 4-bit codes -> MatMulNBits' [N, B, bs/2] bytes (element 2j low nibble, 2j+1 high)."""
-    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
-
-
-def _pack_zero_points(z: np.ndarray) -> np.ndarray:
-    """[N, B] uint8 zero points -> [N, ceil(B/2)] bytes (block 2j low nibble, 2j+1 high)."""
-    n, nb = z.shape
-    padded = np.zeros((n, nb + nb % 2), np.uint8)
-    padded[:, :nb] = z
-    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
-
-
 def to_integer_zero_points(model, originals: dict[str, np.ndarray], accuracy_level: int = 4) -> dict:
     """Every MatMulNBits of `model` (ORT's HQQ output) whose zero points are float -> uint8 zero
     points refit against `originals` (its weight initializer's name -> the float [K, N]), in
@@ -96,7 +87,7 @@ def to_integer_zero_points(model, originals: dict[str, np.ndarray], accuracy_lev
         q, scales, zeros, before, after = integer_blocks(
             originals[source], numpy_helper.to_array(inits[node.input[2]]), numpy_helper.to_array(zp),
             attrs["block_size"])
-        for index, array in ((1, _pack_codes(q)), (2, scales.reshape(-1)), (3, _pack_zero_points(zeros).reshape(-1))):
+        for index, array in ((1, pack_nibbles(q)), (2, scales.reshape(-1)), (3, pack_nibbles(zeros).reshape(-1))):
             inits[node.input[index]].CopyFrom(numpy_helper.from_array(array, node.input[index]))
         del node.attribute[:]
         node.attribute.extend(helper.make_attribute(k, v) for k, v in
