@@ -22,7 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
+import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -30,6 +31,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.chat_peers import Server, start, stop  # noqa: E402  (a peer server, started and waited on)
+
 PROMPT, NEW = 5120, 32
 LLAMA_KV_BYTES = 2  # llama-server's default cache type: f16
 
@@ -54,21 +58,6 @@ def _llama(url: str, ids: np.ndarray) -> tuple[float, np.ndarray]:
     with urllib.request.urlopen(request, timeout=600) as response:
         reply = json.loads(response.read())
     return float(reply["timings"]["predicted_per_token_ms"]), np.array(reply.get("tokens") or [])
-
-
-def _start_llama(server: Path, gguf: Path, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-                             "-t", "2", "-tb", "2", "-np", "1", "-c", str(PROMPT + NEW + 64)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"llama-server did not become healthy on port {port} within 120 s")
 
 
 def main() -> None:
@@ -96,7 +85,10 @@ def main() -> None:
     gguf = args.peers_dir / "SmolLM2-135M-Instruct.Q4_1.gguf"
     engines = {k: args.engines / n / "onnxruntime.onnx" for k, n in names.items()}
     loops = {k: runners.OrtLoopRunner(p, None, 2) for k, p in engines.items()}
-    server = _start_llama(args.peers_dir / "llama-server", gguf, args.port)
+    server = Server("llama.cpp", args.port, "smollm2",
+                    [str(args.peers_dir / "llama-server"), "-m", str(gguf), "--alias", "smollm2", "--host", "127.0.0.1",
+                     "--port", str(args.port), "-t", "2", "-tb", "2", "-np", "1", "-c", str(PROMPT + NEW + 64)])
+    start(server, Path(tempfile.mkdtemp(prefix="long-point-")), timeout=120)
     url = f"http://127.0.0.1:{args.port}"
     runs = {**{k: (lambda loop=loop: _ours(loop, ids)) for k, loop in loops.items()},
             "llama.cpp": lambda: _llama(url, ids)}
@@ -112,8 +104,7 @@ def main() -> None:
                 tpot[name].append(runs[name]()[0])
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.2f} ms" for k, v in tpot.items()), flush=True)
     finally:
-        server.terminate()
-        server.wait(30)
+        stop(server)
     bw = floor.bandwidth()
     context = PROMPT + NEW // 2
     rows = {}

@@ -51,16 +51,12 @@ def integer_blocks(weight: np.ndarray, scale: np.ndarray, zero: np.ndarray, bloc
     z = zero.reshape(n, nb, 1).astype(np.float32)
     q_float = np.clip(np.rint(w / s + z), 0, LEVELS)
     before = float(((w - (q_float - z) * s) ** 2).sum())
-    best = None
-    for z_int in (np.clip(np.floor(z), 0, LEVELS), np.clip(np.ceil(z), 0, LEVELS)):
-        q, s_fit, err = _refit(w, s, z_int)
-        if best is None:
-            best = [q, s_fit, z_int, err]
-        else:
-            better = err < best[3]
-            best = [np.where(better, q, best[0]), np.where(better, s_fit, best[1]),
-                    np.where(better, z_int, best[2]), np.minimum(err, best[3])]
-    q, s_fit, z_int, err = best
+    z_lo, z_hi = np.clip(np.floor(z), 0, LEVELS), np.clip(np.ceil(z), 0, LEVELS)
+    # both integer neighbours of HQQ's zero point, refit; each block keeps the better
+    (q_lo, s_lo, e_lo), (q_hi, s_hi, e_hi) = (_refit(w, s, z_int) for z_int in (z_lo, z_hi))
+    higher = e_hi < e_lo
+    q, s_fit, z_int, err = (np.where(higher, q_hi, q_lo), np.where(higher, s_hi, s_lo),
+                            np.where(higher, z_hi, z_lo), np.minimum(e_hi, e_lo))
     norm = float((w * w).sum()) or 1.0
     return (q.astype(np.uint8), s_fit[..., 0], z_int[..., 0].astype(np.uint8),
             (before / norm) ** 0.5, (float(err.sum()) / norm) ** 0.5)
