@@ -66,6 +66,11 @@ class TransformersSpec(Strict):
         None, gt=0, lt=1, description="With `gguf`: structured pruning of this share of every MLP's "
         "intermediate channels (smallest expected output first), applied to the trained weights "
         "at conversion, without fine-tuning (pipeline/model/gguf.py).")
+    rescale_channels: float | None = Field(
+        None, gt=0, le=1, description="With `gguf`: multiply each linear layer's input channels by "
+        "seeded factors exp(spread * N(0, 1)) and divide them out where the channels are made (the "
+        "norms, v_proj and up_proj rows): the same function, with weights on no 4-bit grid -- a "
+        "float checkpoint that was never 4-bit, to judge INT4 methods on (pipeline/model/rescale.py).")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
         "weights are random, drawn with `seed`.")
@@ -81,8 +86,9 @@ class TransformersSpec(Strict):
         if sum(x is not None for x in (self.pretrained, self.gguf, self.config)) != 1:
             raise ValueError("give exactly one of `pretrained` (a local directory), `gguf` (a GGUF "
                              "file) or `config`")
-        if self.prune_ffn is not None and self.gguf is None:
-            raise ValueError("prune_ffn applies to a `gguf` checkpoint (converted with the transform)")
+        for transform in ("prune_ffn", "rescale_channels"):
+            if getattr(self, transform) is not None and self.gguf is None:
+                raise ValueError(f"{transform} applies to a `gguf` checkpoint (converted with the transform)")
         if self.config is not None and "model_type" not in self.config:
             raise ValueError("config needs `model_type` (e.g. gpt2, bert, llama)")
         return self
