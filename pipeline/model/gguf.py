@@ -8,9 +8,10 @@ model.safetensors, tokenizer files with the chat template) under the cache, name
 file's sha256 and the recipe's model transform, so a rerun reads the folder in seconds and
 every stage below sees an ordinary `pretrained` directory.
 
-Model transforms are applied to the trained weights at conversion: `prune_ffn`, the way
-"flash" variants of a chat model are made (pipeline/model/prune.py), and `rescale_channels`,
-the same function with weights off the checkpoint's 4-bit grid (pipeline/model/rescale.py).
+Model transforms are applied to the trained weights at conversion, in this order: `prune_ffn`,
+the way "flash" variants of a chat model are made (pipeline/model/prune.py); `rescale_channels`,
+the same function with weights off the checkpoint's 4-bit grid (pipeline/model/rescale.py);
+`awq`, activation-aware scales for 4-bit round-to-nearest (pipeline/model/awq.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pathlib import Path
 from pipeline.core import env
 from pipeline.core.errors import RecipeError
 from pipeline.core.text import first_line
-from pipeline.model import prune, rescale
+from pipeline.model import awq, prune, rescale
 from pipeline.recipe.gguf_header import resolve
 
 FORMAT = 1  # bump when the converted folder's layout changes: old folders are converted again
@@ -49,14 +50,15 @@ def file_sha256(path: Path) -> str:
 
 
 def folder(ref: str, where: str, prune_ffn: float | None = None,
-           rescale_channels: float | None = None) -> Path:
+           rescale_channels: float | None = None, awq_scales: bool = False) -> Path:
     """The converted transformers folder of the GGUF `ref` (+ transforms), converting once."""
     from pipeline.core import safe_files
 
     path = resolve(ref, where)
     digest = file_sha256(path)
     name = (f"{digest[:24]}-v{FORMAT}" + (f"-ffn{prune_ffn:g}-{prune.METHOD}" if prune_ffn else "")
-            + (f"-rescale{rescale_channels:g}-{rescale.METHOD}" if rescale_channels else ""))
+            + (f"-rescale{rescale_channels:g}-{rescale.METHOD}" if rescale_channels else "")
+            + (f"-{awq.METHOD}" if awq_scales else ""))
     # the cache's folders are real folders, never links (safe_files.folder); a conversion
     # is written into a fresh private temp folder and renamed into place whole
     root = env.gguf_cache_root()
@@ -66,10 +68,10 @@ def folder(ref: str, where: str, prune_ffn: float | None = None,
         return out
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=root))
     try:
-        _convert(path, tmp, where, prune_ffn, rescale_channels)
+        _convert(path, tmp, where, prune_ffn, rescale_channels, awq_scales)
         safe_files.write_atomic(tmp / "source.json", json.dumps(
-            {"gguf": str(path), "sha256": digest, "bytes": path.stat().st_size,
-             "prune_ffn": prune_ffn, "rescale_channels": rescale_channels, "format": FORMAT},
+            {"gguf": str(path), "sha256": digest, "bytes": path.stat().st_size, "prune_ffn": prune_ffn,
+             "rescale_channels": rescale_channels, "awq": awq_scales, "format": FORMAT},
             indent=2) + "\n")
         try:
             tmp.rename(out)
@@ -82,7 +84,7 @@ def folder(ref: str, where: str, prune_ffn: float | None = None,
 
 
 def _convert(path: Path, out: Path, where: str, prune_ffn: float | None,
-             rescale_channels: float | None) -> None:
+             rescale_channels: float | None, awq_scales: bool) -> None:
     env.hf_offline()
     from pipeline.artifacts import json_file
     from pipeline.core import deps, safe_files
@@ -110,6 +112,8 @@ def _convert(path: Path, out: Path, where: str, prune_ffn: float | None,
         prune.prune_ffn(model, prune_ffn, prune.calibration_ids(tokenizer))
     if rescale_channels:
         rescale.rescale_channels(model, rescale_channels)
+    if awq_scales:  # last: the scales are searched on the weights the quantizer will see
+        awq.awq_scale(model, prune.calibration_ids(tokenizer))
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     config = json_file.loads(safe_files.read_bytes(out / "config.json"))

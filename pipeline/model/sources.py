@@ -61,14 +61,15 @@ def code_digest(recipe: Recipe) -> str | None:
 
     hf = recipe.model.transformers
     if hf is not None and hf.gguf is not None:  # the checkpoint's bytes and how it is converted
-        from pipeline.model import gguf, prune, rescale
+        from pipeline.model import awq, gguf, prune, rescale
 
         path = gguf.resolve(hf.gguf, _where(recipe))
-        transforms = f":{hf.prune_ffn}:" + (f"{hf.rescale_channels}:" if hf.rescale_channels else "")
-        return hashlib.sha256(f"{gguf.file_sha256(path)}{transforms}".encode()
-                              + Path(gguf.__file__).read_bytes()
-                              + (Path(prune.__file__).read_bytes() if hf.prune_ffn else b"")
-                              + (Path(rescale.__file__).read_bytes() if hf.rescale_channels else b"")).hexdigest()
+        transforms = (f":{hf.prune_ffn}:" + (f"{hf.rescale_channels}:" if hf.rescale_channels else "")
+                      + ("awq:" if hf.awq else ""))
+        # the transforms' code: awq reads the calibration sentences in prune.py
+        code = [(prune, hf.prune_ffn or hf.awq), (rescale, hf.rescale_channels), (awq, hf.awq)]
+        return hashlib.sha256(f"{gguf.file_sha256(path)}{transforms}".encode() + Path(gguf.__file__).read_bytes()
+                              + b"".join(Path(m.__file__).read_bytes() for m, used in code if used)).hexdigest()
     if recipe.model.zoo is not None:
         files = sorted(Path(__file__).parent.parent.joinpath("zoo").glob("*.py"))
     elif recipe.model.factory is not None:
@@ -230,7 +231,7 @@ def transformers_dir(spec, where: str) -> Path | None:
     if spec.gguf is not None:
         from pipeline.model import gguf
 
-        return gguf.folder(spec.gguf, where, spec.prune_ffn, spec.rescale_channels)
+        return gguf.folder(spec.gguf, where, spec.prune_ffn, spec.rescale_channels, spec.awq)
     return pretrained_dir(spec.pretrained, where) if spec.pretrained else None
 
 
