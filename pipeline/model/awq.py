@@ -19,13 +19,14 @@ calibration activations is kept. Groups, per decoder layer:
     up_proj (rows)             -> down_proj          (silu(gate) * up is linear in up)
 
 o_proj is left alone, as AutoAWQ leaves it under grouped-query attention (its input channels
-come from v_proj heads shared by several query heads). Calibration: prune.py's sentences (~250
-tokens of everyday English, neither the held-out text nor the chat questions).
+come from v_proj heads shared by several query heads). Calibration: the sentences (~250
+tokens of everyday English, neither the held-out text nor the chat questions: calibration.py).
 """
 
 from __future__ import annotations
 
 from pipeline.core.errors import RecipeError
+from pipeline.model.calibration import inputs_of
 
 BLOCK = 32
 ALPHAS = tuple(i / 20 for i in range(21))  # AutoAWQ's grid: 0, 0.05, ..., 1
@@ -70,20 +71,9 @@ def awq_scale(model, ids) -> int:
     if any(k % BLOCK for layer in model.model.layers
            for k in (layer.mlp.down_proj.weight.shape[1], layer.self_attn.q_proj.weight.shape[1])):
         raise RecipeError(f"model.transformers.awq: every linear layer's input size must be a multiple of {BLOCK}")
-    inputs: dict[tuple[int, str], torch.Tensor] = {}  # (layer, linear) -> its input [T, in]
-
-    def keep(key):
-        return lambda module, args, output: inputs.__setitem__(key, args[0].reshape(-1, args[0].shape[-1]))
-
-    hooks = [getattr(layer.self_attn if name == "q_proj" else layer.mlp, name)
-             .register_forward_hook(keep((i, name)))
-             for i, layer in enumerate(model.model.layers) for name in ("q_proj", "gate_proj", "down_proj")]
-    try:
-        with torch.no_grad():
-            model(ids)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    inputs = inputs_of(model, ids, {  # (layer, linear) -> its input [T, in]
+        (i, name): getattr(layer.self_attn if name == "q_proj" else layer.mlp, name)
+        for i, layer in enumerate(model.model.layers) for name in ("q_proj", "gate_proj", "down_proj")})
     groups = 0
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):

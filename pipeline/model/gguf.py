@@ -26,7 +26,7 @@ from pathlib import Path
 from pipeline.core import env
 from pipeline.core.errors import RecipeError
 from pipeline.core.text import first_line
-from pipeline.model import awq, prune, rescale
+from pipeline.model import awq, calibration, prune, rescale
 from pipeline.recipe.gguf_header import resolve
 
 FORMAT = 1  # bump when the converted folder's layout changes: old folders are converted again
@@ -109,11 +109,11 @@ def _convert(path: Path, out: Path, where: str, prune_ffn: float | None,
     if hasattr(model.config, "_pre_quantization_dtype"):
         del model.config._pre_quantization_dtype
     if prune_ffn:
-        prune.prune_ffn(model, prune_ffn, prune.calibration_ids(tokenizer))
+        prune.prune_ffn(model, prune_ffn, calibration.calibration_ids(tokenizer))
     if rescale_channels:
         rescale.rescale_channels(model, rescale_channels)
     if awq_scales:  # last: the scales are searched on the weights the quantizer will see
-        awq.awq_scale(model, prune.calibration_ids(tokenizer))
+        awq.awq_scale(model, calibration.calibration_ids(tokenizer))
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     config = json_file.loads(safe_files.read_bytes(out / "config.json"))

@@ -61,13 +61,13 @@ def code_digest(recipe: Recipe) -> str | None:
 
     hf = recipe.model.transformers
     if hf is not None and hf.gguf is not None:  # the checkpoint's bytes and how it is converted
-        from pipeline.model import awq, gguf, prune, rescale
+        from pipeline.model import awq, calibration, gguf, prune, rescale
 
         path = gguf.resolve(hf.gguf, _where(recipe))
         transforms = (f":{hf.prune_ffn}:" + (f"{hf.rescale_channels}:" if hf.rescale_channels else "")
                       + ("awq:" if hf.awq else ""))
-        # the transforms' code: awq reads the calibration sentences in prune.py
-        code = [(prune, hf.prune_ffn or hf.awq), (rescale, hf.rescale_channels), (awq, hf.awq)]
+        code = [(prune, hf.prune_ffn), (rescale, hf.rescale_channels), (awq, hf.awq),  # the transforms' code
+                (calibration, hf.prune_ffn or hf.awq)]
         return hashlib.sha256(f"{gguf.file_sha256(path)}{transforms}".encode() + Path(gguf.__file__).read_bytes()
                               + b"".join(Path(m.__file__).read_bytes() for m, used in code if used)).hexdigest()
     if recipe.model.zoo is not None:
