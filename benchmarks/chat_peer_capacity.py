@@ -19,6 +19,9 @@ mean sequences a step), so a TPOT behind a peer's can be read as step, prefills 
 
     .venv/bin/python benchmarks/chat_peer_capacity.py --only pipeline,openvino \\
         --rates 1,1.5,2,2.5 --slo ttft=1s,tpot=100ms --out benchmarks/results/chat-peer-capacity-DATE
+
+`--variant NAME:ITEM,...` adds another `pipeline serve` (e.g. `direct:serve.ingress=replica`), as
+in chat_peers.py.
 """
 
 from __future__ import annotations
@@ -31,7 +34,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chat_peers import REPO, finish, pause, phases, rotated, run_load, servers, start, versions  # noqa: E402
+from chat_peers import (  # noqa: E402
+    REPO,
+    finish,
+    pause,
+    phases,
+    rotated,
+    run_load,
+    servers,
+    start,
+    variant_server,
+    versions,
+)
 
 SHAPE = REPO / "benchmarks" / "peers" / "smollm2-tasks.yaml"
 
@@ -94,11 +108,11 @@ def render(record: dict) -> str:
     ours = [r for r in runs if r.get("phases")]
     if ours:
         lines += ["", "`pipeline serve`'s engine over each point (its /metrics):", "",
-                  "| tasks/s offered | decode steps | sequences a step | decode step ms | prefill ms a step | "
-                  "step + prefill ms | client TPOT p50 ms |", "|---|---|---|---|---|---|---|"]
-        for r in sorted(ours, key=lambda r: r["rate"]):
+                  "| tasks/s offered | server | decode steps | sequences a step | decode step ms | prefill ms a step | "
+                  "step + prefill ms | client TPOT p50 ms |", "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(ours, key=lambda r: (r["rate"], names.index(r["server"]))):
             ph = r["phases"]
-            lines.append(f"| {r['rate']:g} | {ph['decode_steps']:,.0f} | {ph['mean_sequences']:.2f} | {ph['step_ms']:.1f} | "
+            lines.append(f"| {r['rate']:g} | {r['server']} | {ph['decode_steps']:,.0f} | {ph['mean_sequences']:.2f} | {ph['step_ms']:.1f} | "
                          f"{ph['prefill_per_step_ms']:.1f} | {ph['step_ms'] + ph['prefill_per_step_ms']:.1f} | "
                          f"{fmt(r['tpot_p50_ms'], 1)} |")
     errors = [r for r in runs if "error" in r]
@@ -121,6 +135,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--base-port", type=int, default=8101)
     ap.add_argument("--out", type=Path, help="PATH: writes PATH.json and PATH.md")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:ITEM,...",
+                    help="another `pipeline serve` taking turns (chat_peers.py's --variant)")
     ap.add_argument("--render", type=Path, help="only print the tables of this record (JSON)")
     args = ap.parse_args()
     if args.render:
@@ -129,6 +145,7 @@ def main() -> int:
     if args.out is None:
         ap.error("--out PATH is needed")
     chosen = [s for s in servers(args.peers_dir, args.engine, args.base_port) if s.name in args.only.split(",")]
+    chosen += [variant_server(v, args.engine, args.base_port + 10 + i) for i, v in enumerate(args.variant)]
     scratch = Path(tempfile.mkdtemp(prefix="chat-peer-capacity-"))
     record: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

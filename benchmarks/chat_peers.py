@@ -72,8 +72,12 @@ def pipeline_server(engine: str, port: int, name: str = "pipeline", env: dict | 
     `sets`: more KEY=VALUE recipe overrides)."""
     overrides = [arg for kv in (f"serve.threads={THREADS}", *sets) for arg in ("--set", kv)]
     model = engine.partition("@")[0]  # the API's model id is the recipe's name, not the folder's
+    # Paused servers (pause()): two of ours died on 2026-12-07 after a pause, their raylet "marked
+    # dead by GCS" (health checks every 3 s, 5 missed allowed). 100 missed (5 min) outlasts a
+    # pause's wake-up; it changes failure detection only, never the serving path.
+    tolerant = {"RAY_health_check_failure_threshold": "100"}
     return Server(name, port, model, [str(Path(sys.executable).parent / "pipeline"), "serve", engine,
-                                       "--port", str(port), *overrides], env or {})
+                                       "--port", str(port), *overrides], {**tolerant, **(env or {})})
 
 
 def variant_server(spec: str, engine: str, port: int) -> Server:
