@@ -37,7 +37,7 @@ class TransformersSpec(Strict):
         False, description="With `gguf`: activation-aware channel scales (AWQ), searched on calibration "
         "text for `precision.int4_method: rtn` (symmetric 4-bit blocks of 32) and folded into the norms "
         "and up_proj, after the transforms above: the same function, rounded with less loss "
-        "(pipeline/model/awq.py).")
+        "(pipeline/model/awq.py). Only with that precision: other roundings need other scales.")
     config: dict[str, Any] | None = Field(
         None, description="Config with `model_type` (e.g. {model_type: gpt2, n_layer: 2}); the "
         "weights are random, drawn with `seed`.")

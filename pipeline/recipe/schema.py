@@ -253,6 +253,14 @@ class Recipe(Strict):
             if getattr(self.expect, name) is not None and self.workload.chat is None:
                 raise LocatedError(("expect", name), "needs workload.chat (the question set and "
                                    "held-out text the score is measured on)")
+        hf, p = self.model.transformers, self.precision
+        if hf is not None and hf.awq and (p.mode, p.int4_source, p.int4_method, p.block_size) != (
+                "int4", "requantize", "rtn", 32):
+            raise LocatedError(("model", "transformers", "awq"), "the scales are searched for precision "
+                               "{mode: int4, int4_source: requantize, int4_method: rtn, block_size: 32}; "
+                               "another rounding needs other scales (with hqq they cost 21 more points "
+                               "of answers, benchmarks/results/float-int4-2026-12-07.md): set that "
+                               "precision or drop awq")
         try:
             check_serve(self.serve, self.inputs)
         except ValueError as e:

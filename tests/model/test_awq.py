@@ -101,3 +101,13 @@ def test_the_scales_need_a_gguf_checkpoint():
 
     with pytest.raises(ValidationError, match="awq applies to a `gguf` checkpoint"):
         TransformersSpec(pretrained="some/dir", awq=True)
+
+
+def test_the_scales_are_refused_with_a_rounding_they_were_not_searched_for():
+    """AWQ's scales fit rtn's rounding; with HQQ's they cost answers (52/129 against 73)."""
+    from pipeline import recipe as recipe_mod
+    from pipeline.core.errors import RecipeError
+
+    assert recipe_mod.load("smollm2-float-int4-awq").model.transformers.awq
+    with pytest.raises(RecipeError, match=r"model\.transformers\.awq: the scales are searched for"):
+        recipe_mod.load("smollm2-float-int4-awq", ["precision.int4_method=hqq"])
