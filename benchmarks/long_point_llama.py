@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.chat_peers import Server, start, stop  # noqa: E402  (a peer server, started and waited on)
+from benchmarks.chat_peers import Server, rotated, start, stop  # noqa: E402  (a peer server, started and waited on)
 
 PROMPT, NEW = 5120, 32
 LLAMA_KV_BYTES = 2  # llama-server's default cache type: f16
@@ -99,8 +99,7 @@ def main() -> None:
         for name, run in runs.items():  # warm-up: one generation each, untimed
             tokens[name] = run()[1]
         for r in range(args.rounds):
-            order = list(runs)[r % len(runs):] + list(runs)[:r % len(runs)]
-            for name in order:
+            for name in rotated(list(runs), r):
                 tpot[name].append(runs[name]()[0])
             print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{k} {v[-1]:.2f} ms" for k, v in tpot.items()), flush=True)
     finally:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pipeline.core.errors import RecipeError
 from pipeline.model.calibration import inputs_of
+from pipeline.model.rescale import fold
 
 BLOCK = 32
 ALPHAS = tuple(i / 20 for i in range(21))  # AutoAWQ's grid: 0, 0.05, ..., 1
@@ -82,10 +83,6 @@ def awq_scale(model, ids) -> int:
                     (layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), inputs[i, "q_proj"]),
                     (layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), inputs[i, "gate_proj"]),
                     (mlp.up_proj, (mlp.down_proj,), inputs[i, "down_proj"])):
-                s = _best_scale(linears, x.float())
-                for linear in linears:  # weight [out, in] * s [in]
-                    linear.weight.mul_(s)
-                shape = (-1,) + (1,) * (maker.weight.dim() - 1)  # the maker's output channels / s
-                maker.weight.div_(s.reshape(shape))
+                fold(maker, linears, _best_scale(linears, x.float()))
                 groups += 1
     return groups

@@ -28,6 +28,25 @@ METHOD = "awq-eq1"  # in the converted folder's name: a change of the transform 
 SEED = 0
 
 
+def scale_columns(linear, s) -> None:
+    """weight [out, in] * s [in]: the linear's input channels scaled."""
+    linear.weight.mul_(s.to(linear.weight.dtype))
+
+
+def divide_rows(module, s) -> None:
+    """weight [out, ...] / s [out]: the channels the module makes, divided."""
+    shape = (-1,) + (1,) * (module.weight.dim() - 1)
+    module.weight.div_(s.to(module.weight.dtype).reshape(shape))
+
+
+def fold(maker, consumers, s) -> None:
+    """The equivalence both transforms rest on: the consumers' input channels times s, the
+    maker's output channels (a norm's gain, a linear's rows) over s; the function is unchanged."""
+    for linear in consumers:
+        scale_columns(linear, s)
+    divide_rows(maker, s)
+
+
 def rescale_channels(model, spread: float, seed: int = SEED) -> int:
     """Rescale every decoder layer of a Llama-family causal LM in place; returns the number of
     weight matrices moved off their grid."""
@@ -44,13 +63,6 @@ def rescale_channels(model, spread: float, seed: int = SEED) -> int:
     def factors(*shape: int) -> torch.Tensor:
         return torch.exp(spread * torch.randn(*shape, generator=generator))
 
-    def scale_columns(linear, s: torch.Tensor) -> None:  # weight [out, in] * s [in]
-        linear.weight.mul_(s.to(linear.weight.dtype))
-
-    def divide_rows(module, s: torch.Tensor) -> None:  # weight [out, ...] / s [out]
-        shape = (-1,) + (1,) * (module.weight.dim() - 1)
-        module.weight.div_(s.to(module.weight.dtype).reshape(shape))
-
     moved = 0
     with torch.no_grad():
         for layer in model.model.layers:
@@ -58,20 +70,12 @@ def rescale_channels(model, spread: float, seed: int = SEED) -> int:
             if any(getattr(m, "bias", None) is not None for m in (attn.v_proj, mlp.up_proj)):
                 raise RecipeError("model.transformers.rescale_channels: v_proj or up_proj has a bias; "
                                   "the transform divides their rows and supports bias-free layers only")
-            s = factors(config.hidden_size)  # the attention block's input channels
-            divide_rows(layer.input_layernorm, s)
-            for linear in (attn.q_proj, attn.k_proj, attn.v_proj):
-                scale_columns(linear, s)
+            fold(layer.input_layernorm, (attn.q_proj, attn.k_proj, attn.v_proj), factors(config.hidden_size))
             t = factors(kv_heads, head_dim)  # the attention output's channels, per kv head
             divide_rows(attn.v_proj, t.reshape(-1))
             group = heads // kv_heads
             scale_columns(attn.o_proj, t.repeat_interleave(group, dim=0).reshape(-1))  # [heads * D]
-            s = factors(config.hidden_size)  # the MLP's input channels
-            divide_rows(layer.post_attention_layernorm, s)
-            for linear in (mlp.gate_proj, mlp.up_proj):
-                scale_columns(linear, s)
-            u = factors(mlp.down_proj.weight.shape[1])  # the FFN's intermediate channels
-            divide_rows(mlp.up_proj, u)
-            scale_columns(mlp.down_proj, u)
+            fold(layer.post_attention_layernorm, (mlp.gate_proj, mlp.up_proj), factors(config.hidden_size))
+            fold(mlp.up_proj, (mlp.down_proj,), factors(mlp.down_proj.weight.shape[1]))  # the FFN's channels
             moved += 7
     return moved
