@@ -29,7 +29,7 @@ def check_feeds(inputs: list[InputSpec], feeds: list[Feed], where: str,
             if array.dtype != numpy_dtype(spec.dtype):
                 raise InputError(f"{where}: feed {n} input `{spec.name}` is {array.dtype}, the "
                                  f"recipe declares {spec.dtype}")
-            if not fits(array.shape, spec.shape):
+            if not fits(array.shape, spec.shape) and not _empty_past(spec.name, array.shape, spec.shape):
                 raise InputError(f"{where}: feed {n} input `{spec.name}` has shape "
                                  f"{list(array.shape)}, outside the recipe's {describe(spec.shape)}")
             if spec.name in TOKEN_INPUTS and array.size:
@@ -44,6 +44,13 @@ def _check_ids(name: str, array, n: int, where: str, vocab: int | None) -> None:
         raise InputError(f"{where}: feed {n} input `{name}` holds token id {hi}, beyond the "
                          f"model's vocabulary of {vocab}",
                          "tokenize with the model's own tokenizer, or set data.<split>.tokenizer")
+
+
+def _empty_past(name: str, shape: tuple, dims: list) -> bool:
+    """A prefill's KV cache: past length 0 (text feeds of a decoder, data/tokenize.py), which
+    the profile's past dim (1 and up: a TensorRT profile) leaves out but ONNX Runtime runs."""
+    return (name.startswith("past_key_values.") and len(shape) == 4 and shape[2] == 0
+            and fits(shape[:2] + (1,) + shape[3:], dims))
 
 
 def fits(shape: tuple, dims: list) -> bool:

@@ -50,13 +50,17 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None) 
     return Tokenizer.from_folder(folder, where)
 
 
+PAST = "past_key_values."  # a decoder's KV-cache inputs [B, KV heads, past, head dim]
+
+
 def token_inputs(recipe: Recipe, where: str) -> tuple[str, Dim | int, Dim | int]:
     """(ids input name, batch dim, sequence dim) of a token model: `input_ids` [B, T]."""
     spec = next((i for i in recipe.inputs if i.name == "input_ids"), None)
     if spec is None or len(spec.shape) != 2 or spec.dtype not in ("int64", "int32"):
         raise RecipeError(f"{where}: text feeds a token model: it needs an integer input "
                           "`input_ids` of shape [batch, sequence]")
-    others = [i.name for i in recipe.inputs if i.name not in ("input_ids", "attention_mask")]
+    others = [i.name for i in recipe.inputs if i.name not in ("input_ids", "attention_mask")
+              and not i.name.startswith(PAST)]
     if others:
         raise RecipeError(f"{where}: text gives only input_ids and attention_mask; the recipe "
                           f"also has {', '.join(others)}", "feed such a model with a .npz or a loader")
@@ -96,6 +100,10 @@ def text_feeds(recipe: Recipe, texts: list[str], tok: Tokenizer, batch: int,
         feed = {name: ids.astype(dtypes[name])}
         if "attention_mask" in dtypes:
             feed["attention_mask"] = mask.astype(dtypes["attention_mask"])
+        for spec in recipe.inputs:  # a decoder's KV cache: the text is a prefill, its past empty
+            if spec.name.startswith(PAST):
+                _, heads, _, head_dim = spec.shape  # [B, KV, past, hd]
+                feed[spec.name] = np.zeros((len(rows), heads, 0, head_dim), numpy_dtype(spec.dtype))
         feeds.append(feed)
         masks.append(mask)
     return feeds, masks, truncated

@@ -94,9 +94,28 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         raise StageFailed(f"precision.mode int4: no {'/'.join(op_types)} node with a constant weight")
     excluded = nodes.excluded(candidates, spec.exclude)
     hqq = spec.int4_method in ("hqq", "hqq_uint8")
-    originals = _weights_of(model, candidates) if spec.int4_method == "hqq_uint8" else {}
+    gptq = spec.int4_method == "gptq"
+    nbits = hqq or gptq  # MatMulNBits written by the quantizer, not Q/DQ
+    originals = _weights_of(model, candidates) if spec.int4_method in ("hqq_uint8", "gptq") else {}
+    hess, tokens, feeds, seconds = {}, 0, [], 0.0
+    if gptq:  # the float graph's layer inputs on the recipe's calibration data
+        from pipeline.precision import gptq as gptq_blocks
+
+        feeds = calibrate.feeds(recipe)
+        kept = set(candidates) - set(excluded)
+        weights = {n.name: n.input[1] for n in model.graph.node if n.name in kept}
+        (hess, tokens), seconds = calibrate.timed(gptq_blocks.hessians, model, weights, feeds)
     with calibrate.quiet(verbose, workdir):
-        if hqq:  # asymmetric blocks whose scale and zero point minimize the weight error (HQQ)
+        if gptq:  # ORT's asymmetric RTN writes the nodes; GPTQ's blocks replace theirs below
+            from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
+
+            quantizer = MatMulNBitsQuantizer(
+                model, block_size=spec.block_size, is_symmetric=False, accuracy_level=4,
+                nodes_to_exclude=excluded, op_types_to_quantize=tuple(op_types),
+                algo_config=DefaultWeightOnlyQuantConfig(
+                    block_size=spec.block_size, is_symmetric=False, accuracy_level=4,
+                    op_types_to_quantize=tuple(op_types)))
+        elif hqq:  # asymmetric blocks whose scale and zero point minimize the weight error (HQQ)
             from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig
 
             quantizer = MatMulNBitsQuantizer(
@@ -108,9 +127,14 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
                 model, block_size=spec.block_size, is_symmetric=True, nodes_to_exclude=excluded,
                 quant_format=QuantFormat.QDQ, op_types_to_quantize=tuple(op_types),
             )
-        _, seconds = calibrate.timed(quantizer.process)
+        _, quantize_seconds = calibrate.timed(quantizer.process)
+        seconds += quantize_seconds
         refit = {}
-        if originals:  # HQQ's float zero points -> uint8, the form MLAS' int4 kernels run fast
+        if gptq:
+            refit, refit_seconds = calibrate.timed(gptq_blocks.apply, quantizer.model.model, originals, hess)
+            refit |= {"calibration_feeds": len(feeds), "calibration_tokens": tokens}
+            seconds += refit_seconds
+        elif originals:  # HQQ's float zero points -> uint8, the form MLAS' int4 kernels run fast
             from pipeline.precision.integer_zero import to_integer_zero_points
 
             refit, refit_seconds = calibrate.timed(to_integer_zero_points, quantizer.model.model, originals)
@@ -118,14 +142,14 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         out = workdir / "typed.onnx"
         quantizer.model.save_model_to_file(str(out))
     typed = onnx.load(str(out), load_external_data=False)
-    blocked = [n for n in typed.graph.node if n.op_type == ("MatMulNBits" if hqq else "DequantizeLinear")]
+    blocked = [n for n in typed.graph.node if n.op_type == ("MatMulNBits" if nbits else "DequantizeLinear")]
     return out, {
         "form": _FORMS[spec.int4_method],
         "source": "requantize",
         "method": spec.int4_method,
         "untransposed_weights": untransposed,
         "block_size": spec.block_size,
-        "symmetric": not hqq,
+        "symmetric": not nbits,
         "weight_only": True,
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(blocked),
@@ -138,7 +162,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
 _FORMS = {"rtn": "DequantizeLinear int4, block-wise (opset 21) -> MatMul",
           "hqq": "MatMulNBits int4 with float zero points, HQQ (ONNX Runtime only)",
           "hqq_uint8": "MatMulNBits int4 with uint8 zero points: HQQ's blocks, zero points rounded "
-                       "and codes and scales refit (ONNX Runtime only)"}
+                       "and codes and scales refit (ONNX Runtime only)",
+          "gptq": "MatMulNBits int4 with uint8 zero points, GPTQ's blocks on the calibration data (ONNX Runtime only)"}
 
 
 def _weights_of(model, names: list[str]) -> dict:

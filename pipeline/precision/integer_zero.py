@@ -62,6 +62,21 @@ def integer_blocks(weight: np.ndarray, scale: np.ndarray, zero: np.ndarray, bloc
             (before / norm) ** 0.5, (float(err.sum()) / norm) ** 0.5)
 
 
+def set_blocks(node, inits: dict, codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray,
+               accuracy_level: int) -> None:
+    """A 4-bit MatMulNBits `node` with uint8 zero points takes codes [N, B, block] (0..15),
+    scales [N, B] and zero points [N, B] in place of its own (initializers `inits` by name),
+    and `accuracy_level`."""
+    from onnx import helper, numpy_helper
+
+    for index, array in ((1, pack_nibbles(codes)), (2, scales.reshape(-1).astype(np.float32)),
+                         (3, pack_nibbles(zeros).reshape(-1))):
+        inits[node.input[index]].CopyFrom(numpy_helper.from_array(array, node.input[index]))
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    del node.attribute[:]
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, "accuracy_level": accuracy_level}.items())
+
+
 def to_integer_zero_points(model, originals: dict[str, np.ndarray], accuracy_level: int = 4) -> dict:
     """Every MatMulNBits of `model` (ORT's HQQ output) whose zero points are float -> uint8 zero
     points refit against `originals` (its weight initializer's name -> the float [K, N]), in
@@ -83,11 +98,7 @@ def to_integer_zero_points(model, originals: dict[str, np.ndarray], accuracy_lev
         q, scales, zeros, before, after = integer_blocks(
             originals[source], numpy_helper.to_array(inits[node.input[2]]), numpy_helper.to_array(zp),
             attrs["block_size"])
-        for index, array in ((1, pack_nibbles(q)), (2, scales.reshape(-1)), (3, pack_nibbles(zeros).reshape(-1))):
-            inits[node.input[index]].CopyFrom(numpy_helper.from_array(array, node.input[index]))
-        del node.attribute[:]
-        node.attribute.extend(helper.make_attribute(k, v) for k, v in
-                              {**attrs, "accuracy_level": accuracy_level}.items())
+        set_blocks(node, inits, q, scales, zeros, accuracy_level)
         errors_before.append(before)
         errors_after.append(after)
         sizes.append(originals[source].size)

@@ -97,7 +97,7 @@ class PrecisionSpec(Strict):
         "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32; "
         "Q4_1's minimums as a block-sum MatMul; ONNX Runtime only), so a quantized checkpoint is "
         "not quantized twice.")
-    int4_method: Literal["rtn", "hqq", "hqq_uint8"] = Field(
+    int4_method: Literal["rtn", "hqq", "hqq_uint8", "gptq"] = Field(
         "rtn", description="int4, int4_source requantize: how the float weights become 4-bit "
         "blocks. `rtn`: symmetric round-to-nearest (Q/DQ, any backend); `hqq`: Half-Quadratic "
         "Quantization (ONNX Runtime's quantizer, no calibration data: per block the scale and "
@@ -105,7 +105,11 @@ class PrecisionSpec(Strict):
         "(ONNX Runtime only; it runs them dequantized in fp32: keeps answers, costs speed -- "
         "benchmarks/results/hqq-vs-rtn-2026-12-06.md); `hqq_uint8`: HQQ's blocks with each zero "
         "point rounded to an integer and the block's codes and scale refit to the float weights, "
-        "as MatMulNBits with uint8 zero points at accuracy_level 4 (MLAS' fast int4 path).")
+        "as MatMulNBits with uint8 zero points at accuracy_level 4 (MLAS' fast int4 path); "
+        "`gptq`: GPTQ (pipeline/precision/gptq.py: each input channel rounded in turn, its error "
+        "spread over the channels not yet rounded by the inverse Hessian of the inputs the layer "
+        "sees on `data.calibration`; a decoder with a KV cache takes its `text` as prefills), "
+        "asymmetric blocks with uint8 zero points at accuracy_level 4 (ONNX Runtime only).")
     kv_cache: Literal["float32", "float16", "int8"] = Field(
         "float32", description="The KV cache's element type (a generation workload whose graph "
         "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "
@@ -166,8 +170,10 @@ class PrecisionSpec(Strict):
 
     @property
     def needs_calibration(self) -> bool:
-        """Static Q/DQ calibrates activation ranges; smoothing needs activation maxima."""
-        return self.mode in ("int8", "fp8") and (self.scheme == "static" or self.smoothing is not None)
+        """Static Q/DQ calibrates activation ranges; smoothing needs activation maxima; GPTQ
+        the Hessian of each layer's inputs."""
+        return (self.mode in ("int8", "fp8") and (self.scheme == "static" or self.smoothing is not None)
+                or self.mode == "int4" and self.int4_method == "gptq")
 
     @property
     def method(self) -> str:

@@ -233,8 +233,9 @@ class Recipe(Strict):
             except ValueError as e:
                 raise LocatedError(("targets", n), str(e)) from None
         if self.precision.needs_calibration and self.data.calibration is None:
-            raise LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode} "
-                                "needs calibration data: set data.calibration (random samples, "
+            raise LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode}"
+                                + (" int4_method gptq" if self.precision.mode == "int4" else "")
+                                + " needs calibration data: set data.calibration (random samples, `text`, "
                                 "a .npz `file` or a `loader`)")
         clash = sorted(set(self.outputs) & {i.name for i in self.inputs})
         if clash:

@@ -319,6 +319,8 @@ def test_calibration_from_a_loader_and_a_good_npz(project, monkeypatch):
     (("precision.mode=fp16", "precision.require_effective_precision=0.9"), "integer modes"),
     (("precision.mode=int8", "precision.exclude=['(']"), "not a valid regex"),
     (("precision.mode=int4", "precision.block_size=48"), "power of two"),
+    (("precision.mode=int4", "precision.int4_method=gptq", "data.calibration=null"),
+     "int4_method gptq needs calibration data"),
 ])
 def test_precision_cross_checks_fail_at_load(project, overrides, expected):
     args = [a for o in overrides for a in ("--set", o)]

@@ -1,0 +1,124 @@
+"""precision.int4_method: gptq (pipeline/precision/gptq.py). The algorithm on one synthetic
+layer: blocks on their own grids, a lower output error than round-to-nearest on the inputs it
+saw. End to end on a decoder with a KV cache (the tiny GQA Llama of the serving tests, random
+weights) calibrated on a text file: the text's rows become prefill feeds (the past empty),
+every MatMul becomes MatMulNBits with uint8 zero points on MLAS' integer path, and on the text
+it was calibrated on the logits move less from the float graph's than under round-to-nearest."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import FAST_OPT, shared_build
+from tests.serving.test_continuous_batching import RECIPE
+
+pytestmark = pytest.mark.slow
+
+ROWS = ["The train to the coast leaves every hour.",
+        "She planted tomatoes along the south wall.",
+        "Please back up your files before the update."]
+GPTQ = """\
+extends: tiny-llama-gqa.yaml
+data:
+  calibration: {text: calibration.jsonl, tokenizer: bytes}
+precision: {mode: int4, block_size: 32, int4_method: gptq}
+"""
+
+
+def test_gptq_blocks_sit_on_their_grids_and_err_less_than_round_to_nearest():
+    from pipeline.precision import gptq
+
+    rng = np.random.default_rng(0)
+    k, n, block = 256, 48, 32
+    weight = (rng.standard_normal((k, n)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((600, k)) * np.exp(rng.standard_normal(k) * 0.5)  # uneven channels
+    x[:, 1:] += 0.5 * x[:, :-1]  # correlated neighbours: what GPTQ's corrections use
+    x[:, 7] = 0  # a channel no token uses
+    hessian = 2 * x.T @ x / len(x)
+    codes, scales, zeros = gptq.quantize(weight, hessian, block)
+    assert codes.shape == (n, k // block, block) and codes.max() <= 15 and zeros.max() <= 15
+    ours = ((codes - zeros[..., None].astype(np.float64)) * scales[..., None]).reshape(n, k).T
+    assert (ours[7] == 0).all()  # the unused channel: zero, exactly on every grid
+    # round-to-nearest on the same kind of grid: each block's min/max (0 included), codes 0..15
+    w = weight.T.reshape(n, k // block, block).astype(np.float64)
+    low, high = np.minimum(w.min(-1, keepdims=True), 0), np.maximum(w.max(-1, keepdims=True), 0)
+    step = (high - low) / 15
+    zero = np.round(-low / step)
+    rtn = ((np.clip(np.round(w / step) + zero, 0, 15) - zero) * step).reshape(n, k).T
+
+    def output_error(approx):
+        return np.linalg.norm(x @ approx - x @ weight) / np.linalg.norm(x @ weight)
+
+    assert output_error(ours) < 0.85 * output_error(rtn)
+
+
+@pytest.fixture(scope="module")
+def gqa(tmp_path_factory):
+    return shared_build(tmp_path_factory, "tiny-llama-gqa", "tiny-llama-gqa", *FAST_OPT,
+                        recipes={"recipes/tiny-llama-gqa.yaml": RECIPE})
+
+
+def _recipes(project, method: str):
+    """The project's tiny-gptq recipe (and one with `method` instead), loaded in its folder."""
+    from pipeline import recipe as recipe_mod
+
+    project.write("recipes/tiny-gptq.yaml", GPTQ)
+    project.write("calibration.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in ROWS))
+    cwd = os.getcwd()
+    os.chdir(project.path)
+    try:
+        return recipe_mod.load("tiny-gptq"), recipe_mod.load("tiny-gptq", (f"precision.int4_method={method}",))
+    finally:
+        os.chdir(cwd)
+
+
+def test_gptq_calibrates_a_kv_cache_decoder_on_text_prefills_and_beats_rtn(gqa, tmp_path):
+    import onnx
+    from onnx import TensorProto
+
+    from pipeline import data
+    from pipeline.metrics import graph_check as check
+    from pipeline.precision import effective, int4
+
+    gptq, rtn = _recipes(gqa, "rtn")
+    (tmp_path / "gptq").mkdir()
+    (tmp_path / "rtn").mkdir()
+    cwd = os.getcwd()
+    os.chdir(gqa.path)  # the text's path is the project's
+    try:
+        feeds = data.calibration_feeds(gptq)
+        out, meta = int4.apply(gptq, gqa.built / "optimized.onnx", tmp_path / "gptq")
+        rtn_out, _ = int4.apply(rtn, gqa.built / "optimized.onnx", tmp_path / "rtn")
+    finally:
+        os.chdir(cwd)
+
+    # each text row is one prefill: its bytes as ids, the mask over them, an empty past per layer
+    assert [f["input_ids"].tolist() for f in feeds] == [[list(t.encode())] for t in ROWS]
+    for feed in feeds:
+        assert (feed["attention_mask"] == 1).all() and feed["attention_mask"].shape == feed["input_ids"].shape
+        pasts = [k for k in feed if k.startswith("past_key_values.")]
+        assert len(pasts) == 4 and all(feed[k].shape == (1, 2, 0, 16) for k in pasts)
+
+    assert meta["method"] == "gptq" and meta["symmetric"] is False
+    assert meta["calibration_feeds"] == 3 and meta["calibration_tokens"] == sum(len(t) for t in ROWS)
+    assert meta["gptq_nodes"] == meta["quantized_nodes"]
+    errors = meta["relative_output_error"]  # each layer on the calibration inputs, GPTQ vs RTN
+    assert 0 < errors["gptq"] < errors["rtn"]
+    model = onnx.load(str(out))
+    inits = {i.name: i for i in model.graph.initializer}
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    assert len(nbits) == meta["quantized_nodes"] == meta["quantizable_nodes"] > 0
+    assert all(inits[n.input[3]].data_type == TensorProto.UINT8 for n in nbits)  # integer zero points
+    summary = effective.accuracy_levels(out)
+    assert summary.accuracy_levels == {"4": len(nbits)} and summary.activations == ["int8"]
+
+    # what GPTQ minimizes, measured end to end: the logits on its calibration text
+    def logits(path):
+        return np.concatenate([r["logits"].ravel() for r in check.run(str(path), feeds, ["logits"], optimize=False)])
+
+    ref, ours, theirs = (logits(p) for p in (gqa.built / "optimized.onnx", out, rtn_out))
+    assert np.abs(ours - ref).mean() < np.abs(theirs - ref).mean()
