@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.precision.integer_zero import set_blocks
+from pipeline.precision.nibbles import unpack_nibbles
 
 LEVELS = 15  # 4-bit codes 0..15
 LAZY = 128  # channels rounded before the rest of the matrix is updated (the paper's B)
@@ -134,8 +135,8 @@ def _dequantize(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray, shape
     """MatMulNBits' 4-bit blocks (packed [N, B, block/2], scales [N * B], packed zero points)
     -> the weight they stand for [K, N]."""
     k, n = shape
-    codes = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(n, packed.shape[1], -1).astype(np.float64)
-    blocks = codes.shape[1]
-    z = np.stack([zeros & 0x0F, zeros >> 4], axis=-1).reshape(n, -1)[:, :blocks].astype(np.float64)
+    blocks, block = packed.shape[1], 2 * packed.shape[2]
+    codes = unpack_nibbles(packed, block).astype(np.float64)  # [N, B, block]
+    z = unpack_nibbles(zeros.reshape(n, -1), blocks).astype(np.float64)  # [N, B]
     w = (codes - z[..., None]) * scales.reshape(n, blocks, 1)
     return w.reshape(n, -1)[:, :k].T

@@ -15,3 +15,9 @@ def pack_nibbles(values: np.ndarray) -> np.ndarray:
     if values.shape[-1] % 2:
         values = np.concatenate([values, np.zeros((*values.shape[:-1], 1), np.uint8)], axis=-1)
     return (values[..., 0::2] | (values[..., 1::2] << 4)).astype(np.uint8)
+
+
+def unpack_nibbles(packed: np.ndarray, count: int) -> np.ndarray:
+    """pack_nibbles' inverse: [..., ceil(count/2)] uint8 -> [..., count] values in 0..15."""
+    values = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
+    return values[..., :count]
