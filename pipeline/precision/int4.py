@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 
 from pipeline.core.errors import StageFailed
-from pipeline.precision import calibrate, nodes
+from pipeline.precision import calibrate, dynamic, nodes
 
 
 def untranspose_weights(model) -> int:
@@ -93,18 +93,21 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     if not candidates:
         raise StageFailed(f"precision.mode int4: no {'/'.join(op_types)} node with a constant weight")
     excluded = nodes.excluded(candidates, spec.exclude)
+    eight = [n for n in nodes.excluded(candidates, spec.int8_layers, "precision.int8_layers") if n not in excluded]
+    excluded += eight  # from the 4-bit quantizer; written as 8-bit blocks after it
     hqq = spec.int4_method in ("hqq", "hqq_uint8")
     gptq = spec.int4_method == "gptq"
     nbits = hqq or gptq  # MatMulNBits written by the quantizer, not Q/DQ
     originals = _weights_of(model, candidates) if spec.int4_method in ("hqq_uint8", "gptq") else {}
-    hess, tokens, feeds, seconds = {}, 0, [], 0.0
+    hess, tokens, feeds, seconds, solved = {}, 0, [], 0.0, {}
     if gptq:  # the float graph's layer inputs on the recipe's calibration data
         from pipeline.precision import gptq as gptq_blocks
 
         feeds = calibrate.feeds(recipe)
         kept = set(candidates) - set(excluded)
         weights = {n.name: n.input[1] for n in model.graph.node if n.name in kept}
-        (hess, tokens), seconds = calibrate.timed(gptq_blocks.hessians, model, weights, feeds)
+        (hess, tokens, solved), seconds = calibrate.timed(gptq_blocks.hessians, model, weights, feeds, spec.gptq,
+                                                          originals, spec.block_size)
     with calibrate.quiet(verbose, workdir):
         if gptq:  # ORT's asymmetric RTN writes the nodes; GPTQ's blocks replace theirs below
             from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
@@ -131,7 +134,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         seconds += quantize_seconds
         refit = {}
         if gptq:
-            refit, refit_seconds = calibrate.timed(gptq_blocks.apply, quantizer.model.model, originals, hess)
+            refit, refit_seconds = calibrate.timed(gptq_blocks.apply, quantizer.model.model, originals, hess, spec.gptq,
+                                                  solved)
             refit |= {"calibration_feeds": len(feeds), "calibration_tokens": tokens}
             seconds += refit_seconds
         elif originals:  # HQQ's float zero points -> uint8, the form MLAS' int4 kernels run fast
@@ -141,8 +145,12 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
             seconds += refit_seconds
         out = workdir / "typed.onnx"
         quantizer.model.save_model_to_file(str(out))
+        if eight:
+            _, eight_seconds = calibrate.timed(dynamic.blockwise, out, eight, out)
+            seconds += eight_seconds
     typed = onnx.load(str(out), load_external_data=False)
-    blocked = [n for n in typed.graph.node if n.op_type == ("MatMulNBits" if nbits else "DequantizeLinear")]
+    blocked = [n for n in typed.graph.node if n.op_type == ("MatMulNBits" if nbits else "DequantizeLinear")
+               and not n.name.endswith(dynamic.BLOCKWISE_SUFFIX)]
     return out, {
         "form": _FORMS[spec.int4_method],
         "source": "requantize",
@@ -153,7 +161,8 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "weight_only": True,
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(blocked),
-        "excluded": [{"node": n, "why": "recipe"} for n in excluded],
+        "excluded": [{"node": n, "why": "recipe"} for n in excluded if n not in eight],
+        "int8_nodes": eight,
         "seconds": round(seconds, 3),
         **refit,
     }

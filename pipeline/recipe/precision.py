@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pipeline.recipe.base import Strict
 
@@ -35,6 +35,27 @@ class SmoothingSpec(Strict):
 
     alpha: float = Field(0.5, ge=0, le=1, description="Migration strength: 0 leaves the "
                          "activations, 1 moves all of their range into the weights.")
+
+
+class GptqSpec(Strict):
+    """How GPTQ (int4_method gptq) orders the channels and sets each block's grid."""
+
+    act_order: bool = Field(False, description="Round the input channels in order of falling "
+                            "Hessian diagonal (the most used first, while the most channels are "
+                            "left to take their error), each block's grid fixed beforehand from "
+                            "the uncorrected weights (static groups: MatMulNBits' blocks stay "
+                            "contiguous along K).")
+    grid: Literal["minmax", "search"] = Field(
+        "minmax", description="Each block's scale and zero point: `minmax` spans the block's "
+        "range; `search` shrinks the range (1.0 to 0.6 in 21 steps) to the least rounding error "
+        "weighted by the Hessian diagonal, as llama.cpp's and AutoGPTQ's weighted grids do.")
+    sequential: int = Field(0, ge=0, description="0: every layer's Hessian from the float "
+                            "graph in one run per feed. n > 0: the paper's order -- layers in graph "
+                            "order, n at a time, each group's inputs taken with the layers before it "
+                            "already rounded (one more run per group; SmolLM2 has 4 a block).")
+    damp: float = Field(0.01, gt=0, le=1, description="Share of the Hessian's mean diagonal "
+                        "added to it before inverting (X^T X of a few thousand tokens is near "
+                        "singular).")
 
 
 FP32_BLOCK_LIST = ["ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax", "Exp", "Sigmoid",
@@ -110,6 +131,13 @@ class PrecisionSpec(Strict):
         "spread over the channels not yet rounded by the inverse Hessian of the inputs the layer "
         "sees on `data.calibration`; a decoder with a KV cache takes its `text` as prefills), "
         "asymmetric blocks with uint8 zero points at accuracy_level 4 (ONNX Runtime only).")
+    int8_layers: list[str] = Field(
+        [], description="int4, int4_source requantize: nodes (exact names or regexes, full match) "
+        "written as 8-bit MatMulNBits blocks (128 along K, symmetric, accuracy_level 4) instead of "
+        "4-bit, as llama.cpp's _M mixes keep the feed-forward down projection at 6 bits: the "
+        "layers where 4 bits cost the most answers, at twice their 4-bit bytes. A pattern that "
+        "matches no quantizable node is an error.")
+    gptq: GptqSpec = Field(GptqSpec(), description="int4_method gptq: channel order, grid, damping.")
     kv_cache: Literal["float32", "float16", "int8"] = Field(
         "float32", description="The KV cache's element type (a generation workload whose graph "
         "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "
@@ -122,14 +150,14 @@ class PrecisionSpec(Strict):
         "in integer kernels after its graph optimization; below it the engine fails (exit 3).",
     )
 
-    @field_validator("exclude")
+    @field_validator("exclude", "int8_layers")
     @classmethod
-    def _regexes(cls, patterns: list[str]) -> list[str]:
+    def _regexes(cls, patterns: list[str], info: ValidationInfo) -> list[str]:
         for p in patterns:
             try:
                 re.compile(p)
             except re.error as e:
-                raise ValueError(f"exclude: `{p}` is not a valid regex ({e})") from None
+                raise ValueError(f"{info.field_name}: `{p}` is not a valid regex ({e})") from None
         return patterns
 
     @model_validator(mode="after")
@@ -162,6 +190,10 @@ class PrecisionSpec(Strict):
         if self.int4_source == "checkpoint" and (self.mode != "int4" or self.block_size != 32):
             raise ValueError("int4_source checkpoint needs mode int4 with block_size 32 (the "
                              "checkpoint's Q4_1 blocks are 32 weights)")
+        if self.int8_layers and (self.mode != "int4" or self.int4_source != "requantize"):
+            raise ValueError("int8_layers applies to mode int4 with int4_source requantize")
+        if self.gptq != GptqSpec() and self.int4_method != "gptq":
+            raise ValueError("precision.gptq applies to int4_method gptq")
         if self.int4_method != "rtn" and (self.mode != "int4" or self.int4_source != "requantize"):
             raise ValueError("int4_method applies to mode int4 with int4_source requantize")
         if self.block_size & (self.block_size - 1):

@@ -55,6 +55,25 @@ def test_gptq_blocks_sit_on_their_grids_and_err_less_than_round_to_nearest():
 
     assert output_error(ours) < 0.85 * output_error(rtn)
 
+    # the other orders and grids (precision.gptq): each still well under round-to-nearest
+    variants = {(a, s): gptq.quantize(weight, hessian, block, act_order=a, search=s)
+                for a in (False, True) for s in (False, True)}
+    for blocks in variants.values():
+        assert blocks[0].max() <= 15 and (blocks[1] > 0).all()
+        assert output_error(gptq._weight_of(*blocks, weight.shape)) < 0.85 * output_error(rtn)
+    # a searched grid never rounds a block worse than min/max (its range is one of those tried),
+    # and on Gaussian weights, whose extremes min/max spans, it rounds them better
+    importance = np.diag(hessian)[:block]
+    rows = w[:, 0, :]  # each output channel's first block [N, block]
+
+    def rounding_error(search):
+        scale, zero = gptq._grid(rows, importance, search)
+        q = np.clip(np.round(rows / scale[:, None]) + zero[:, None], 0, 15)
+        return (((q - zero[:, None]) * scale[:, None] - rows) ** 2 * importance).sum(1)
+
+    searched, minmax = rounding_error(True), rounding_error(False)
+    assert (searched <= minmax).all() and searched.sum() < 0.9 * minmax.sum()
+
 
 @pytest.fixture(scope="module")
 def gqa(tmp_path_factory):
@@ -122,3 +141,81 @@ def test_gptq_calibrates_a_kv_cache_decoder_on_text_prefills_and_beats_rtn(gqa, 
 
     ref, ours, theirs = (logits(p) for p in (gqa.built / "optimized.onnx", out, rtn_out))
     assert np.abs(ours - ref).mean() < np.abs(theirs - ref).mean()
+
+
+def test_sequential_gptq_takes_each_layers_inputs_after_the_layers_before_it_are_rounded(gqa):
+    import onnx
+
+    from pipeline.precision import gptq, int4
+    from pipeline.recipe.precision import GptqSpec
+
+    recipe, _ = _recipes(gqa, "rtn")
+    cwd = os.getcwd()
+    os.chdir(gqa.path)
+    try:
+        from pipeline import data
+
+        feeds = data.calibration_feeds(recipe)
+    finally:
+        os.chdir(cwd)
+    model = onnx.load(str(gqa.built / "optimized.onnx"))
+    int4.untranspose_weights(model)
+    inits = {i.name: i for i in model.graph.initializer}
+    weights = {n.name: n.input[1] for n in model.graph.node
+               if n.op_type == "MatMul" and n.input[1] in inits and len(inits[n.input[1]].dims) == 2}
+    originals = {w: onnx.numpy_helper.to_array(inits[w]) for w in weights.values()}
+    order = [n.input[1] for n in model.graph.node if n.name in weights]
+    source = {n.input[1]: n.input[0] for n in model.graph.node if n.name in weights}
+    first = [w for w in order if source[w] == source[order[0]]]  # the graph input's layers
+
+    plain, tokens, none = gptq.hessians(model, weights, feeds)
+    seq, seq_tokens, solved = gptq.hessians(model, weights, feeds, GptqSpec(sequential=1), originals, 32)
+    assert none == {} and tokens == seq_tokens and set(solved) == set(plain) == set(seq)
+    # the first layer's inputs (and its siblings') come before any rounding; every later layer
+    # sees rounded ones
+    assert all(np.allclose(seq[w], plain[w], rtol=1e-6) for w in first)
+    assert len(order) > len(first) and all(not np.allclose(seq[w], plain[w], rtol=1e-6)
+                                           for w in order if w not in first)
+    # and its blocks are GPTQ's for that Hessian
+    codes, scales, zeros = gptq.quantize(originals[order[-1]], seq[order[-1]], 32)
+    assert (solved[order[-1]][0] == codes).all()
+
+
+def test_int8_layers_write_the_named_layers_as_8_bit_blocks_and_the_rest_as_gptq(gqa, tmp_path):
+    import onnx
+    from onnx import helper
+
+    from pipeline.precision import int4, nodes
+
+    graph = onnx.load(str(gqa.built / "optimized.onnx"))
+    int4.untranspose_weights(graph)
+    names = nodes.quantizable(graph, ["MatMul"], weight_only=True)
+    chosen = names[1]  # one layer by exact name
+    _recipes(gqa, "rtn")  # writes the project's tiny-gptq recipe and its text
+    cwd = os.getcwd()
+    os.chdir(gqa.path)
+    try:
+        from pipeline import recipe as recipe_mod
+
+        recipe = recipe_mod.load("tiny-gptq", (f'precision.int8_layers=["{chosen}"]',))
+        out, meta = int4.apply(recipe, gqa.built / "optimized.onnx", tmp_path)
+    finally:
+        os.chdir(cwd)
+    assert meta["int8_nodes"] == [chosen] and meta["excluded"] == []
+    assert meta["gptq_nodes"] == meta["quantized_nodes"] == len(names) - 1
+    bits = {n.name: helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits"))
+            for n in onnx.load(str(out), load_external_data=False).graph.node if n.op_type == "MatMulNBits"}
+    assert bits.pop(f"{chosen}_Q8") == 8 and set(bits.values()) == {4} and len(bits) == len(names) - 1
+
+
+def test_int8_layers_refuse_a_pattern_that_matches_no_layer_and_other_modes():
+    from pipeline.core.errors import RecipeError
+    from pipeline.precision import nodes
+    from pipeline.recipe.precision import PrecisionSpec
+
+    with pytest.raises(RecipeError, match="precision.int8_layers: `down_proj` matches no quantizable node"):
+        nodes.excluded(["node_linear_6"], ["down_proj"], "precision.int8_layers")
+    with pytest.raises(ValueError, match="int8_layers applies to mode int4"):
+        PrecisionSpec(mode="int8", scheme="dynamic", int8_layers=["x"])
+    with pytest.raises(ValueError, match="int8_layers: `\\(` is not a valid regex"):
+        PrecisionSpec(mode="int4", int8_layers=["("])
