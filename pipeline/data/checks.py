@@ -8,6 +8,7 @@ random feeds are all ones).
 
 from __future__ import annotations
 
+from pipeline.core.cache_io import PAST
 from pipeline.core.errors import InputError
 from pipeline.data.feeds import Feed, numpy_dtype
 from pipeline.recipe import Dim, InputSpec
@@ -49,7 +50,7 @@ def _check_ids(name: str, array, n: int, where: str, vocab: int | None) -> None:
 def _empty_past(name: str, shape: tuple, dims: list) -> bool:
     """A prefill's KV cache: past length 0 (text feeds of a decoder, data/tokenize.py), which
     the profile's past dim (1 and up: a TensorRT profile) leaves out but ONNX Runtime runs."""
-    return (name.startswith("past_key_values.") and len(shape) == 4 and shape[2] == 0
+    return (name.startswith(PAST) and len(shape) == 4 and shape[2] == 0
             and fits(shape[:2] + (1,) + shape[3:], dims))
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core import user_code
+from pipeline.core.cache_io import PAST
 from pipeline.core.errors import InputError, RecipeError
 from pipeline.data.feeds import Feed, numpy_dtype
 from pipeline.data.tokenizer import Tokenizer
@@ -48,9 +49,6 @@ def tokenizer(recipe: Recipe, ref: str | None, where: str, source: Path | None) 
         raise InputError(f"{where}: tokenizer {folder}: no such folder",
                          "give a folder saved with tokenizer.save_pretrained(), or `bytes`")
     return Tokenizer.from_folder(folder, where)
-
-
-PAST = "past_key_values."  # a decoder's KV-cache inputs [B, KV heads, past, head dim]
 
 
 def token_inputs(recipe: Recipe, where: str) -> tuple[str, Dim | int, Dim | int]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.cache_io import PAST, PRESENT
 from pipeline.core.json_object import JsonObject
 from pipeline.generation.genai_config import in_place_cache, present_of
 from pipeline.model import compact_storage
@@ -158,7 +159,7 @@ def _in_place_binding(session, feed: dict):
     binding = session.io_binding()
     total = feed["attention_mask"].shape[1]
     for name, value in feed.items():
-        if name.startswith("past_key_values."):
+        if name.startswith(PAST):
             room = np.zeros((*value.shape[:2], total, value.shape[3]), value.dtype)
             room[:, :, : value.shape[2]] = value
             buffer = ort.OrtValue.ortvalue_from_numpy(room)  # keeps `room` alive
@@ -167,7 +168,7 @@ def _in_place_binding(session, feed: dict):
         else:
             binding.bind_cpu_input(name, value)
     for output in session.get_outputs():
-        if not output.name.startswith("present."):
+        if not output.name.startswith(PRESENT):
             binding.bind_output(output.name)
     return binding
 

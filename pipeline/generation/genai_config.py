@@ -17,6 +17,7 @@ import functools
 import json
 from pathlib import Path
 
+from pipeline.core.cache_io import PAST, PRESENT
 from pipeline.core.json_object import JsonObject
 
 
@@ -42,10 +43,10 @@ def config(*, layers: int, kv_heads: int, heads: int, head_dim: int, hidden: int
                 "hidden_size": hidden, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
                 "head_size": head_dim, "num_hidden_layers": layers,
                 "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
-                           "past_key_names": "past_key_values.%d.key",
-                           "past_value_names": "past_key_values.%d.value"},
-                "outputs": {"logits": "logits", "present_key_names": "present.%d.key",
-                            "present_value_names": "present.%d.value"},
+                           "past_key_names": f"{PAST}%d.key",
+                           "past_value_names": f"{PAST}%d.value"},
+                "outputs": {"logits": "logits", "present_key_names": f"{PRESENT}%d.key",
+                            "present_value_names": f"{PRESENT}%d.value"},
             },
         },
         "search": {
@@ -96,7 +97,7 @@ def engine_name(cfg: JsonObject) -> object:
 
 def present_of(past: str) -> str:
     """The output a past input's cache comes back as: past_key_values.3.key -> present.3.key."""
-    return past.replace("past_key_values.", "present.", 1)
+    return past.replace(PAST, PRESENT, 1)
 
 
 def in_place_cache(graph: Path) -> bool:
@@ -108,7 +109,7 @@ def in_place_cache(graph: Path) -> bool:
 
     model = onnx.load(str(graph), load_external_data=False)
     inputs = {i.name for i in model.graph.input}
-    outputs = [o.name for o in model.graph.output if o.name.startswith("present.")]
+    outputs = [o.name for o in model.graph.output if o.name.startswith(PRESENT)]
     producer = {o: n for n in model.graph.node for o in n.output}
     for name in outputs:
         node = producer.get(name)

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipeline.core.cache_io import PAST
+
 MS = "com.microsoft"
 
 
@@ -104,7 +106,7 @@ def _rotary_tables(model, cos: str, sin: str, kv_heads: int, head_dim: int, n: i
     def run(past: int, new: int):
         feed = {"input_ids": np.zeros((1, new), np.int64), "attention_mask": np.ones((1, past + new), np.int64)}
         feed.update({i.name: np.zeros((1, kv_heads, past, head_dim), np.float32)
-                     for i in model.graph.input if i.name.startswith("past_key_values")})
+                     for i in model.graph.input if i.name.startswith(PAST)})
         return sess.run(None, {k: v for k, v in feed.items() if k in names})
 
     c, s = (np.asarray(t, np.float32).reshape(n, -1) for t in run(0, n))

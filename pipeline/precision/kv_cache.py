@@ -23,6 +23,7 @@ import json
 
 import numpy as np
 
+from pipeline.core.cache_io import PAST, PRESENT
 from pipeline.core.errors import StageFailed
 from pipeline.core.json_object import JsonObject
 
@@ -38,7 +39,7 @@ def _attention_of_presents(model) -> list:
     inputs = {i.name for i in model.graph.input}
     nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"
              and n.input[3] in inputs and n.input[4] in inputs]
-    presents = [o.name for o in model.graph.output if o.name.startswith("present.")]
+    presents = [o.name for o in model.graph.output if o.name.startswith(PRESENT)]
     written = {o for n in nodes for o in n.output[1:3]}
     if not nodes or not presents or set(presents) - written:
         raise StageFailed("precision.kv_cache: the graph's KV cache is not GroupQueryAttention's "
@@ -53,7 +54,7 @@ def calibrate(model, token_ids: list[np.ndarray], nodes: list) -> dict[str, np.n
     on each [1, T] of `token_ids` from an empty past; the largest |value| per channel / 127."""
     import onnxruntime as ort
 
-    pasts = [i for i in model.graph.input if i.name.startswith("past_key_values")]
+    pasts = [i for i in model.graph.input if i.name.startswith(PAST)]
     _, kv, _, hd = (d.dim_value for d in pasts[0].type.tensor_type.shape.dim)
     present = {n.input[j]: n.output[j - 2] for n in nodes for j in (3, 4)}  # past -> its present
     keys = {n.input[3] for n in nodes}
@@ -115,7 +116,7 @@ def apply(model, kind: str, token_ids: list[np.ndarray]) -> JsonObject:
 def cache_dtype(session) -> np.dtype:
     """The numpy type of a session's past inputs (float32 when it has none)."""
     types = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
-    past = next((i for i in session.get_inputs() if i.name.startswith("past_key_values")), None)
+    past = next((i for i in session.get_inputs() if i.name.startswith(PAST)), None)
     return np.dtype(types.get(past.type, np.float32) if past is not None else np.float32)
 
 
@@ -153,7 +154,7 @@ class CacheCodec:
             return feed
         out = dict(feed)
         for name, value in feed.items():
-            if name.startswith("past_key_values") and value.dtype != self.dtype:
+            if name.startswith(PAST) and value.dtype != self.dtype:
                 out[name] = (np.clip(np.rint(value / self._scale(name, value.shape)), -127, 127).astype(np.int8)
                              if self.dtype == np.int8 else value.astype(self.dtype))
         return out
@@ -164,8 +165,8 @@ class CacheCodec:
             return outputs
         out = dict(outputs)
         for name, value in outputs.items():
-            if name.startswith("present.") and value.dtype == self.dtype:
-                past = "past_key_values." + name.removeprefix("present.")
+            if name.startswith(PRESENT) and value.dtype == self.dtype:
+                past = PAST + name.removeprefix(PRESENT)
                 out[name] = (value.astype(np.float32) * self._scale(past, value.shape)
                              if self.dtype == np.int8 else value.astype(np.float32))
         return out

@@ -17,6 +17,7 @@ from typing import Annotated, Literal, NamedTuple
 from pydantic import Field, model_validator
 
 from pipeline.core import user_code
+from pipeline.core.cache_io import PAST, PRESENT
 from pipeline.recipe.base import Dim, Strict
 from pipeline.recipe.gguf_header import HfConfig
 
@@ -184,8 +185,8 @@ def _pretrained_config(ref: str) -> HfConfig:
 
 def kv_names(layers: int) -> tuple[list[str], list[str]]:
     """Past input names and present output names, in graph order (key, value per layer)."""
-    past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-    return past, [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    past = [f"{PAST}{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    return past, [f"{PRESENT}{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
 
 
 def kv_signature(recipe_inputs: list, model, workload: WorkloadSpec, input_spec_cls) -> tuple[list, list[str]]:

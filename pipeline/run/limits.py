@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.cache_io import PAST
 from pipeline.core.errors import InputError, RecipeError
 from pipeline.recipe.gguf_header import HfConfig
 
@@ -62,7 +63,7 @@ def _forward_bytes(recipe, point: str) -> float:
     """Activations scale with the token inputs; a KV-cache input (past_key_values.*) is the
     cache itself: held twice (past in, present out), not multiplied like activations."""
     cache = sum(math.prod(spec.dims(point)) * ITEMSIZE.get(spec.dtype, 8)
-                for spec in recipe.inputs if spec.name.startswith("past_key_values."))
+                for spec in recipe.inputs if spec.name.startswith(PAST))
     return float((_bytes(recipe, point) - cache) * ACTIVATIONS_PER_BYTE + 2 * cache)
 
 

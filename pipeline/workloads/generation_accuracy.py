@@ -13,6 +13,7 @@ from pipeline import data
 from pipeline.artifacts.generation import (
     KvCacheAccuracy,
 )
+from pipeline.core.cache_io import PAST, PRESENT
 from pipeline.generation import chat, runners, score
 from pipeline.generation.decoder import (
     eos_token,
@@ -61,7 +62,7 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
 
 def _empty_past(recipe: Recipe) -> data.Feed:
     shape = decoder_shape(recipe.model)
-    return {f"past_key_values.{i}.{kv}": np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
+    return {f"{PAST}{i}.{kv}": np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
             for i in range(shape.layers) for kv in ("key", "value")}
 
 
@@ -110,7 +111,7 @@ def split_cache_outputs(accuracy: OutputAccuracies) -> tuple[OutputAccuracies, K
     """(the gated outputs: logits; one summary of the KV-cache outputs). A cache's error shows
     in the logits of the next step, which are gated; 60 cache rows at the logits threshold
     would bury the one figure that matters."""
-    caches = {k: v for k, v in accuracy.items() if k.startswith("present.")}
+    caches = {k: v for k, v in accuracy.items() if k.startswith(PRESENT)}
     gated = {k: v for k, v in accuracy.items() if k not in caches}
     if not caches:
         return gated, None
