@@ -231,7 +231,6 @@ def _dequantize(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray, shape
     -> the weight they stand for [K, N]."""
     k, n = shape
     blocks, block = packed.shape[1], 2 * packed.shape[2]
-    codes = unpack_nibbles(packed, block).astype(np.float64)  # [N, B, block]
-    z = unpack_nibbles(zeros.reshape(n, -1), blocks).astype(np.float64)  # [N, B]
-    w = (codes - z[..., None]) * scales.reshape(n, blocks, 1)
-    return w.reshape(n, -1)[:, :k].T
+    codes = unpack_nibbles(packed, block)  # [N, B, block]
+    z = unpack_nibbles(zeros.reshape(n, -1), blocks)  # [N, B]
+    return _weight_of(codes, scales.reshape(n, blocks), z, shape)[:k]

@@ -94,7 +94,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         raise StageFailed(f"precision.mode int4: no {'/'.join(op_types)} node with a constant weight")
     excluded = nodes.excluded(candidates, spec.exclude)
     eight = [n for n in nodes.excluded(candidates, spec.int8_layers, "precision.int8_layers") if n not in excluded]
-    excluded += eight  # from the 4-bit quantizer; written as 8-bit blocks after it
+    skipped = excluded + eight  # by the 4-bit quantizer; `eight` become 8-bit blocks after it
     hqq = spec.int4_method in ("hqq", "hqq_uint8")
     gptq = spec.int4_method == "gptq"
     nbits = hqq or gptq  # MatMulNBits written by the quantizer, not Q/DQ
@@ -104,7 +104,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         from pipeline.precision import gptq as gptq_blocks
 
         feeds = calibrate.feeds(recipe)
-        kept = set(candidates) - set(excluded)
+        kept = set(candidates) - set(skipped)
         weights = {n.name: n.input[1] for n in model.graph.node if n.name in kept}
         (hess, tokens, solved), seconds = calibrate.timed(gptq_blocks.hessians, model, weights, feeds, spec.gptq,
                                                           originals, spec.block_size)
@@ -114,7 +114,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
 
             quantizer = MatMulNBitsQuantizer(
                 model, block_size=spec.block_size, is_symmetric=False, accuracy_level=4,
-                nodes_to_exclude=excluded, op_types_to_quantize=tuple(op_types),
+                nodes_to_exclude=skipped, op_types_to_quantize=tuple(op_types),
                 algo_config=DefaultWeightOnlyQuantConfig(
                     block_size=spec.block_size, is_symmetric=False, accuracy_level=4,
                     op_types_to_quantize=tuple(op_types)))
@@ -122,12 +122,12 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
             from onnxruntime.quantization.matmul_nbits_quantizer import HQQWeightOnlyQuantConfig
 
             quantizer = MatMulNBitsQuantizer(
-                model, block_size=spec.block_size, is_symmetric=False, nodes_to_exclude=excluded,
+                model, block_size=spec.block_size, is_symmetric=False, nodes_to_exclude=skipped,
                 op_types_to_quantize=tuple(op_types), algo_config=HQQWeightOnlyQuantConfig(
                     block_size=spec.block_size, bits=4, op_types_to_quantize=tuple(op_types)))
         else:
             quantizer = MatMulNBitsQuantizer(
-                model, block_size=spec.block_size, is_symmetric=True, nodes_to_exclude=excluded,
+                model, block_size=spec.block_size, is_symmetric=True, nodes_to_exclude=skipped,
                 quant_format=QuantFormat.QDQ, op_types_to_quantize=tuple(op_types),
             )
         _, quantize_seconds = calibrate.timed(quantizer.process)
@@ -161,7 +161,7 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         "weight_only": True,
         "quantizable_nodes": len(candidates),
         "quantized_nodes": len(blocked),
-        "excluded": [{"node": n, "why": "recipe"} for n in excluded if n not in eight],
+        "excluded": [{"node": n, "why": "recipe"} for n in excluded],
         "int8_nodes": eight,
         "seconds": round(seconds, 3),
         **refit,

@@ -13,7 +13,7 @@ from pipeline import data
 from pipeline.artifacts.generation import (
     KvCacheAccuracy,
 )
-from pipeline.core.cache_io import PAST, PRESENT
+from pipeline.core.cache_io import PRESENT
 from pipeline.generation import chat, runners, score
 from pipeline.generation.decoder import (
     eos_token,
@@ -48,7 +48,7 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
         ids = rng.integers(0, shape.vocab, size=(1, ACCURACY_PREFILL + 1), dtype=np.int64)
     names, presents = kv_names(shape.layers)
     feeds, outputs = [], []
-    past = {n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for n in names}
+    past = _empty_past(recipe)
     for lo, hi in ((0, ACCURACY_PREFILL), (ACCURACY_PREFILL, ACCURACY_PREFILL + 1)):
         feed = {"input_ids": ids[:, lo:hi], "attention_mask": np.ones((1, hi), np.int64), **past}
         with torch.no_grad():
@@ -62,8 +62,8 @@ def accuracy_feeds(recipe: Recipe) -> tuple[list[dict], list[dict]]:
 
 def _empty_past(recipe: Recipe) -> data.Feed:
     shape = decoder_shape(recipe.model)
-    return {f"{PAST}{i}.{kv}": np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
-            for i in range(shape.layers) for kv in ("key", "value")}
+    return {name: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
+            for name in kv_names(shape.layers)[0]}
 
 
 def _score(recipe: Recipe, runner, logits_of) -> tuple[list[dict], np.ndarray]:
