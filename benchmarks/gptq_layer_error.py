@@ -29,18 +29,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _rtn(weight: np.ndarray, block: int = 32) -> np.ndarray:
-    """Asymmetric min/max round-to-nearest of weight [K, N] in blocks along K (what ONNX
-    Runtime's asymmetric RTN writes)."""
-    k, n = weight.shape
-    g = weight.T.reshape(n, k // block, block)
-    low, high = np.minimum(g.min(-1), 0), np.maximum(g.max(-1), 0)
-    scale = np.where(high > low, (high - low) / 15, 1.0)
-    zero = np.round(-low / scale)
-    q = np.clip(np.round(g / scale[..., None]) + zero[..., None], 0, 15)
-    return ((q - zero[..., None]) * scale[..., None]).reshape(n, k).T
-
-
 def main() -> None:
     import onnx
     from onnx import numpy_helper
@@ -71,7 +59,7 @@ def main() -> None:
     rows = []
     for name in names[::args.every] + ([names[-1]] if (len(names) - 1) % args.every else []):
         w = numpy_helper.to_array(inits[name]).astype(np.float64)
-        approx = {"rtn": _rtn(w)}
+        approx = {"rtn": gptq._weight_of(*gptq.round_to_nearest(w, 32), w.shape)}
         for text in args.calibrate:
             approx[f"gptq on {Path(text).name}"] = gptq._weight_of(*gptq.quantize(w, hess[text][name], 32), w.shape)
         row = {}

@@ -130,6 +130,18 @@ def _grid(group: np.ndarray, importance: np.ndarray, search: bool):
     return best_scale, best_zero
 
 
+def round_to_nearest(weight: np.ndarray, block: int):
+    """weight [K, N] -> codes, scales, zero points as quantize() returns them, each block
+    rounded on its min/max grid with no correction: the baseline GPTQ is judged against (ONNX
+    Runtime's asymmetric RTN writes the same grid)."""
+    k, n = weight.shape
+    groups = weight.T.astype(np.float64).reshape(n * (k // block), block)
+    scale, zero = _grid(groups, np.ones(block), search=False)
+    codes = np.clip(np.round(groups / scale[:, None]) + zero[:, None], 0, LEVELS)
+    return (codes.astype(np.uint8).reshape(n, k // block, block),
+            scale.astype(np.float32).reshape(n, k // block), zero.astype(np.uint8).reshape(n, k // block))
+
+
 def quantize(weight: np.ndarray, hessian: np.ndarray, block: int, act_order: bool = False,
              search: bool = False, damp: float = 0.01):
     """weight [K, N], its inputs' Hessian [K, K] -> codes [N, K/block, block] uint8, scales
