@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from pipeline.core.errors import StageFailed
@@ -97,8 +98,10 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
     skipped = excluded + eight  # by the 4-bit quantizer; `eight` become 8-bit blocks after it
     hqq = spec.int4_method in ("hqq", "hqq_uint8")
     gptq = spec.int4_method == "gptq"
-    nbits = hqq or gptq  # MatMulNBits written by the quantizer, not Q/DQ
-    originals = _weights_of(model, candidates) if spec.int4_method in ("hqq_uint8", "gptq") else {}
+    fitted = spec.int4_method == "autoround"
+    asymmetric = gptq or fitted  # ORT's asymmetric RTN writes the nodes, whose blocks are then replaced
+    nbits = hqq or asymmetric  # MatMulNBits written by the quantizer, not Q/DQ
+    originals = _weights_of(model, candidates) if spec.int4_method in ("hqq_uint8", "gptq", "autoround") else {}
     hess, tokens, feeds, seconds, solved = {}, 0, [], 0.0, {}
     if gptq:  # the float graph's layer inputs on the recipe's calibration data
         from pipeline.precision import gptq as gptq_blocks
@@ -108,8 +111,15 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
         weights = {n.name: n.input[1] for n in model.graph.node if n.name in kept}
         (hess, tokens, solved), seconds = calibrate.timed(gptq_blocks.hessians, model, weights, feeds, spec.gptq,
                                                           originals, spec.block_size)
+    if fitted:  # each decoder layer's rounding fitted in PyTorch to its float output
+        from pipeline.precision import autoround
+
+        feeds = calibrate.feeds(recipe)
+        kept = set(candidates) - set(skipped)
+        (blocks, unfitted, fits, tokens), seconds = calibrate.timed(
+            _autoround, recipe, feeds, {n.input[1]: originals[n.input[1]] for n in model.graph.node if n.name in kept})
     with calibrate.quiet(verbose, workdir):
-        if gptq:  # ORT's asymmetric RTN writes the nodes; GPTQ's blocks replace theirs below
+        if asymmetric:  # ORT's asymmetric RTN writes the nodes; GPTQ's or AutoRound's blocks replace theirs below
             from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig
 
             quantizer = MatMulNBitsQuantizer(
@@ -138,6 +148,12 @@ def apply(recipe, src: Path, workdir: Path, verbose: bool = False) -> tuple[Path
                                                   solved)
             refit |= {"calibration_feeds": len(feeds), "calibration_tokens": tokens}
             seconds += refit_seconds
+        elif fitted:
+            refit = {"autoround_nodes": autoround.apply(quantizer.model.model, blocks), "accuracy_level": 4,
+                     "autoround": spec.autoround.model_dump(), "calibration_feeds": len(feeds),
+                     "calibration_tokens": tokens, "rounded_to_nearest": unfitted,
+                     "layer_output_error": [{"layer": f.layer, "rtn": round(f.rtn, 7), "autoround": round(f.fitted, 7)}
+                                            for f in fits]}
         elif originals:  # HQQ's float zero points -> uint8, the form MLAS' int4 kernels run fast
             from pipeline.precision.integer_zero import to_integer_zero_points
 
@@ -172,7 +188,26 @@ _FORMS = {"rtn": "DequantizeLinear int4, block-wise (opset 21) -> MatMul",
           "hqq": "MatMulNBits int4 with float zero points, HQQ (ONNX Runtime only)",
           "hqq_uint8": "MatMulNBits int4 with uint8 zero points: HQQ's blocks, zero points rounded "
                        "and codes and scales refit (ONNX Runtime only)",
-          "gptq": "MatMulNBits int4 with uint8 zero points, GPTQ's blocks on the calibration data (ONNX Runtime only)"}
+          "gptq": "MatMulNBits int4 with uint8 zero points, GPTQ's blocks on the calibration data (ONNX Runtime only)",
+          "autoround": "MatMulNBits int4 with uint8 zero points, AutoRound's blocks fitted to each decoder layer's "
+                       "output on the calibration data (ONNX Runtime only)"}
+
+
+def _autoround(recipe, feeds: list[dict], originals: dict[str, np.ndarray]):
+    """AutoRound's blocks for the graph's float weights (`originals`: initializer -> [K, N]),
+    fitted on the PyTorch model the recipe builds (its baseline) over the calibration feeds'
+    token ids; the weights no decoder layer makes up; each layer's fit; the tokens."""
+    import torch
+
+    from pipeline.core.ui import console
+    from pipeline.model import sources
+    from pipeline.precision import autoround
+
+    sequences = [torch.from_numpy(np.asarray(f["input_ids"], np.int64)) for f in feeds]
+    fitted, fits = autoround.fit(sources.load(recipe), sequences, recipe.precision.block_size,
+                                 recipe.precision.autoround, note=lambda line: console.print(f"  [dim]{line}[/]"))
+    blocks, unfitted = autoround.onnx_blocks(originals, fitted)
+    return blocks, unfitted, fits, sum(s.shape[-1] for s in sequences)
 
 
 def _weights_of(model, names: list[str]) -> dict:

@@ -58,6 +58,18 @@ class GptqSpec(Strict):
                         "singular).")
 
 
+class AutoRoundSpec(Strict):
+    """How AutoRound (int4_method autoround) fits each decoder layer's rounding."""
+
+    iters: int = Field(200, ge=1, description="Signed-gradient steps per decoder layer (the "
+                       "paper's default; each costs a forward and backward pass of one layer on "
+                       "`sequences` calibration sequences).")
+    lr: float | None = Field(None, gt=0, description="First step size, falling linearly to 0 "
+                             "(default 1 / iters: a rounding offset moves at most 0.5 in all).")
+    sequences: int = Field(4, ge=1, description="Calibration sequences a step.")
+    seed: int = Field(0, description="Seeds the order the sequences are drawn in.")
+
+
 FP32_BLOCK_LIST = ["ReduceMean", "Pow", "Sqrt", "Reciprocal", "Softmax", "Exp", "Sigmoid",
                    "ReduceSum", "LayerNormalization", "SimplifiedLayerNormalization", "Cos", "Sin",
                    "Range", "CumSum"]
@@ -118,7 +130,7 @@ class PrecisionSpec(Strict):
         "blocks (and Q8_0 ones) into MatMulNBits unchanged (model.transformers.gguf; block 32; "
         "Q4_1's minimums as a block-sum MatMul; ONNX Runtime only), so a quantized checkpoint is "
         "not quantized twice.")
-    int4_method: Literal["rtn", "hqq", "hqq_uint8", "gptq"] = Field(
+    int4_method: Literal["rtn", "hqq", "hqq_uint8", "gptq", "autoround"] = Field(
         "rtn", description="int4, int4_source requantize: how the float weights become 4-bit "
         "blocks. `rtn`: symmetric round-to-nearest (Q/DQ, any backend); `hqq`: Half-Quadratic "
         "Quantization (ONNX Runtime's quantizer, no calibration data: per block the scale and "
@@ -130,7 +142,10 @@ class PrecisionSpec(Strict):
         "`gptq`: GPTQ (pipeline/precision/gptq.py: each input channel rounded in turn, its error "
         "spread over the channels not yet rounded by the inverse Hessian of the inputs the layer "
         "sees on `data.calibration`; a decoder with a KV cache takes its `text` as prefills), "
-        "asymmetric blocks with uint8 zero points at accuracy_level 4 (ONNX Runtime only).")
+        "asymmetric blocks with uint8 zero points at accuracy_level 4 (ONNX Runtime only); "
+        "`autoround`: AutoRound (pipeline/precision/autoround.py: each decoder layer's rounding "
+        "offsets and block ranges fitted in PyTorch to the layer's float output on "
+        "`data.calibration`; a transformers model), the same MatMulNBits form.")
     int8_layers: list[str] = Field(
         [], description="int4, int4_source requantize: nodes (exact names or regexes, full match) "
         "written as 8-bit MatMulNBits blocks (128 along K, symmetric, accuracy_level 4) instead of "
@@ -138,6 +153,8 @@ class PrecisionSpec(Strict):
         "layers where 4 bits cost the most answers, at twice their 4-bit bytes. A pattern that "
         "matches no quantizable node is an error.")
     gptq: GptqSpec = Field(GptqSpec(), description="int4_method gptq: channel order, grid, damping.")
+    autoround: AutoRoundSpec = Field(AutoRoundSpec(), description="int4_method autoround: steps, "
+                                     "step size, sequences a step.")
     kv_cache: Literal["float32", "float16", "int8"] = Field(
         "float32", description="The KV cache's element type (a generation workload whose graph "
         "runs ONNX Runtime's GroupQueryAttention: optimize pass group_query_attention). `int8`: "
@@ -194,6 +211,8 @@ class PrecisionSpec(Strict):
             raise ValueError("int8_layers applies to mode int4 with int4_source requantize")
         if self.gptq != GptqSpec() and self.int4_method != "gptq":
             raise ValueError("precision.gptq applies to int4_method gptq")
+        if self.autoround != AutoRoundSpec() and self.int4_method != "autoround":
+            raise ValueError("precision.autoround applies to int4_method autoround")
         if self.int4_method != "rtn" and (self.mode != "int4" or self.int4_source != "requantize"):
             raise ValueError("int4_method applies to mode int4 with int4_source requantize")
         if self.block_size & (self.block_size - 1):
@@ -203,9 +222,9 @@ class PrecisionSpec(Strict):
     @property
     def needs_calibration(self) -> bool:
         """Static Q/DQ calibrates activation ranges; smoothing needs activation maxima; GPTQ
-        the Hessian of each layer's inputs."""
+        the Hessian of each layer's inputs; AutoRound the layers' outputs."""
         return (self.mode in ("int8", "fp8") and (self.scheme == "static" or self.smoothing is not None)
-                or self.mode == "int4" and self.int4_method == "gptq")
+                or self.mode == "int4" and self.int4_method in ("gptq", "autoround"))
 
     @property
     def method(self) -> str:

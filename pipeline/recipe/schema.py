@@ -234,7 +234,7 @@ class Recipe(Strict):
                 raise LocatedError(("targets", n), str(e)) from None
         if self.precision.needs_calibration and self.data.calibration is None:
             raise LocatedError(("data", "calibration"), f"precision.mode {self.precision.mode}"
-                                + (" int4_method gptq" if self.precision.mode == "int4" else "")
+                                + (f" int4_method {self.precision.int4_method}" if self.precision.mode == "int4" else "")
                                 + " needs calibration data: set data.calibration (random samples, `text`, "
                                 "a .npz `file` or a `loader`)")
         clash = sorted(set(self.outputs) & {i.name for i in self.inputs})
@@ -262,6 +262,10 @@ class Recipe(Strict):
                                "another rounding needs other scales (with hqq they cost 21 more points "
                                "of answers, benchmarks/results/float-int4-2026-12-07.md): set that "
                                "precision or drop awq")
+        if p.mode == "int4" and p.int4_method == "autoround" and (hf is None or hf.task != "logits"):
+            raise LocatedError(("precision", "int4_method"), "autoround fits the decoder layers of a "
+                               "transformers causal LM in PyTorch: set model.transformers (task logits), "
+                               "or use int4_method gptq, which needs only the ONNX graph")
         try:
             check_serve(self.serve, self.inputs)
         except ValueError as e:
