@@ -149,6 +149,11 @@ def _first_inputs(hf, layer, sequences: list[torch.Tensor]) -> list[tuple[torch.
     return seen
 
 
+def pieces(sequences: list[torch.Tensor], max_tokens: int) -> list[torch.Tensor]:
+    """Each sequence [1, T] cut into pieces of at most `max_tokens` [1, <= max_tokens], in order."""
+    return [ids[:, start:start + max_tokens] for ids in sequences for start in range(0, ids.shape[-1], max_tokens)]
+
+
 def _run(layer, x: torch.Tensor, kwargs: dict, weights: dict | None = None) -> torch.Tensor:
     """The layer's output hidden states [1, T, hidden], its weights overridden by `weights`
     (parameter name -> tensor)."""

@@ -203,7 +203,8 @@ def _autoround(recipe, feeds: list[dict], originals: dict[str, np.ndarray]):
     from pipeline.model import sources
     from pipeline.precision import autoround
 
-    sequences = [torch.from_numpy(np.asarray(f["input_ids"], np.int64)) for f in feeds]
+    sequences = autoround.pieces([torch.from_numpy(np.asarray(f["input_ids"], np.int64)) for f in feeds],
+                                 recipe.precision.autoround.max_tokens)
     fitted, fits = autoround.fit(sources.load(recipe), sequences, recipe.precision.block_size,
                                  recipe.precision.autoround, note=lambda line: console.print(f"  [dim]{line}[/]"))
     blocks, unfitted = autoround.onnx_blocks(originals, fitted)

@@ -67,6 +67,12 @@ class AutoRoundSpec(Strict):
     lr: float | None = Field(None, gt=0, description="First step size, falling linearly to 0 "
                              "(default 1 / iters: a rounding offset moves at most 0.5 in all).")
     sequences: int = Field(4, ge=1, description="Calibration sequences a step.")
+    max_tokens: int = Field(128, ge=8, description="A longer calibration sequence is cut into "
+                            "pieces of this many tokens, each a sequence of its own (AutoRound crops "
+                            "its text the same way): many short pieces fit what a layer sees better "
+                            "than a few long ones, at the same cost a step (SmolLM2, fitted on 7,735 "
+                            "tokens of chats in 128-token pieces: a layer's output error on other "
+                            "chats 4-8x under round-to-nearest's; on 1,433 tokens, 2x).")
     seed: int = Field(0, description="Seeds the order the sequences are drawn in.")
 
 

@@ -69,6 +69,16 @@ def test_fitting_lowers_every_layers_output_error_and_blocks_find_their_graph_we
     assert blocks["down"][0] is not None and (blocks["down"][0] == fitted["1.mlp.down_proj"].codes).all()
 
 
+def test_long_sequences_are_cut_into_pieces():
+    import torch
+
+    from pipeline.precision import autoround
+
+    cut = autoround.pieces([torch.arange(300)[None], torch.arange(50)[None]], 128)
+    assert [p.shape[-1] for p in cut] == [128, 128, 44, 50]
+    assert torch.equal(torch.cat(cut[:3], -1), torch.arange(300)[None])
+
+
 def test_autoround_is_refused_where_it_cannot_run():
     from pipeline.recipe.precision import PrecisionSpec
 
