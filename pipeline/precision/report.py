@@ -50,6 +50,19 @@ def _method_lines(p: dict) -> list[str]:
     if wr:
         lines.append(f"- weights: {wr['bits']}-bit range (weight_range {wr['setting']}; CPU VNNI: "
                      f"{'yes' if wr['cpu']['vnni'] else 'no'})")
+    if "gptq_nodes" in p:
+        e = p["relative_output_error"]
+        lines.append(f"- GPTQ: {p['gptq_nodes']} nodes on {p['calibration_tokens']:,} calibration tokens "
+                     f"({p['calibration_feeds']} feeds); the layers' output error on them, relative "
+                     f"to their output: {e['rtn']} with round-to-nearest, {e['gptq']} with GPTQ")
+    if "autoround_nodes" in p:
+        ratios = sorted(f["autoround"] / f["rtn"] for f in p["layer_output_error"] if f["rtn"] > 0)
+        kept = p["rounded_to_nearest"]
+        lines.append(f"- AutoRound: {p['autoround_nodes']} nodes fitted to their decoder layer's output on "
+                     f"{p['calibration_tokens']:,} calibration tokens ({p['autoround']['iters']} steps a layer); "
+                     f"each layer's output error x{ratios[len(ratios) // 2]:.2f} of the same layer rounded to "
+                     f"nearest on the same inputs (median; worst layer x{ratios[-1]:.2f})"
+                     + (f"; round-to-nearest (no decoder layer's): {', '.join(kept)}" if kept else ""))
     sm = p.get("smoothing")
     if sm:
         lines.append(f"- SmoothQuant smoothing: alpha {sm['alpha']:g} on {sm['nodes']} nodes "
@@ -77,7 +90,8 @@ def _node_lines(p: dict) -> list[str]:
                          + f"; rows vs the baseline's: max |diff| {e['max_abs']:.2e}, bit-exact share "
                          f"{fmt(e['bit_exact_share'], '.4f')}")
     elif "quantized_nodes" in p:
-        symmetric = "symmetric (zero point 0)" if p.get("symmetric", True) else "asymmetric activations"
+        symmetric = ("symmetric (zero point 0)" if p.get("symmetric", True) else
+                     "asymmetric weights (integer zero points)" if p.get("weight_only") else "asymmetric activations")
         lines.append(f"- quantized nodes: {p['quantized_nodes']} of {p['quantizable_nodes']} "
                      f"({', '.join(p.get('op_types') or ['MatMul'])}); {symmetric}"
                      + (", per-channel weights" if p.get("per_channel") else "")
