@@ -128,7 +128,7 @@ def decoder_layers(model):
     return hf, list(layers)
 
 
-def _first_inputs(hf, layer, sequences: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
+def layer_inputs(hf, layer, sequences: list[torch.Tensor]) -> list[tuple[torch.Tensor, dict]]:
     """(hidden states [1, T, hidden], the layer's other arguments) per sequence [1, T]."""
     seen = []
 
@@ -154,7 +154,7 @@ def pieces(sequences: list[torch.Tensor], max_tokens: int) -> list[torch.Tensor]
     return [ids[:, start:start + max_tokens] for ids in sequences for start in range(0, ids.shape[-1], max_tokens)]
 
 
-def _run(layer, x: torch.Tensor, kwargs: dict, weights: dict | None = None) -> torch.Tensor:
+def run_layer(layer, x: torch.Tensor, kwargs: dict, weights: dict | None = None) -> torch.Tensor:
     """The layer's output hidden states [1, T, hidden], its weights overridden by `weights`
     (parameter name -> tensor)."""
     out = torch.func.functional_call(layer, weights or {}, (x,), kwargs)
@@ -169,7 +169,7 @@ def _weights(rounding: dict[str, Rounding]) -> dict[str, torch.Tensor]:
 def _error(layer, rounding, inputs, kwargs, targets) -> float:
     """Mean squared error of the rounded layer's outputs over every sequence."""
     w = _weights(rounding)
-    total = sum(F.mse_loss(_run(layer, x, kw, w), t, reduction="sum").item()
+    total = sum(F.mse_loss(run_layer(layer, x, kw, w), t, reduction="sum").item()
                 for x, kw, t in zip(inputs, kwargs, targets))
     return total / sum(t.numel() for t in targets)
 
@@ -180,7 +180,7 @@ def fit(model, sequences: list[torch.Tensor], block: int, spec, note=None) -> tu
     "3.mlp.down_proj") and each decoder layer's fit; `note(line)` hears of every layer."""
     hf, layers = decoder_layers(model)
     order = torch.Generator().manual_seed(spec.seed)
-    inputs = _first_inputs(hf, layers[0], sequences)
+    inputs = layer_inputs(hf, layers[0], sequences)
     kwargs = [kw for _, kw in inputs]
     clean = [x for x, _ in inputs]  # the float model's inputs to this layer
     rounded = list(clean)           # the inputs the rounded layers below give
@@ -189,14 +189,14 @@ def fit(model, sequences: list[torch.Tensor], block: int, spec, note=None) -> tu
     fits = []
     for index, layer in enumerate(layers):
         with torch.no_grad():
-            targets = [_run(layer, x, kw) for x, kw in zip(clean, kwargs)]
+            targets = [run_layer(layer, x, kw) for x, kw in zip(clean, kwargs)]
         linears = {name: m for name, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
         rounding = {name: Rounding(m.weight, block) for name, m in linears.items()}
         before = _error(layer, rounding, rounded, kwargs, targets)
         for step in range(spec.iters):
             pick = torch.randperm(len(rounded), generator=order)[:spec.sequences].tolist()
             w = _weights(rounding)
-            loss = sum(F.mse_loss(_run(layer, rounded[j], kwargs[j], w), targets[j]) for j in pick) / len(pick)
+            loss = sum(F.mse_loss(run_layer(layer, rounded[j], kwargs[j], w), targets[j]) for j in pick) / len(pick)
             loss.backward()
             for r in rounding.values():
                 r.step(lr * (1 - step / spec.iters))
@@ -205,7 +205,7 @@ def fit(model, sequences: list[torch.Tensor], block: int, spec, note=None) -> tu
             note(f"autoround: layer {index + 1}/{len(layers)}, output error {before:.3g} -> {fits[-1].fitted:.3g}")
         with torch.no_grad():
             w = _weights(rounding)
-            rounded = [_run(layer, x, kw, w) for x, kw in zip(rounded, kwargs)]
+            rounded = [run_layer(layer, x, kw, w) for x, kw in zip(rounded, kwargs)]
         clean = targets
         for name, r in rounding.items():
             fitted[f"{index}.{name}"] = Fitted(*r.numpy_blocks(), linears[name].weight.detach().float().numpy())
