@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.errors import RecipeError
-from pipeline.precision.integer_zero import set_blocks
+from pipeline.precision.integer_zero import asymmetric_nodes, set_blocks
 
 LEVELS = 15  # 4-bit codes 0..15
 Blocks = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes [N, B, block] u8, scales [N, B] f32, zeros [N, B] u8
@@ -237,19 +237,10 @@ def onnx_blocks(originals: dict[str, np.ndarray], fitted: dict[str, Fitted]) -> 
 def apply(model, blocks: dict[str, Blocks], accuracy_level: int = 4) -> int:
     """Every 4-bit MatMulNBits with uint8 zero points (ONNX Runtime's asymmetric RTN) whose
     float weight has fitted blocks takes them, in place; returns how many did."""
-    from onnx import TensorProto, helper
-
     inits = {i.name: i for i in model.graph.initializer}
     done = 0
-    for node in model.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type != "MatMulNBits" or attrs.get("bits") != 4 or len(node.input) < 4:
-            continue
-        source = node.input[1].removesuffix("_Q4")
-        if source not in blocks:
-            continue
-        if inits[node.input[3]].data_type != TensorProto.UINT8:
-            raise ValueError(f"MatMulNBits {node.name}: zero points are not uint8")
-        set_blocks(node, inits, *blocks[source], accuracy_level)
-        done += 1
+    for node, source, _ in asymmetric_nodes(model):
+        if source in blocks:
+            set_blocks(node, inits, *blocks[source], accuracy_level)
+            done += 1
     return done

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.precision.integer_zero import set_blocks
+from pipeline.precision.integer_zero import asymmetric_nodes, set_blocks
 from pipeline.precision.nibbles import unpack_nibbles
 
 LEVELS = 15  # 4-bit codes 0..15
@@ -208,19 +208,15 @@ def apply(model, originals: dict[str, np.ndarray], hess: dict[str, np.ndarray], 
     round-to-nearest output) takes GPTQ's blocks for its float weight (`originals`: initializer
     name -> [K, N]; `hess`: its inputs' Hessian), in place. Returns the nodes done and the
     output error relative to the output, on the calibration inputs, before (RTN) and after."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
     before = after = norm = 0.0
     done = 0
-    for node in model.graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        if node.op_type != "MatMulNBits" or attrs.get("bits") != 4 or len(node.input) < 4:
-            continue
-        source = node.input[1].removesuffix("_Q4")
-        if source not in originals or inits[node.input[3]].data_type != TensorProto.UINT8:
-            raise ValueError(f"MatMulNBits {node.name}: no float weight {source!r} with uint8 zero points to replace")
-        weight, block = originals[source], attrs["block_size"]
+    for node, source, block in asymmetric_nodes(model):
+        if source not in originals:
+            raise ValueError(f"MatMulNBits {node.name}: no float weight {source!r} to replace")
+        weight = originals[source]
         if solved and source in solved:  # sequential: rounded while the Hessians were taken
             codes, scales, zeros = solved[source]
         else:

@@ -77,6 +77,22 @@ def set_blocks(node, inits: dict, codes: np.ndarray, scales: np.ndarray, zeros: 
     node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, "accuracy_level": accuracy_level}.items())
 
 
+def asymmetric_nodes(model):
+    """(node, its float weight's initializer name, block size) for each 4-bit MatMulNBits of
+    `model` with zero points, as ONNX Runtime's asymmetric round-to-nearest writes them (the
+    nodes GPTQ and AutoRound refill); ValueError where the zero points are not uint8."""
+    from onnx import TensorProto, helper
+
+    zero_types = {i.name: i.data_type for i in model.graph.initializer}
+    for node in model.graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if node.op_type != "MatMulNBits" or attrs.get("bits") != 4 or len(node.input) < 4:
+            continue
+        if zero_types.get(node.input[3]) != TensorProto.UINT8:
+            raise ValueError(f"MatMulNBits {node.name}: its zero points are not uint8")
+        yield node, node.input[1].removesuffix("_Q4"), attrs["block_size"]
+
+
 def to_integer_zero_points(model, originals: dict[str, np.ndarray], accuracy_level: int = 4) -> dict:
     """Every MatMulNBits of `model` (ORT's HQQ output) whose zero points are float -> uint8 zero
     points refit against `originals` (its weight initializer's name -> the float [K, N]), in

@@ -7,13 +7,11 @@ round-to-nearest, and the logits on the calibration text move less than under RT
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from pipeline.recipe.precision import AutoRoundSpec
-from tests.precision.test_gptq import ROWS, _recipes, gqa  # noqa: F401 (the module's build)
+from tests.precision.test_gptq import ROWS, gqa, quantized_against_rtn  # noqa: F401 (the module's build)
 
 
 def _tiny_llama():
@@ -93,22 +91,9 @@ def test_autoround_fits_a_kv_cache_decoder_and_beats_rtn_on_its_logits(gqa, tmp_
     import onnx
     from onnx import TensorProto
 
-    from pipeline import data
     from pipeline.metrics import graph_check as check
-    from pipeline.precision import int4
 
-    _, fitted = _recipes(gqa, "autoround")
-    _, rtn = _recipes(gqa, "rtn")
-    (tmp_path / "autoround").mkdir()
-    (tmp_path / "rtn").mkdir()
-    cwd = os.getcwd()
-    os.chdir(gqa.path)  # the text's path is the project's
-    try:
-        feeds = data.calibration_feeds(fitted)
-        out, meta = int4.apply(fitted, gqa.built / "optimized.onnx", tmp_path / "autoround")
-        rtn_out, _ = int4.apply(rtn, gqa.built / "optimized.onnx", tmp_path / "rtn")
-    finally:
-        os.chdir(cwd)
+    feeds, (out, meta), rtn_out = quantized_against_rtn(gqa, "autoround", tmp_path)
 
     assert meta["method"] == "autoround" and meta["symmetric"] is False
     assert meta["calibration_feeds"] == 3 and meta["calibration_tokens"] == sum(len(t) for t in ROWS)

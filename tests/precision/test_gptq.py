@@ -97,25 +97,34 @@ def _recipes(project, method: str):
         os.chdir(cwd)
 
 
+def quantized_against_rtn(project, method: str, tmp_path):
+    """The project's tiny-gptq recipe with `method` and with symmetric RTN, each through the int4
+    precision stage in the project's folder (the calibration text's path is the project's):
+    (its calibration feeds, (typed graph, meta) with `method`, typed graph with RTN)."""
+    from pipeline import data
+    from pipeline.precision import int4
+
+    (tmp_path / method).mkdir()
+    (tmp_path / "rtn").mkdir()
+    _, ours = _recipes(project, method)
+    _, rtn = _recipes(project, "rtn")
+    cwd = os.getcwd()
+    os.chdir(project.path)
+    try:
+        return (data.calibration_feeds(ours), int4.apply(ours, project.built / "optimized.onnx", tmp_path / method),
+                int4.apply(rtn, project.built / "optimized.onnx", tmp_path / "rtn")[0])
+    finally:
+        os.chdir(cwd)
+
+
 def test_gptq_calibrates_a_kv_cache_decoder_on_text_prefills_and_beats_rtn(gqa, tmp_path):
     import onnx
     from onnx import TensorProto
 
-    from pipeline import data
     from pipeline.metrics import graph_check as check
-    from pipeline.precision import effective, int4
+    from pipeline.precision import effective
 
-    gptq, rtn = _recipes(gqa, "rtn")
-    (tmp_path / "gptq").mkdir()
-    (tmp_path / "rtn").mkdir()
-    cwd = os.getcwd()
-    os.chdir(gqa.path)  # the text's path is the project's
-    try:
-        feeds = data.calibration_feeds(gptq)
-        out, meta = int4.apply(gptq, gqa.built / "optimized.onnx", tmp_path / "gptq")
-        rtn_out, _ = int4.apply(rtn, gqa.built / "optimized.onnx", tmp_path / "rtn")
-    finally:
-        os.chdir(cwd)
+    feeds, (out, meta), rtn_out = quantized_against_rtn(gqa, "gptq", tmp_path)
 
     # each text row is one prefill: its bytes as ids, the mask over them, an empty past per layer
     assert [f["input_ids"].tolist() for f in feeds] == [[list(t.encode())] for t in ROWS]
