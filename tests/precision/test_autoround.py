@@ -78,7 +78,14 @@ def test_long_sequences_are_cut_into_pieces():
 
 
 def test_autoround_is_refused_where_it_cannot_run():
+    from pipeline import recipe as recipe_mod
+    from pipeline.core.errors import RecipeError
     from pipeline.recipe.precision import PrecisionSpec
+
+    assert recipe_mod.load("smollm2-float-int4-autoround").precision.int4_method == "autoround"
+    with pytest.raises(RecipeError, match="precision.int4_method: autoround fits the decoder layers of a "
+                                          "transformers causal LM"):  # standard is a zoo model
+        recipe_mod.load("standard", ["precision.mode=int4", "precision.int4_method=autoround"])
 
     with pytest.raises(ValueError, match="precision.autoround applies to int4_method autoround"):
         PrecisionSpec(mode="int4", autoround={"iters": 10})
