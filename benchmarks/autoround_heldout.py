@@ -26,7 +26,7 @@ def main() -> None:
     import torch
 
     from pipeline.model import sources
-    from pipeline.precision import autoround, calibrate
+    from pipeline.precision import autoround, calibrate, gptq
     from pipeline.recipe import load
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -52,9 +52,8 @@ def main() -> None:
     print(f"fitted on {args.fit}: {sum(s.shape[-1] for s in fit_on)} tokens in {len(fit_on)} sequences; "
           f"measured on {args.measure}: {sum(s.shape[-1] for s in measured)} tokens")
 
-    def dequantized(f):
-        return torch.from_numpy(((f.codes.astype(np.float32) - f.zeros[..., None]) * f.scales[..., None])
-                                .reshape(f.weight.shape))
+    def dequantized(f):  # the weight [out, K] a layer's fitted blocks stand for
+        return torch.from_numpy(gptq.weight_of(f.codes, f.scales, f.zeros, f.weight.T.shape).T.astype(np.float32))
 
     inputs = autoround.layer_inputs(hf, layers[0], measured)
     kwargs = [kw for _, kw in inputs]

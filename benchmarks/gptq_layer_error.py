@@ -59,9 +59,9 @@ def main() -> None:
     rows = []
     for name in names[::args.every] + ([names[-1]] if (len(names) - 1) % args.every else []):
         w = numpy_helper.to_array(inits[name]).astype(np.float64)
-        approx = {"rtn": gptq._weight_of(*gptq.round_to_nearest(w, 32), w.shape)}
+        approx = {"rtn": gptq.weight_of(*gptq.round_to_nearest(w, 32), w.shape)}
         for text in args.calibrate:
-            approx[f"gptq on {Path(text).name}"] = gptq._weight_of(*gptq.quantize(w, hess[text][name], 32), w.shape)
+            approx[f"gptq on {Path(text).name}"] = gptq.weight_of(*gptq.quantize(w, hess[text][name], 32), w.shape)
         row = {}
         for measured, h in hess.items():
             for label, a in approx.items():

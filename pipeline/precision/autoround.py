@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.core.errors import RecipeError
+from pipeline.precision.gptq import LEVELS
 from pipeline.precision.integer_zero import asymmetric_nodes, set_blocks
 
-LEVELS = 15  # 4-bit codes 0..15
 Blocks = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes [N, B, block] u8, scales [N, B] f32, zeros [N, B] u8
 
 

@@ -95,7 +95,7 @@ def hessians(model, weights: dict[str, str], feeds: list[dict], spec=None,
         for weight in group:
             hess[weight] = 2 * sums[inputs[weight]] / tokens
             solved[weight] = quantize(originals[weight], hess[weight], block, **_options(spec))
-            rounded[weight] = np.ascontiguousarray(_weight_of(*solved[weight], originals[weight].shape), np.float32)
+            rounded[weight] = np.ascontiguousarray(weight_of(*solved[weight], originals[weight].shape), np.float32)
     return hess, tokens, solved
 
 
@@ -105,7 +105,7 @@ def _options(spec) -> dict:
                                     "damp": spec.damp}
 
 
-def _weight_of(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, shape: tuple) -> np.ndarray:
+def weight_of(codes: np.ndarray, scales: np.ndarray, zeros: np.ndarray, shape: tuple) -> np.ndarray:
     """The weight [K, N] that blocks (codes [N, B, block], scales and zero points [N, B]) stand for."""
     return ((codes.astype(np.float64) - zeros[..., None]) * scales[..., None]).reshape(shape[1], -1).T
 
@@ -223,7 +223,7 @@ def apply(model, originals: dict[str, np.ndarray], hess: dict[str, np.ndarray], 
             codes, scales, zeros = quantize(weight, hess[source], block, **_options(spec))
         rtn = _dequantize(numpy_helper.to_array(inits[node.input[1]]), numpy_helper.to_array(inits[node.input[2]]),
                           numpy_helper.to_array(inits[node.input[3]]), weight.shape)
-        ours = _weight_of(codes, scales, zeros, weight.shape)
+        ours = weight_of(codes, scales, zeros, weight.shape)
         (e_rtn, size), (e_ours, _) = (_weighted_error(weight, a, hess[source]) for a in (rtn, ours))
         before, after, norm = before + e_rtn, after + e_ours, norm + size
         set_blocks(node, inits, codes, scales, zeros, accuracy_level)
@@ -241,4 +241,4 @@ def _dequantize(packed: np.ndarray, scales: np.ndarray, zeros: np.ndarray, shape
     blocks, block = packed.shape[1], 2 * packed.shape[2]
     codes = unpack_nibbles(packed, block)  # [N, B, block]
     z = unpack_nibbles(zeros.reshape(n, -1), blocks)  # [N, B]
-    return _weight_of(codes, scales.reshape(n, blocks), z, shape)[:k]
+    return weight_of(codes, scales.reshape(n, blocks), z, shape)[:k]

@@ -49,7 +49,7 @@ def test_gptq_blocks_sit_on_their_grids_and_err_less_than_round_to_nearest():
     step = (high - low) / 15
     zero = np.round(-low / step)
     rtn = ((np.clip(np.round(w / step) + zero, 0, 15) - zero) * step).reshape(n, k).T
-    np.testing.assert_allclose(gptq._weight_of(*gptq.round_to_nearest(weight, block), weight.shape), rtn,
+    np.testing.assert_allclose(gptq.weight_of(*gptq.round_to_nearest(weight, block), weight.shape), rtn,
                                rtol=1e-6, atol=1e-7)  # the benchmarks' baseline is this one
 
     def output_error(approx):
@@ -62,7 +62,7 @@ def test_gptq_blocks_sit_on_their_grids_and_err_less_than_round_to_nearest():
                 for a in (False, True) for s in (False, True)}
     for blocks in variants.values():
         assert blocks[0].max() <= 15 and (blocks[1] > 0).all()
-        assert output_error(gptq._weight_of(*blocks, weight.shape)) < 0.85 * output_error(rtn)
+        assert output_error(gptq.weight_of(*blocks, weight.shape)) < 0.85 * output_error(rtn)
     # a searched grid never rounds a block worse than min/max (its range is one of those tried),
     # and on Gaussian weights, whose extremes min/max spans, it rounds them better
     importance = np.diag(hessian)[:block]
